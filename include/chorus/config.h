@@ -1,0 +1,61 @@
+#pragma once
+// Every setting of the runtime, with its CHORUS_* variable and HOROVOD_* alias.
+// The table itself (names, defaults, meanings) lives in src/core/config.cc.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace chorus {
+
+class Store;
+
+enum class LogLevel : int { kTrace = 0, kDebug, kInfo, kWarning, kError, kFatal };
+
+struct Config {
+  // Identity. -1 / empty means "take it from the environment".
+  int rank = -1;
+  int size = -1;
+  std::string hostname;  // host identity used for local/cross ranks
+
+  // Rendezvous: either an explicit store (tests, embedding) or a TCP store address.
+  std::shared_ptr<Store> store;
+  std::string rendezvousAddr;
+  int rendezvousPort = 0;
+  std::string secret;
+  std::string bindAddress = "127.0.0.1";  // address the data transport listens on
+  std::string iface;                      // network interface (overrides bindAddress)
+
+  int64_t fusionThresholdBytes = 128ll << 20;
+  double cycleTimeMs = 1.0;
+  int cacheCapacity = 1024;
+  double timeoutSeconds = 30.0;
+  double startTimeoutSeconds = 30.0;
+  double stallCheckSeconds = 60.0;
+  bool stallCheckDisable = false;
+  double stallShutdownSeconds = 0.0;  // 0: never shut down on a stall
+  LogLevel logLevel = LogLevel::kWarning;
+
+  // Process sets given at init (static), and whether add/remove is allowed.
+  std::vector<std::vector<int>> processSets;
+  bool dynamicProcessSets = false;
+
+  // Fills every field that is still unset from CHORUS_* / HOROVOD_* variables.
+  static Config fromEnv();
+  void applyEnv();
+};
+
+struct SettingInfo {
+  const char* name;          // CHORUS_*
+  const char* horovodAlias;  // HOROVOD_* or ""
+  const char* defaultValue;
+  const char* meaning;
+};
+// The table of all settings, in the order the docs list them.
+const std::vector<SettingInfo>& settingsTable();
+
+// Reads a setting by its CHORUS_ name, falling back to the HOROVOD_ alias.
+// Returns false when neither is set.
+bool readSetting(const char* chorusName, std::string* value);
+
+}  // namespace chorus

@@ -1,0 +1,106 @@
+#pragma once
+// The Runtime: one per rank. Several may live in one process (ranks as threads).
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "chorus/config.h"
+#include "chorus/process_set.h"
+#include "chorus/types.h"
+#include "chorus/work.h"
+
+namespace chorus {
+
+// Called on the runtime's thread with the final shape of an output whose size is
+// only known after negotiation; returns where to write it. Null: chorus allocates.
+using Allocator = std::function<void*(const Shape& shape, DataType dtype)>;
+
+struct OpOptions {
+  std::string name;  // empty: an automatic name, the same on every rank in call order
+  int32_t processSet = kGlobalProcessSetId;
+  int32_t priority = 0;  // higher runs first among ops ready in the same cycle
+};
+
+struct AllreduceOptions : OpOptions {
+  ReduceOp op = ReduceOp::kAverage;
+  double prescaleFactor = 1.0;
+  double postscaleFactor = 1.0;
+};
+
+struct ReducescatterOptions : OpOptions {
+  ReduceOp op = ReduceOp::kAverage;
+  double prescaleFactor = 1.0;
+  double postscaleFactor = 1.0;
+};
+
+class RuntimeImpl;
+
+class Runtime {
+ public:
+  Runtime();
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  // Unset fields of config are taken from the environment.
+  void init(Config config = {});
+  void shutdown();
+  bool isInitialized() const;
+
+  int rank() const;
+  int size() const;
+  int localRank() const;
+  int localSize() const;
+  int crossRank() const;
+  int crossSize() const;
+  bool isHomogeneous() const;
+  const Config& config() const;
+
+  // Process sets. Add/remove are collective over all ranks, in the same order on each.
+  ProcessSet globalProcessSet() const;
+  ProcessSet processSet(int32_t id) const;
+  std::vector<ProcessSet> processSets() const;
+  ProcessSet addProcessSet(const std::vector<int>& ranks);
+  void removeProcessSet(int32_t id);
+
+  // Asynchronous collectives. Input buffers must stay valid until the Work is done.
+  // output may equal input (in place). Shapes must match input.
+  Work allreduceAsync(const Tensor& input, const Tensor& output, const AllreduceOptions& opts = {});
+  Work groupedAllreduceAsync(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                             const AllreduceOptions& opts = {});
+  Work allgatherAsync(const Tensor& input, const OpOptions& opts = {}, Allocator alloc = nullptr);
+  Work groupedAllgatherAsync(const std::vector<Tensor>& inputs, const OpOptions& opts = {},
+                             Allocator alloc = nullptr);
+  // rootRank is a global rank, as in Horovod.
+  Work broadcastAsync(const Tensor& input, const Tensor& output, int rootRank,
+                      const OpOptions& opts = {});
+  // splits: rows of the first dimension sent to each rank of the set (empty: even).
+  Work alltoallAsync(const Tensor& input, const std::vector<int64_t>& splits,
+                     const OpOptions& opts = {}, Allocator alloc = nullptr);
+  Work reducescatterAsync(const Tensor& input, const ReducescatterOptions& opts = {},
+                          Allocator alloc = nullptr);
+  Work groupedReducescatterAsync(const std::vector<Tensor>& inputs,
+                                 const ReducescatterOptions& opts = {}, Allocator alloc = nullptr);
+  Work barrierAsync(int32_t processSet = kGlobalProcessSetId);
+  Work joinAsync(int32_t processSet = kGlobalProcessSetId);
+
+  // Blocking forms.
+  void allreduce(const Tensor& input, const Tensor& output, const AllreduceOptions& opts = {});
+  void broadcast(const Tensor& inout, int rootRank, const OpOptions& opts = {});
+  Work allgather(const Tensor& input, const OpOptions& opts = {}, Allocator alloc = nullptr);
+  Work alltoall(const Tensor& input, const std::vector<int64_t>& splits, const OpOptions& opts = {},
+                Allocator alloc = nullptr);
+  Work reducescatter(const Tensor& input, const ReducescatterOptions& opts = {},
+                     Allocator alloc = nullptr);
+  void barrier(int32_t processSet = kGlobalProcessSetId);
+  int join(int32_t processSet = kGlobalProcessSetId);
+
+  // Waits for every op this rank has in flight (all sets); rethrows the first error.
+  void synchronize();
+
+ private:
+  std::unique_ptr<RuntimeImpl> impl_;
+};
+
+}  // namespace chorus

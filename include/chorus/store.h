@@ -1,0 +1,44 @@
+#pragma once
+// Key-value store used for rendezvous. Blocking reads take a timeout and throw
+// chorus::Timeout when it passes.
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace chorus {
+
+class Store {
+ public:
+  virtual ~Store() = default;
+  virtual void set(const std::string& key, const std::vector<char>& value) = 0;
+  // Blocks until the key exists.
+  virtual std::vector<char> get(const std::string& key, std::chrono::milliseconds timeout) = 0;
+  // Atomically adds delta to an integer counter (missing = 0), returns the new value.
+  virtual int64_t add(const std::string& key, int64_t delta) = 0;
+  virtual bool check(const std::string& key) = 0;
+};
+
+// In-process store shared by ranks that run as threads of one process.
+std::shared_ptr<Store> makeMemoryStore();
+
+// Client of the TCP store that chorusrun serves; every request carries the job secret.
+std::shared_ptr<Store> connectTcpStore(const std::string& host, int port, const std::string& secret,
+                                       std::chrono::milliseconds connectTimeout);
+
+// The TCP store server. Runs on its own thread until destroyed.
+class TcpStoreServer {
+ public:
+  virtual ~TcpStoreServer() = default;
+  virtual int port() const = 0;
+  // Number of requests refused for a missing or wrong secret.
+  virtual int64_t refusedCount() const = 0;
+};
+// port 0 picks a free port. bindHost "0.0.0.0" listens on every interface.
+std::unique_ptr<TcpStoreServer> startTcpStoreServer(const std::string& bindHost, int port,
+                                                    const std::string& secret);
+// A random hex secret for a new job.
+std::string generateSecret();
+
+}  // namespace chorus

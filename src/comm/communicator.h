@@ -1,0 +1,54 @@
+#pragma once
+// What the algorithms see of a backend: a group of ranks and blocking
+// collectives on raw host buffers. Each call either completes on every rank or
+// throws (PeerFailure / Timeout) within the configured timeout.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "chorus/store.h"
+#include "chorus/types.h"
+
+namespace chorus {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // In place; Average reduces as Sum (the caller scales).
+  virtual void allreduce(void* buf, size_t count, DataType dtype, ReduceOp op) = 0;
+  // Bitwise OR of 64-bit words: the control plane's one small collective.
+  virtual void allreduceBitsOr(uint64_t* words, size_t count) = 0;
+  // out holds the pieces of every rank back to back; bytes[r] is rank r's piece.
+  virtual void allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) = 0;
+  virtual void broadcast(void* buf, size_t bytes, int root) = 0;
+  // sendBytes[r] go to rank r (in rank order in `in`); recvBytes[r] come from rank r.
+  virtual void alltoallv(const void* in, const std::vector<size_t>& sendBytes, void* out,
+                         const std::vector<size_t>& recvBytes) = 0;
+  // Reduces buf (counts[r] elements for each rank r, back to back) and leaves
+  // rank r's reduced piece in out. buf may be clobbered.
+  virtual void reducescatter(void* buf, void* out, const std::vector<size_t>& counts,
+                             DataType dtype, ReduceOp op) = 0;
+  virtual void barrier() = 0;
+};
+
+struct CommOptions {
+  std::string bindAddress;
+  std::string iface;
+  double timeoutSeconds = 30;
+  double connectTimeoutSeconds = 30;
+};
+
+// Builds the TCP (Gloo) communicator of one group. Every member calls it with the
+// same storePrefix; rank/size are within the group.
+class TransportDevice;
+std::shared_ptr<TransportDevice> makeTransportDevice(const CommOptions& opts);
+std::unique_ptr<Communicator> makeTcpCommunicator(const std::shared_ptr<TransportDevice>& device,
+                                                  Store& store, const std::string& storePrefix,
+                                                  int rank, int size, const CommOptions& opts);
+
+}  // namespace chorus

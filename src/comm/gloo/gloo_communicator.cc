@@ -1,0 +1,208 @@
+#include "comm/gloo/gloo_communicator.h"
+
+#include <gloo/allgatherv.h>
+#include <gloo/allreduce.h>
+#include <gloo/alltoallv.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <cstring>
+#include <numeric>
+
+#include "chorus/error.h"
+#include "comm/gloo/gloo_store_adapter.h"
+#include "reduce/reduce.h"
+
+namespace chorus {
+
+namespace {
+
+// Gloo reports both a dead peer and a deadline as IoException; the text tells them apart.
+template <typename F>
+void guarded(const char* what, int rank, F&& f) {
+  try {
+    f();
+  } catch (const gloo::IoException& e) {
+    std::string msg = std::string(what) + " failed on rank " + std::to_string(rank) + ": " + e.what();
+    if (std::strstr(e.what(), "Timed out") || std::strstr(e.what(), "timed out")) throw Timeout(msg);
+    throw PeerFailure("peer failure: " + msg);
+  } catch (const gloo::Exception& e) {
+    throw PeerFailure("peer failure: " + std::string(what) + " failed on rank " +
+                      std::to_string(rank) + ": " + e.what());
+  } catch (const chorus::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(std::string(what) + " failed on rank " + std::to_string(rank) + ": " + e.what());
+  }
+}
+
+// Gloo wants non-null buffers even for empty pieces.
+char gEmpty[8];
+void* nonNull(void* p) { return p ? p : gEmpty; }
+
+constexpr uint8_t kReduceScatterSlotPrefix = 0x7c;
+
+}  // namespace
+
+void GlooCommunicator::allreduce(void* buf, size_t count, DataType dtype, ReduceOp op) {
+  if (count == 0 || size() == 1) return;
+  guarded("allreduce", rank(), [&] {
+    gloo::AllreduceOptions opts(ctx_);
+    opts.setTimeout(timeout_);
+    const size_t esize = dtypeSize(dtype);
+    switch (esize) {
+      case 1: opts.setOutput(static_cast<uint8_t*>(buf), count); break;
+      case 2: opts.setOutput(static_cast<uint16_t*>(buf), count); break;
+      case 4: opts.setOutput(static_cast<uint32_t*>(buf), count); break;
+      default: opts.setOutput(static_cast<uint64_t*>(buf), count); break;
+    }
+    opts.setReduceFunction([dtype, op](void* out, const void* a, const void* b, size_t n) {
+      reduceBuffers(dtype, op, out, a, b, n);
+    });
+    gloo::allreduce(opts);
+  });
+}
+
+void GlooCommunicator::allreduceBitsOr(uint64_t* words, size_t count) {
+  if (count == 0 || size() == 1) return;
+  guarded("control allreduce", rank(), [&] {
+    gloo::AllreduceOptions opts(ctx_);
+    opts.setTimeout(timeout_);
+    opts.setOutput(words, count);
+    opts.setReduceFunction([](void* out, const void* a, const void* b, size_t n) {
+      auto* o = static_cast<uint64_t*>(out);
+      auto* x = static_cast<const uint64_t*>(a);
+      auto* y = static_cast<const uint64_t*>(b);
+      for (size_t i = 0; i < n; ++i) o[i] = x[i] | y[i];
+    });
+    gloo::allreduce(opts);
+  });
+}
+
+void GlooCommunicator::allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) {
+  const size_t total = std::accumulate(bytes.begin(), bytes.end(), size_t{0});
+  if (total == 0) return;
+  if (size() == 1) {
+    if (out != in) std::memcpy(out, in, bytes[0]);
+    return;
+  }
+  guarded("allgather", rank(), [&] {
+    gloo::AllgathervOptions opts(ctx_);
+    opts.setTimeout(timeout_);
+    opts.setInput(static_cast<char*>(nonNull(const_cast<void*>(in))), bytes[rank()]);
+    opts.setOutput(static_cast<char*>(out), bytes);
+    gloo::allgatherv(opts);
+  });
+}
+
+void GlooCommunicator::broadcast(void* buf, size_t bytes, int root) {
+  if (bytes == 0 || size() == 1) return;
+  guarded("broadcast", rank(), [&] {
+    gloo::BroadcastOptions opts(ctx_);
+    opts.setTimeout(timeout_);
+    opts.setRoot(root);
+    opts.setOutput(static_cast<char*>(buf), bytes);
+    gloo::broadcast(opts);
+  });
+}
+
+void GlooCommunicator::alltoallv(const void* in, const std::vector<size_t>& sendBytes, void* out,
+                                 const std::vector<size_t>& recvBytes) {
+  if (size() == 1) {
+    if (sendBytes[0]) std::memcpy(out, in, sendBytes[0]);
+    return;
+  }
+  const size_t sendTotal = std::accumulate(sendBytes.begin(), sendBytes.end(), size_t{0});
+  const size_t recvTotal = std::accumulate(recvBytes.begin(), recvBytes.end(), size_t{0});
+  guarded("alltoall", rank(), [&] {
+    gloo::AlltoallvOptions opts(ctx_);
+    opts.setTimeout(timeout_);
+    std::vector<int64_t> s(sendBytes.begin(), sendBytes.end());
+    std::vector<int64_t> r(recvBytes.begin(), recvBytes.end());
+    opts.setInput(static_cast<char*>(sendTotal ? const_cast<void*>(in) : gEmpty), s);
+    opts.setOutput(static_cast<char*>(recvTotal ? out : gEmpty), r);
+    gloo::alltoallv(opts);
+  });
+}
+
+// Ring reduce-scatter: n-1 steps, each sending one piece right and reducing the
+// piece that arrives from the left, so every rank moves (n-1)/n of the data once.
+void GlooCommunicator::reducescatter(void* buf, void* out, const std::vector<size_t>& counts,
+                                     DataType dtype, ReduceOp op) {
+  const int n = size();
+  const int r = rank();
+  const size_t esize = dtypeSize(dtype);
+  std::vector<size_t> offset(n + 1, 0);
+  for (int i = 0; i < n; ++i) offset[i + 1] = offset[i] + counts[i] * esize;
+  if (n > 1 && offset[n] > 0) {
+    size_t maxPiece = *std::max_element(counts.begin(), counts.end()) * esize;
+    if (recvScratch_.size() < maxPiece) recvScratch_.resize(maxPiece);
+    guarded("reducescatter", r, [&] {
+      auto sendBuf = ctx_->createUnboundBuffer(buf, offset[n]);
+      auto recvBuf = ctx_->createUnboundBuffer(recvScratch_.data(), recvScratch_.size());
+      const int right = (r + 1) % n, left = (r - 1 + n) % n;
+      for (int s = 0; s < n - 1; ++s) {
+        const int sendIdx = ((r - s - 1) % n + n) % n;
+        const int recvIdx = ((r - s - 2) % n + n) % n;
+        const size_t sendLen = offset[sendIdx + 1] - offset[sendIdx];
+        const size_t recvLen = offset[recvIdx + 1] - offset[recvIdx];
+        const uint64_t slot = gloo::Slot::build(kReduceScatterSlotPrefix, static_cast<uint32_t>(s));
+        if (sendLen) sendBuf->send(right, slot, offset[sendIdx], sendLen);
+        if (recvLen) recvBuf->recv(left, slot, 0, recvLen);
+        if (recvLen) recvBuf->waitRecv(timeout_);
+        if (sendLen) sendBuf->waitSend(timeout_);
+        if (recvLen) {
+          char* dst = static_cast<char*>(buf) + offset[recvIdx];
+          reduceBuffers(dtype, op, dst, dst, recvScratch_.data(), recvLen / esize);
+        }
+      }
+    });
+  }
+  const size_t mine = offset[r + 1] - offset[r];
+  if (mine) std::memcpy(out, static_cast<char*>(buf) + offset[r], mine);
+}
+
+void GlooCommunicator::barrier() {
+  if (size() == 1) return;
+  guarded("barrier", rank(), [&] {
+    gloo::BarrierOptions opts(ctx_);
+    opts.setTimeout(timeout_);
+    gloo::barrier(opts);
+  });
+}
+
+std::shared_ptr<TransportDevice> makeTransportDevice(const CommOptions& opts) {
+  gloo::transport::tcp::attr attr;
+  if (!opts.iface.empty()) {
+    attr.iface = opts.iface;
+  } else {
+    attr.hostname = opts.bindAddress.empty() ? "127.0.0.1" : opts.bindAddress;
+  }
+  auto dev = std::make_shared<TransportDevice>();
+  try {
+    dev->gloo = gloo::transport::tcp::CreateDevice(attr);
+  } catch (const std::exception& e) {
+    throw InvalidArgument("cannot open the TCP transport on " +
+                          (attr.iface.empty() ? "address " + attr.hostname : "interface " + attr.iface) +
+                          ": " + e.what());
+  }
+  return dev;
+}
+
+std::unique_ptr<Communicator> makeTcpCommunicator(const std::shared_ptr<TransportDevice>& device,
+                                                  Store& store, const std::string& storePrefix,
+                                                  int rank, int size, const CommOptions& opts) {
+  auto connectTimeout = std::chrono::milliseconds(static_cast<int64_t>(opts.connectTimeoutSeconds * 1000));
+  auto opTimeout = std::chrono::milliseconds(static_cast<int64_t>(opts.timeoutSeconds * 1000));
+  auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
+  ctx->setTimeout(connectTimeout);
+  GlooStoreAdapter adapter(store, storePrefix, connectTimeout);
+  guarded("connecting the TCP mesh", rank, [&] { ctx->connectFullMesh(adapter, device->gloo); });
+  ctx->setTimeout(opTimeout);
+  return std::make_unique<GlooCommunicator>(std::move(ctx), opTimeout);
+}
+
+}  // namespace chorus

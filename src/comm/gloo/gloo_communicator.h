@@ -1,0 +1,39 @@
+#pragma once
+#include <gloo/context.h>
+#include <gloo/transport/device.h>
+
+#include <memory>
+
+#include "comm/communicator.h"
+
+namespace chorus {
+
+class TransportDevice {
+ public:
+  std::shared_ptr<gloo::transport::Device> gloo;
+};
+
+class GlooCommunicator : public Communicator {
+ public:
+  GlooCommunicator(std::shared_ptr<gloo::Context> ctx, std::chrono::milliseconds timeout)
+      : ctx_(std::move(ctx)), timeout_(timeout) {}
+
+  int rank() const override { return ctx_->rank; }
+  int size() const override { return ctx_->size; }
+  void allreduce(void* buf, size_t count, DataType dtype, ReduceOp op) override;
+  void allreduceBitsOr(uint64_t* words, size_t count) override;
+  void allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) override;
+  void broadcast(void* buf, size_t bytes, int root) override;
+  void alltoallv(const void* in, const std::vector<size_t>& sendBytes, void* out,
+                 const std::vector<size_t>& recvBytes) override;
+  void reducescatter(void* buf, void* out, const std::vector<size_t>& counts, DataType dtype,
+                     ReduceOp op) override;
+  void barrier() override;
+
+ private:
+  std::shared_ptr<gloo::Context> ctx_;
+  std::chrono::milliseconds timeout_;
+  std::vector<char> recvScratch_;
+};
+
+}  // namespace chorus

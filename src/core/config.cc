@@ -1,0 +1,146 @@
+#include "chorus/config.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <stdexcept>
+
+#include "chorus/error.h"
+
+namespace chorus {
+
+const std::vector<SettingInfo>& settingsTable() {
+  static const std::vector<SettingInfo> table = {
+      {"CHORUS_RANK", "HOROVOD_RANK", "(set by chorusrun)", "Global rank of this process."},
+      {"CHORUS_SIZE", "HOROVOD_SIZE", "(set by chorusrun)", "Number of ranks in the job."},
+      {"CHORUS_LOCAL_RANK", "HOROVOD_LOCAL_RANK", "(set by chorusrun)",
+       "Rank among the processes of this host (the runtime recomputes it from host names)."},
+      {"CHORUS_LOCAL_SIZE", "HOROVOD_LOCAL_SIZE", "(set by chorusrun)", "Processes on this host."},
+      {"CHORUS_CROSS_RANK", "HOROVOD_CROSS_RANK", "(set by chorusrun)", "Index of this host."},
+      {"CHORUS_CROSS_SIZE", "HOROVOD_CROSS_SIZE", "(set by chorusrun)", "Number of hosts."},
+      {"CHORUS_HOSTNAME", "HOROVOD_HOSTNAME", "gethostname()",
+       "Host identity; ranks with the same value are local to each other. Setting different "
+       "values simulates several hosts on one machine."},
+      {"CHORUS_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_ADDR", "(set by chorusrun)",
+       "Address of the rendezvous store."},
+      {"CHORUS_RENDEZVOUS_PORT", "HOROVOD_GLOO_RENDEZVOUS_PORT", "(set by chorusrun)",
+       "Port of the rendezvous store."},
+      {"CHORUS_SECRET", "HOROVOD_SECRET_KEY", "(set by chorusrun)",
+       "Job secret; the store refuses requests without it."},
+      {"CHORUS_BIND_ADDR", "", "127.0.0.1", "Address the TCP data transport listens on."},
+      {"CHORUS_IFACE", "HOROVOD_GLOO_IFACE", "", "Network interface for the TCP data transport."},
+      {"CHORUS_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD", "134217728",
+       "Bytes of the fusion buffer; 0 disables tensor fusion."},
+      {"CHORUS_CYCLE_TIME", "HOROVOD_CYCLE_TIME", "1", "Milliseconds between negotiation cycles."},
+      {"CHORUS_CACHE_CAPACITY", "HOROVOD_CACHE_CAPACITY", "1024",
+       "Entries of the response cache; 0 disables it."},
+      {"CHORUS_TIMEOUT_SECONDS", "HOROVOD_GLOO_TIMEOUT_SECONDS", "30",
+       "Longest wait for a peer inside a collective before it fails as a peer failure."},
+      {"CHORUS_START_TIMEOUT", "HOROVOD_START_TIMEOUT", "30",
+       "Seconds to wait for every rank at init."},
+      {"CHORUS_STALL_CHECK_TIME_SECONDS", "HOROVOD_STALL_CHECK_TIME_SECONDS", "60",
+       "Warn about tensors some ranks submitted and others did not after this long."},
+      {"CHORUS_STALL_CHECK_DISABLE", "HOROVOD_STALL_CHECK_DISABLE", "0",
+       "1 disables the stall inspector."},
+      {"CHORUS_STALL_SHUTDOWN_TIME_SECONDS", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "0",
+       "Fail stalled tensors with an error on every rank after this long; 0 never."},
+      {"CHORUS_LOG_LEVEL", "HOROVOD_LOG_LEVEL", "warning",
+       "trace, debug, info, warning, error or fatal."},
+      {"CHORUS_DYNAMIC_PROCESS_SETS", "HOROVOD_DYNAMIC_PROCESS_SETS", "0",
+       "1 allows adding and removing process sets at run time."},
+  };
+  return table;
+}
+
+bool readSetting(const char* chorusName, std::string* value) {
+  if (const char* v = std::getenv(chorusName)) {
+    *value = v;
+    return true;
+  }
+  for (const auto& s : settingsTable()) {
+    if (std::string(s.name) == chorusName && s.horovodAlias[0] != '\0') {
+      if (const char* v = std::getenv(s.horovodAlias)) {
+        *value = v;
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+namespace {
+
+double parseNumber(const char* name, const std::string& v) {
+  try {
+    size_t used = 0;
+    double d = std::stod(v, &used);
+    if (used != v.size()) throw std::invalid_argument("trailing characters");
+    return d;
+  } catch (const std::exception&) {
+    throw InvalidArgument(std::string("setting ") + name + "='" + v + "' is not a number");
+  }
+}
+
+template <typename T>
+void readNumber(const char* name, T* field) {
+  std::string v;
+  if (readSetting(name, &v) && !v.empty()) *field = static_cast<T>(parseNumber(name, v));
+}
+
+LogLevel parseLevel(const std::string& v) {
+  if (v == "trace" || v == "TRACE") return LogLevel::kTrace;
+  if (v == "debug" || v == "DEBUG") return LogLevel::kDebug;
+  if (v == "info" || v == "INFO") return LogLevel::kInfo;
+  if (v == "warning" || v == "WARNING" || v == "warn") return LogLevel::kWarning;
+  if (v == "error" || v == "ERROR") return LogLevel::kError;
+  if (v == "fatal" || v == "FATAL") return LogLevel::kFatal;
+  throw InvalidArgument("setting CHORUS_LOG_LEVEL='" + v +
+                        "' is not one of trace, debug, info, warning, error, fatal");
+}
+
+}  // namespace
+
+void Config::applyEnv() {
+  std::string v;
+  if (rank < 0) readNumber("CHORUS_RANK", &rank);
+  if (size < 0) readNumber("CHORUS_SIZE", &size);
+  if (hostname.empty()) {
+    if (readSetting("CHORUS_HOSTNAME", &v)) {
+      hostname = v;
+    } else {
+      char buf[256] = {0};
+      gethostname(buf, sizeof(buf) - 1);
+      hostname = buf;
+    }
+  }
+  if (!store) {
+    if (rendezvousAddr.empty() && readSetting("CHORUS_RENDEZVOUS_ADDR", &v)) rendezvousAddr = v;
+    if (rendezvousPort == 0) readNumber("CHORUS_RENDEZVOUS_PORT", &rendezvousPort);
+    if (secret.empty() && readSetting("CHORUS_SECRET", &v)) secret = v;
+  }
+  if (readSetting("CHORUS_BIND_ADDR", &v)) bindAddress = v;
+  if (readSetting("CHORUS_IFACE", &v)) iface = v;
+  readNumber("CHORUS_FUSION_THRESHOLD", &fusionThresholdBytes);
+  readNumber("CHORUS_CYCLE_TIME", &cycleTimeMs);
+  readNumber("CHORUS_CACHE_CAPACITY", &cacheCapacity);
+  readNumber("CHORUS_TIMEOUT_SECONDS", &timeoutSeconds);
+  readNumber("CHORUS_START_TIMEOUT", &startTimeoutSeconds);
+  readNumber("CHORUS_STALL_CHECK_TIME_SECONDS", &stallCheckSeconds);
+  readNumber("CHORUS_STALL_SHUTDOWN_TIME_SECONDS", &stallShutdownSeconds);
+  if (readSetting("CHORUS_STALL_CHECK_DISABLE", &v)) stallCheckDisable = (v == "1" || v == "true");
+  if (readSetting("CHORUS_DYNAMIC_PROCESS_SETS", &v)) dynamicProcessSets = (v == "1" || v == "true");
+  if (readSetting("CHORUS_LOG_LEVEL", &v)) logLevel = parseLevel(v);
+
+  if (fusionThresholdBytes < 0) throw InvalidArgument("CHORUS_FUSION_THRESHOLD must be >= 0");
+  if (cycleTimeMs < 0) throw InvalidArgument("CHORUS_CYCLE_TIME must be >= 0");
+  if (cacheCapacity < 0) throw InvalidArgument("CHORUS_CACHE_CAPACITY must be >= 0");
+  if (timeoutSeconds <= 0) throw InvalidArgument("CHORUS_TIMEOUT_SECONDS must be > 0");
+}
+
+Config Config::fromEnv() {
+  Config c;
+  c.applyEnv();
+  return c;
+}
+
+}  // namespace chorus

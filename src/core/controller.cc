@@ -1,0 +1,277 @@
+#include "core/controller.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "chorus/error.h"
+#include "core/logging.h"
+
+namespace chorus {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Thrown inside the loop when the members agreed to stop.
+struct StopSignal {
+  std::exception_ptr error;
+};
+
+bool cacheable(OpType t) { return t != OpType::kBarrier && t != OpType::kJoin; }
+
+void setBit(uint64_t* words, int pos) { words[pos / 64] |= (1ull << (pos % 64)); }
+void clearBit(uint64_t* words, int pos) { words[pos / 64] &= ~(1ull << (pos % 64)); }
+bool testBit(const uint64_t* words, int pos) { return (words[pos / 64] >> (pos % 64)) & 1ull; }
+
+constexpr uint64_t kFlagShutdown = 1;
+constexpr uint64_t kFlagStallShutdown = 2;
+
+}  // namespace
+
+Controller::Controller(int32_t setId, std::vector<int> globalRanks, int globalRank,
+                       std::unique_ptr<Communicator> comm, const Config& config)
+    : setId_(setId),
+      globalRanks_(globalRanks),
+      globalRank_(globalRank),
+      comm_(std::move(comm)),
+      config_(config),
+      coordinator_(std::move(globalRanks)),
+      cache_(config.cacheCapacity),
+      executor_(*comm_, config.fusionThresholdBytes, [this](const std::string& name) {
+        std::lock_guard<std::mutex> lock(mu_);
+        namesInFlight_.erase(name);
+      }) {}
+
+Controller::~Controller() {
+  requestShutdown();
+  join();
+}
+
+void Controller::start() {
+  lastStallCheck_ = Clock::now();
+  thread_ = std::thread([this] { loop(); });
+}
+
+void Controller::enqueue(std::vector<Entry> entries) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failure_) std::rethrow_exception(failure_);
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const std::string& name = entries[i].req.name;
+      bool dupInCall = false;
+      for (size_t j = 0; j < i; ++j) dupInCall |= entries[j].req.name == name;
+      if (namesInFlight_.count(name) || dupInCall) {
+        throw InvalidArgument("a collective named '" + name + "' is already in flight on process set " +
+                              std::to_string(setId_) + "; names must be unique until the op completes");
+      }
+    }
+    for (auto& e : entries) {
+      namesInFlight_[e.req.name] = true;
+      incoming_.push_back(std::move(e));
+    }
+  }
+  wake_.notify_all();
+}
+
+void Controller::requestShutdown() {
+  shutdownRequested_ = true;
+  wake_.notify_all();
+}
+
+void Controller::join() {
+  if (thread_.joinable()) thread_.join();
+}
+
+void Controller::loop() {
+  const auto cycleTime = std::chrono::microseconds(static_cast<int64_t>(config_.cycleTimeMs * 1000));
+  while (true) {
+    const auto start = Clock::now();
+    try {
+      cycle();
+    } catch (const StopSignal& stop) {
+      failAll(stop.error);
+      return;
+    } catch (...) {
+      failAll(std::current_exception());
+      return;
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    wake_.wait_until(lock, start + cycleTime,
+                     [&] { return !incoming_.empty() || shutdownRequested_.load(); });
+  }
+}
+
+void Controller::failAll(std::exception_ptr err) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!failure_) failure_ = err;
+    err = failure_;
+    stopped_ = true;
+    for (auto& e : incoming_) entries_.emplace(e.req.name, std::move(e));
+    incoming_.clear();
+  }
+  auto release = [this](const std::string& name) {
+    std::lock_guard<std::mutex> lock(mu_);
+    namesInFlight_.erase(name);
+  };
+  while (!entries_.empty()) finishEntry(entries_, entries_.begin(), release, err);
+  cachedPending_.clear();
+}
+
+void Controller::cycle() {
+  const auto now = Clock::now();
+  std::vector<Entry> fresh;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fresh.swap(incoming_);
+  }
+  const int n = comm_->size();
+  const int capacity = cache_.capacity();
+  const int W = (capacity + 63) / 64;
+  // Layout, all OR-reduced: [flags][request bytes per rank][invalid bits][~hit bits].
+  std::vector<uint64_t> words(1 + n + 2 * W, 0);
+  uint64_t* invalid = words.data() + 1 + n;
+  uint64_t* notHit = invalid + W;
+  std::fill(notHit, notHit + W, ~0ull);
+
+  std::vector<Request> uncached;
+  uncached.swap(resend_);
+  const bool bypass = !cache_.enabled() || coordinator_.anyJoined();
+  if (bypass) {
+    for (const auto& [pos, name] : cachedPending_) uncached.push_back(entries_.at(name).req);
+    cachedPending_.clear();
+  }
+  for (auto& e : fresh) {
+    Request req = e.req;
+    entries_.emplace(req.name, std::move(e));
+    int pos = -1;
+    auto look = bypass || !cacheable(req.type) ? ResponseCache::Lookup::kMiss : cache_.lookup(req, &pos);
+    if (look == ResponseCache::Lookup::kHit) {
+      cachedPending_[pos] = req.name;
+    } else {
+      if (look == ResponseCache::Lookup::kStale) setBit(invalid, pos);
+      uncached.push_back(req);
+    }
+  }
+  const bool stallCheck = !config_.stallCheckDisable && config_.stallCheckSeconds > 0;
+  for (const auto& [pos, name] : cachedPending_) {
+    clearBit(notHit, pos);
+    // A cached request others have not matched for long goes through the
+    // coordinator, which knows which ranks are missing.
+    double waited = std::chrono::duration<double>(now - entries_.at(name).enqueued).count();
+    if (stallCheck && waited > config_.stallCheckSeconds / 2) setBit(invalid, pos);
+  }
+  for (auto& q : uncached) {
+    q.ageMs = std::chrono::duration_cast<std::chrono::milliseconds>(now - entries_.at(q.name).enqueued).count();
+  }
+  ByteWriter mine;
+  if (!uncached.empty()) writeRequests(uncached, mine);
+  words[1 + comm_->rank()] = mine.data().size();
+  words[0] = (shutdownRequested_ ? kFlagShutdown : 0) | (stallShutdown_ ? kFlagStallShutdown : 0);
+
+  comm_->allreduceBitsOr(words.data(), words.size());
+
+  if (words[0] & kFlagShutdown) {
+    throw StopSignal{std::make_exception_ptr(
+        ShutdownError("process set " + std::to_string(setId_) + " was shut down"))};
+  }
+  if (words[0] & kFlagStallShutdown) {
+    std::ostringstream os;
+    os << "process set " << setId_ << " shut down after ops stalled for more than "
+       << config_.stallShutdownSeconds << " s (CHORUS_STALL_SHUTDOWN_TIME_SECONDS)";
+    for (const auto& s : coordinator_.stalls(now, 0)) {
+      os << "; '" << s.name << "' missing ranks [";
+      for (size_t i = 0; i < s.missingRanks.size(); ++i) os << (i ? ", " : "") << s.missingRanks[i];
+      os << "]";
+    }
+    throw StopSignal{std::make_exception_ptr(StallError(os.str()))};
+  }
+
+  // Ready on every rank from the cache, in position order (the same everywhere).
+  std::vector<Response> ready;
+  for (int pos = 0; pos < capacity; ++pos) {
+    if (!testBit(notHit, pos)) {
+      ready.push_back(cache_.response(pos));
+      cache_.touch(pos);
+      cachedPending_.erase(pos);
+    } else if (testBit(invalid, pos)) {
+      auto it = cachedPending_.find(pos);
+      if (it != cachedPending_.end()) {
+        resend_.push_back(entries_.at(it->second).req);
+        cachedPending_.erase(it);
+      }
+      cache_.erase(pos);
+    }
+  }
+
+  // Negotiate the new requests: every rank feeds every rank's list to its coordinator.
+  std::vector<size_t> sizes(n);
+  size_t total = 0;
+  for (int r = 0; r < n; ++r) total += sizes[r] = static_cast<size_t>(words[1 + r]);
+  if (total > 0) {
+    std::vector<char> all(total);
+    comm_->allgatherv(mine.data().data(), all.data(), sizes);
+    size_t off = 0;
+    for (int r = 0; r < n; ++r) {
+      if (sizes[r] > 0) {
+        ByteReader reader(all.data() + off, sizes[r]);
+        for (const auto& q : readRequests(reader)) coordinator_.submit(r, q, now);
+      }
+      off += sizes[r];
+    }
+  }
+  for (auto& resp : coordinator_.takeReady()) {
+    if (resp.errorKind == ErrorKind::kNone && !resp.involvesJoined && cacheable(resp.type)) {
+      auto it = entries_.find(resp.name);
+      if (it != entries_.end()) {
+        int evicted = cache_.put(resp, it->second.req);
+        auto pend = cachedPending_.find(evicted);
+        if (evicted >= 0 && pend != cachedPending_.end()) {
+          resend_.push_back(entries_.at(pend->second).req);
+          cachedPending_.erase(pend);
+        }
+      }
+    }
+    ready.push_back(std::move(resp));
+  }
+  std::stable_sort(ready.begin(), ready.end(),
+                   [](const Response& a, const Response& b) { return a.priority > b.priority; });
+  executor_.execute(ready, entries_);
+
+  if (stallCheck && now - lastStallCheck_ > std::chrono::seconds(1)) {
+    lastStallCheck_ = now;
+    inspectStalls(now);
+  }
+}
+
+void Controller::inspectStalls(Clock::time_point now) {
+  auto stalls = coordinator_.stalls(now, config_.stallCheckSeconds);
+  if (stalls.empty()) return;
+  if (comm_->rank() == 0) {
+    std::ostringstream os;
+    bool any = false;
+    for (const auto& s : stalls) {
+      if (warned_[s.name]) continue;
+      warned_[s.name] = true;
+      any = true;
+      os << "\n  '" << s.name << "' waited " << static_cast<int>(s.seconds)
+         << " s; ranks that have not submitted it: [";
+      for (size_t i = 0; i < s.missingRanks.size(); ++i) os << (i ? ", " : "") << s.missingRanks[i];
+      os << "]";
+    }
+    if (any) {
+      CHORUS_WARN(globalRank_, "Stalled ops on process set "
+                                   << setId_ << ": some ranks submitted these more than "
+                                   << config_.stallCheckSeconds
+                                   << " s ago and others have not; a rank may be stuck or the "
+                                      "ranks may run different code paths."
+                                   << os.str());
+    }
+  }
+  if (config_.stallShutdownSeconds > 0) {
+    for (const auto& s : stalls)
+      if (s.seconds >= config_.stallShutdownSeconds) stallShutdown_ = true;
+  }
+}
+
+}  // namespace chorus

@@ -1,0 +1,73 @@
+#pragma once
+// The background loop of one process set: every cycle it exchanges one small
+// bit vector (cache hits, sizes of new requests, flags), negotiates new
+// requests through the coordinator, and executes what is ready everywhere.
+// Each set has its own thread and communicator, so sets progress independently.
+#include <atomic>
+#include <condition_variable>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "chorus/config.h"
+#include "comm/communicator.h"
+#include "core/coordinator.h"
+#include "core/entry.h"
+#include "core/executor.h"
+#include "core/response_cache.h"
+
+namespace chorus {
+
+class Controller {
+ public:
+  Controller(int32_t setId, std::vector<int> globalRanks, int globalRank,
+             std::unique_ptr<Communicator> comm, const Config& config);
+  ~Controller();
+
+  void start();
+  // Enqueues atomically: all entries or none. Throws InvalidArgument on a
+  // duplicate name in flight, or the stored error if the set has failed.
+  void enqueue(std::vector<Entry> entries);
+  // Asks every member to stop at the next cycle; join() waits for the thread.
+  void requestShutdown();
+  void join();
+  int rank() const { return comm_->rank(); }
+  int size() const { return comm_->size(); }
+
+ private:
+  void loop();
+  void cycle();
+  void failAll(std::exception_ptr err);
+  void inspectStalls(std::chrono::steady_clock::time_point now);
+
+  const int32_t setId_;
+  const std::vector<int> globalRanks_;
+  const int globalRank_;
+  std::unique_ptr<Communicator> comm_;
+  const Config config_;
+  Coordinator coordinator_;
+  ResponseCache cache_;
+  Executor executor_;
+
+  std::mutex mu_;
+  std::condition_variable wake_;
+  std::vector<Entry> incoming_;
+  std::map<std::string, bool> namesInFlight_;  // guarded by mu_
+  std::exception_ptr failure_;                 // guarded by mu_
+  bool stopped_ = false;                       // guarded by mu_
+  std::atomic<bool> shutdownRequested_{false};
+  std::thread thread_;
+
+  // Controller-thread state.
+  EntryTable entries_;
+  std::map<int, std::string> cachedPending_;  // cache position -> name
+  std::vector<Request> resend_;               // cached requests invalidated last cycle
+  bool stallShutdown_ = false;
+  std::map<std::string, bool> warned_;
+  std::chrono::steady_clock::time_point lastStallCheck_;
+};
+
+}  // namespace chorus

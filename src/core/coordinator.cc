@@ -1,0 +1,259 @@
+#include "core/coordinator.h"
+
+#include <algorithm>
+#include <sstream>
+
+namespace chorus {
+
+Coordinator::Coordinator(std::vector<int> globalRanks)
+    : globalRanks_(std::move(globalRanks)),
+      size_(static_cast<int>(globalRanks_.size())),
+      joined_(size_, false) {}
+
+bool Coordinator::anyJoined() const { return joinedCount_ > 0; }
+
+void Coordinator::submit(int rank, const Request& req, Clock::time_point now) {
+  if (req.type == OpType::kJoin) {
+    if (!joined_[rank]) {
+      joined_[rank] = true;
+      ++joinedCount_;
+      lastJoined_ = rank;
+    }
+    // Tensors waiting only for this rank may now be ready.
+    for (const auto& name : std::vector<std::string>(arrival_)) checkReady(name);
+    finishJoinIfComplete();
+    return;
+  }
+  auto it = table_.find(req.name);
+  if (it == table_.end()) {
+    Pending p;
+    p.byRank.resize(size_);
+    p.firstSeen = now - std::chrono::milliseconds(req.ageMs);
+    it = table_.emplace(req.name, std::move(p)).first;
+    arrival_.push_back(req.name);
+  }
+  Pending& p = it->second;
+  if (!p.byRank[rank]) {
+    p.byRank[rank] = req;
+    ++p.count;
+  }
+  checkReady(req.name);
+}
+
+void Coordinator::finishJoinIfComplete() {
+  if (joinedCount_ != size_) return;
+  Response r;
+  r.type = OpType::kJoin;
+  r.name = "join";
+  r.lastJoined = globalRanks_[lastJoined_];
+  std::fill(joined_.begin(), joined_.end(), false);
+  joinedCount_ = 0;
+  lastJoined_ = -1;
+  ready_.push_back(std::move(r));
+}
+
+// Joined ranks stand in (with zeros, or as receivers) only for these ops.
+bool Coordinator::joinable(const Pending& p) const {
+  for (const auto& q : p.byRank) {
+    if (!q) continue;
+    if (q->type == OpType::kAllreduce || q->type == OpType::kBarrier) return true;
+    if (q->type == OpType::kBroadcast) return q->root >= 0 && q->root < size_ && !joined_[q->root];
+    return false;
+  }
+  return false;
+}
+
+void Coordinator::checkReady(const std::string& name) {
+  auto it = table_.find(name);
+  if (it == table_.end()) return;
+  Pending& p = it->second;
+  int present = 0;
+  bool usesJoined = false;
+  for (int r = 0; r < size_; ++r) {
+    if (p.byRank[r]) {
+      ++present;
+    } else if (joined_[r]) {
+      usesJoined = true;
+    }
+  }
+  const int missing = size_ - present;
+  if (missing > 0) {
+    // Every missing rank has joined: run with stand-ins or refuse clearly.
+    int joinedMissing = 0;
+    for (int r = 0; r < size_; ++r)
+      if (!p.byRank[r] && joined_[r]) ++joinedMissing;
+    if (joinedMissing != missing) return;
+    if (!joinable(p)) {
+      Response err;
+      const Request& any = *std::find_if(p.byRank.begin(), p.byRank.end(),
+                                         [](const auto& q) { return q.has_value(); })->operator->();
+      err.type = any.type;
+      err.name = name;
+      err.errorKind = ErrorKind::kInvalid;
+      std::vector<int> joinedRanks;
+      for (int r = 0; r < size_; ++r)
+        if (joined_[r]) joinedRanks.push_back(r);
+      err.error = std::string(opTypeName(any.type)) + " '" + name +
+                  "' cannot run while ranks " + ranksOf(joinedRanks) +
+                  " have joined: only allreduce, broadcast (from a rank that has not joined) and "
+                  "barrier accept joined ranks";
+      err.priority = any.priority;
+      table_.erase(it);
+      arrival_.erase(std::find(arrival_.begin(), arrival_.end(), name));
+      ready_.push_back(std::move(err));
+      return;
+    }
+  }
+  Response resp = build(name, p);
+  resp.involvesJoined = usesJoined;
+  const Request& first = *std::find_if(p.byRank.begin(), p.byRank.end(),
+                                       [](const auto& q) { return q.has_value(); })->operator->();
+  std::string group = first.group;
+  int groupSize = first.groupSize;
+  table_.erase(it);
+  arrival_.erase(std::find(arrival_.begin(), arrival_.end(), name));
+  emit(std::move(resp), group, groupSize);
+}
+
+void Coordinator::emit(Response resp, const std::string& group, int groupSize) {
+  if (group.empty() || groupSize <= 1 || resp.errorKind != ErrorKind::kNone) {
+    ready_.push_back(std::move(resp));
+    return;
+  }
+  auto& members = groups_[group];
+  members.push_back(std::move(resp));
+  if (static_cast<int>(members.size()) == groupSize) {
+    for (auto& m : members) ready_.push_back(std::move(m));
+    groups_.erase(group);
+  }
+}
+
+std::string Coordinator::ranksOf(const std::vector<int>& setRanks) const {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < setRanks.size(); ++i) os << (i ? ", " : "") << globalRanks_[setRanks[i]];
+  os << "]";
+  return os.str();
+}
+
+namespace {
+// Groups ranks by the string form of one field; more than one group is a mismatch.
+struct FieldCheck {
+  std::map<std::string, std::vector<int>> values;
+  void add(const std::string& v, int rank) { values[v].push_back(rank); }
+  bool agrees() const { return values.size() <= 1; }
+};
+
+Shape tail(const Shape& s) { return s.empty() ? Shape{} : Shape(s.begin() + 1, s.end()); }
+
+std::string num(double d) {
+  std::ostringstream os;
+  os << d;
+  return os.str();
+}
+}  // namespace
+
+Response Coordinator::build(const std::string& name, const Pending& p) {
+  const Request* first = nullptr;
+  for (const auto& q : p.byRank)
+    if (q && !first) first = &*q;
+  Response r;
+  r.type = first->type;
+  r.name = name;
+  r.dtype = first->dtype;
+  r.op = first->op;
+  r.root = first->root;
+  r.prescale = first->prescale;
+  r.postscale = first->postscale;
+  r.priority = first->priority;
+  r.shape = first->shape;
+
+  // Fields that must agree, checked in order; the first disagreement is reported.
+  std::vector<std::pair<std::string, FieldCheck>> checks;
+  auto field = [&](const std::string& label, auto get) {
+    FieldCheck c;
+    for (int rk = 0; rk < size_; ++rk)
+      if (p.byRank[rk]) c.add(get(*p.byRank[rk]), rk);
+    checks.emplace_back(label, std::move(c));
+  };
+  field("operation", [](const Request& q) { return std::string(opTypeName(q.type)); });
+  field("dtype", [](const Request& q) { return std::string(dtypeName(q.dtype)); });
+  switch (first->type) {
+    case OpType::kAllreduce:
+    case OpType::kReducescatter:
+      field("shape", [](const Request& q) { return shapeString(q.shape); });
+      field("reduce op", [](const Request& q) { return std::string(reduceOpName(q.op)); });
+      field("prescale factor", [](const Request& q) { return num(q.prescale); });
+      field("postscale factor", [](const Request& q) { return num(q.postscale); });
+      break;
+    case OpType::kBroadcast:
+      field("shape", [](const Request& q) { return shapeString(q.shape); });
+      field("root rank", [this](const Request& q) {
+        return std::to_string(q.root >= 0 && q.root < size_ ? globalRanks_[q.root] : q.root);
+      });
+      break;
+    case OpType::kAllgather:
+    case OpType::kAlltoall:
+      field("rank (number of dimensions)",
+            [](const Request& q) { return std::to_string(q.shape.size()); });
+      field("shape after the first dimension",
+            [](const Request& q) { return shapeString(tail(q.shape)); });
+      break;
+    default:
+      break;
+  }
+  field("group", [](const Request& q) { return q.group + "/" + std::to_string(q.groupSize); });
+
+  for (const auto& [label, c] : checks) {
+    if (c.agrees()) continue;
+    std::ostringstream os;
+    os << "Mismatched " << opTypeName(first->type) << " for tensor '" << name << "': " << label;
+    bool firstValue = true;
+    for (const auto& [value, ranks] : c.values) {
+      os << (firstValue ? " " : ", ") << value << " on ranks " << ranksOf(ranks);
+      firstValue = false;
+    }
+    r.errorKind = ErrorKind::kMismatch;
+    r.error = os.str();
+    return r;
+  }
+
+  if (r.type == OpType::kAllgather) {
+    r.rows.assign(size_, 0);
+    for (int rk = 0; rk < size_; ++rk)
+      if (p.byRank[rk]) r.rows[rk] = p.byRank[rk]->shape.empty() ? 1 : p.byRank[rk]->shape[0];
+  } else if (r.type == OpType::kAlltoall) {
+    r.splits.assign(size_, std::vector<int64_t>(size_, 0));
+    for (int rk = 0; rk < size_; ++rk)
+      if (p.byRank[rk]) r.splits[rk] = p.byRank[rk]->splits;
+  } else if (r.type == OpType::kBroadcast && (r.root < 0 || r.root >= size_)) {
+    r.errorKind = ErrorKind::kInvalid;
+    r.error = "broadcast '" + name + "': root rank is not in the process set";
+  }
+  return r;
+}
+
+std::vector<Response> Coordinator::takeReady() {
+  std::vector<Response> out;
+  out.swap(ready_);
+  return out;
+}
+
+std::vector<Coordinator::Stall> Coordinator::stalls(Clock::time_point now,
+                                                    double olderThanSeconds) const {
+  std::vector<Stall> out;
+  for (const auto& name : arrival_) {
+    const Pending& p = table_.at(name);
+    double secs = std::chrono::duration<double>(now - p.firstSeen).count();
+    if (secs < olderThanSeconds) continue;
+    Stall s;
+    s.name = name;
+    s.seconds = secs;
+    for (int r = 0; r < size_; ++r)
+      if (!p.byRank[r] && !joined_[r]) s.missingRanks.push_back(globalRanks_[r]);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+}  // namespace chorus

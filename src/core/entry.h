@@ -1,0 +1,26 @@
+#pragma once
+// One rank's side of one tensor in flight: the request plus its buffers.
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "chorus/runtime.h"
+#include "core/message.h"
+#include "core/work_state.h"
+
+namespace chorus {
+
+struct Entry {
+  Request req;
+  Tensor input;
+  Tensor output;    // allreduce/broadcast: given by the caller; others: allocated later
+  Allocator alloc;  // null: chorus allocates and the Work owns the storage
+  std::shared_ptr<WorkState> work;
+  size_t part = 0;  // index of this tensor within its Work
+  std::chrono::steady_clock::time_point enqueued;
+};
+
+using EntryTable = std::map<std::string, Entry>;
+
+}  // namespace chorus

@@ -1,0 +1,240 @@
+#include "core/executor.h"
+
+#include <cstring>
+
+#include "chorus/error.h"
+#include "reduce/reduce.h"
+
+namespace chorus {
+
+namespace {
+
+Shape tailOf(const Shape& s) { return s.empty() ? Shape{} : Shape(s.begin() + 1, s.end()); }
+
+size_t rowBytes(const Response& r) {
+  return static_cast<size_t>(numElements(tailOf(r.shape))) * dtypeSize(r.dtype);
+}
+
+bool fusible(const Response& a, const Response& b) {
+  return a.type == OpType::kAllreduce && b.type == OpType::kAllreduce &&
+         a.errorKind == ErrorKind::kNone && b.errorKind == ErrorKind::kNone && a.dtype == b.dtype &&
+         a.op == b.op && a.prescale == b.prescale && a.postscale == b.postscale;
+}
+
+// Average divides by the set size, after any user postscale.
+double postFactor(const Response& r, int size) {
+  return r.op == ReduceOp::kAverage ? r.postscale / size : r.postscale;
+}
+
+}  // namespace
+
+void* allocateOutput(Entry& e, const Shape& shape) {
+  const size_t bytes = static_cast<size_t>(numElements(shape)) * dtypeSize(e.req.dtype);
+  void* p;
+  if (e.alloc) {
+    p = e.alloc(shape, e.req.dtype);
+    if (!p && bytes > 0) throw InvalidArgument("output allocator returned null for '" + e.req.name + "'");
+  } else {
+    auto buf = std::make_shared<std::vector<char>>(std::max<size_t>(bytes, 1));
+    p = buf->data();
+    e.work->owned.push_back(std::move(buf));
+  }
+  e.output = Tensor{p, e.req.dtype, shape};
+  return p;
+}
+
+void finishEntry(EntryTable& entries, EntryTable::iterator it, const Executor::Release& release,
+                 std::exception_ptr err) {
+  Entry e = std::move(it->second);
+  entries.erase(it);
+  if (release) release(e.req.name);
+  if (!err) e.work->outputs[e.part] = e.output;
+  e.work->complete(err);
+}
+
+void Executor::execute(const std::vector<Response>& responses, EntryTable& entries) {
+  size_t i = 0;
+  while (i < responses.size()) {
+    const Response& r = responses[i];
+    if (r.errorKind != ErrorKind::kNone) {
+      fail(r, entries);
+      ++i;
+      continue;
+    }
+    switch (r.type) {
+      case OpType::kAllreduce: {
+        std::vector<const Response*> group{&r};
+        size_t bytes = r.bytes();
+        size_t j = i + 1;
+        while (threshold_ > 0 && j < responses.size() && fusible(r, responses[j]) &&
+               bytes + responses[j].bytes() <= static_cast<size_t>(threshold_)) {
+          bytes += responses[j].bytes();
+          group.push_back(&responses[j]);
+          ++j;
+        }
+        runAllreduce(group, entries);
+        i = j;
+        continue;
+      }
+      case OpType::kAllgather: runAllgather(r, entries); break;
+      case OpType::kBroadcast: runBroadcast(r, entries); break;
+      case OpType::kAlltoall: runAlltoall(r, entries); break;
+      case OpType::kReducescatter: runReducescatter(r, entries); break;
+      case OpType::kBarrier:
+      case OpType::kJoin: runSimple(r, entries); break;
+    }
+    ++i;
+  }
+}
+
+void Executor::fail(const Response& r, EntryTable& entries) {
+  auto it = entries.find(r.name);
+  if (it == entries.end()) return;
+  std::exception_ptr err = r.errorKind == ErrorKind::kMismatch
+                               ? std::make_exception_ptr(Mismatch(r.error))
+                               : std::make_exception_ptr(InvalidArgument(r.error));
+  finishEntry(entries, it, release_, err);
+}
+
+void Executor::runAllreduce(const std::vector<const Response*>& group, EntryTable& entries) {
+  const Response& head = *group.front();
+  const size_t esize = dtypeSize(head.dtype);
+  const double post = postFactor(head, comm_.size());
+  if (group.size() == 1) {
+    // Unfused: reduce in the output buffer itself.
+    auto it = entries.find(head.name);
+    const size_t n = static_cast<size_t>(numElements(head.shape));
+    void* out;
+    if (it != entries.end()) {
+      Entry& e = it->second;
+      out = e.output.data;
+      scaleCopy(head.dtype, out, e.input.data, n, head.prescale);
+    } else {  // joined: contribute zeros
+      scratch_.assign(std::max<size_t>(n * esize, 1), 0);
+      out = scratch_.data();
+    }
+    comm_.allreduce(out, n, head.dtype, head.op);
+    if (it != entries.end()) {
+      scaleBuffer(head.dtype, out, n, post);
+      finishEntry(entries, it, release_);
+    }
+    return;
+  }
+  size_t total = 0;
+  for (const Response* r : group) total += r->bytes();
+  if (fusion_.size() < total) fusion_.resize(total);
+  size_t off = 0;
+  for (const Response* r : group) {
+    auto it = entries.find(r->name);
+    const size_t n = static_cast<size_t>(numElements(r->shape));
+    if (it != entries.end()) {
+      scaleCopy(r->dtype, fusion_.data() + off, it->second.input.data, n, head.prescale);
+    } else {
+      std::memset(fusion_.data() + off, 0, r->bytes());
+    }
+    off += r->bytes();
+  }
+  comm_.allreduce(fusion_.data(), total / esize, head.dtype, head.op);
+  off = 0;
+  for (const Response* r : group) {
+    auto it = entries.find(r->name);
+    const size_t n = static_cast<size_t>(numElements(r->shape));
+    if (it != entries.end()) {
+      scaleCopy(r->dtype, it->second.output.data, fusion_.data() + off, n, post);
+      finishEntry(entries, it, release_);
+    }
+    off += r->bytes();
+  }
+}
+
+void Executor::runAllgather(const Response& r, EntryTable& entries) {
+  auto it = entries.find(r.name);
+  const int n = comm_.size();
+  const size_t rb = rowBytes(r);
+  std::vector<size_t> bytes(n);
+  int64_t rows = 0;
+  for (int i = 0; i < n; ++i) {
+    bytes[i] = static_cast<size_t>(r.rows[i]) * rb;
+    rows += r.rows[i];
+  }
+  Shape outShape = tailOf(r.shape);
+  outShape.insert(outShape.begin(), rows);
+  Entry& e = it->second;
+  void* out = allocateOutput(e, outShape);
+  comm_.allgatherv(e.input.data, out, bytes);
+  finishEntry(entries, it, release_);
+}
+
+void Executor::runBroadcast(const Response& r, EntryTable& entries) {
+  auto it = entries.find(r.name);
+  void* buf;
+  if (it != entries.end()) {
+    Entry& e = it->second;
+    buf = e.output.data;
+    if (comm_.rank() == r.root && e.output.data != e.input.data && r.bytes())
+      std::memcpy(e.output.data, e.input.data, r.bytes());
+  } else {  // joined: receive and discard
+    scratch_.resize(std::max<size_t>(r.bytes(), 1));
+    buf = scratch_.data();
+  }
+  comm_.broadcast(buf, r.bytes(), r.root);
+  if (it != entries.end()) finishEntry(entries, it, release_);
+}
+
+void Executor::runAlltoall(const Response& r, EntryTable& entries) {
+  auto it = entries.find(r.name);
+  Entry& e = it->second;
+  const int n = comm_.size();
+  const int me = comm_.rank();
+  const size_t rb = rowBytes(r);
+  std::vector<size_t> sendBytes(n), recvBytes(n);
+  std::vector<int64_t> received(n);
+  int64_t rows = 0;
+  for (int j = 0; j < n; ++j) {
+    sendBytes[j] = static_cast<size_t>(r.splits[me][j]) * rb;
+    received[j] = r.splits[j][me];
+    recvBytes[j] = static_cast<size_t>(received[j]) * rb;
+    rows += received[j];
+  }
+  Shape outShape = tailOf(r.shape);
+  outShape.insert(outShape.begin(), rows);
+  void* out = allocateOutput(e, outShape);
+  comm_.alltoallv(e.input.data, sendBytes, out, recvBytes);
+  e.work->receivedSplits = received;
+  finishEntry(entries, it, release_);
+}
+
+void Executor::runReducescatter(const Response& r, EntryTable& entries) {
+  auto it = entries.find(r.name);
+  Entry& e = it->second;
+  const int n = comm_.size();
+  const int64_t rowsTotal = r.shape[0];
+  const int64_t rowElems = numElements(tailOf(r.shape));
+  // Horovod's split: the first (rows % n) ranks get one extra row.
+  std::vector<size_t> counts(n);
+  for (int i = 0; i < n; ++i) {
+    int64_t rows = rowsTotal / n + (i < rowsTotal % n ? 1 : 0);
+    counts[i] = static_cast<size_t>(rows * rowElems);
+  }
+  const size_t total = static_cast<size_t>(numElements(r.shape));
+  const size_t esize = dtypeSize(r.dtype);
+  if (scratch_.size() < total * esize) scratch_.resize(total * esize);
+  scaleCopy(r.dtype, scratch_.data(), e.input.data, total, r.prescale);
+  Shape outShape = tailOf(r.shape);
+  outShape.insert(outShape.begin(), static_cast<int64_t>(counts[comm_.rank()] / std::max<int64_t>(rowElems, 1)));
+  if (rowElems == 0) outShape[0] = rowsTotal / n + (comm_.rank() < rowsTotal % n ? 1 : 0);
+  void* out = allocateOutput(e, outShape);
+  comm_.reducescatter(scratch_.data(), out, counts, r.dtype, r.op);
+  scaleBuffer(r.dtype, out, counts[comm_.rank()], postFactor(r, n));
+  finishEntry(entries, it, release_);
+}
+
+void Executor::runSimple(const Response& r, EntryTable& entries) {
+  if (r.type == OpType::kBarrier) comm_.barrier();
+  auto it = entries.find(r.name);
+  if (it == entries.end()) return;
+  if (r.type == OpType::kJoin) it->second.work->joinResult = r.lastJoined;
+  finishEntry(entries, it, release_);
+}
+
+}  // namespace chorus

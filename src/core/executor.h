@@ -1,0 +1,47 @@
+#pragma once
+// Runs an ordered list of responses on a communicator: packs compatible
+// allreduces into the fusion buffer, allocates outputs, completes entries.
+#include <functional>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "core/entry.h"
+
+namespace chorus {
+
+class Executor {
+ public:
+  using Release = std::function<void(const std::string& name)>;
+  // release(name) runs just before an entry's Work completes, so that the name
+  // may be reused by the caller as soon as it sees the result.
+  Executor(Communicator& comm, int64_t fusionThresholdBytes, Release release)
+      : comm_(comm), threshold_(fusionThresholdBytes), release_(std::move(release)) {}
+
+  // Takes the matching entries out of `entries` and completes them. A rank with
+  // no entry for a response (it has joined) takes part with zeros. Transport
+  // errors propagate after the entries of the failed step were failed with them.
+  void execute(const std::vector<Response>& responses, EntryTable& entries);
+
+ private:
+  void runAllreduce(const std::vector<const Response*>& group, EntryTable& entries);
+  void runAllgather(const Response& r, EntryTable& entries);
+  void runBroadcast(const Response& r, EntryTable& entries);
+  void runAlltoall(const Response& r, EntryTable& entries);
+  void runReducescatter(const Response& r, EntryTable& entries);
+  void runSimple(const Response& r, EntryTable& entries);
+  void fail(const Response& r, EntryTable& entries);
+
+  Communicator& comm_;
+  int64_t threshold_;
+  Release release_;
+  std::vector<char> fusion_;
+  std::vector<char> scratch_;
+};
+
+// Allocates an output through the entry's allocator, or in storage the Work owns.
+void* allocateOutput(Entry& e, const Shape& shape);
+// Marks the entry done with `output` as its result and removes it from the table.
+void finishEntry(EntryTable& entries, EntryTable::iterator it, const Executor::Release& release,
+                 std::exception_ptr err = nullptr);
+
+}  // namespace chorus

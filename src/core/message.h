@@ -1,0 +1,67 @@
+#pragma once
+// Requests (what one rank asks for) and responses (what the coordinator decided).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "chorus/types.h"
+#include "core/byte_io.h"
+
+namespace chorus {
+
+enum class OpType : uint8_t {
+  kAllreduce = 0,
+  kAllgather,
+  kBroadcast,
+  kAlltoall,
+  kReducescatter,
+  kBarrier,
+  kJoin,
+};
+const char* opTypeName(OpType t);
+
+struct Request {
+  OpType type = OpType::kAllreduce;
+  std::string name;
+  DataType dtype = DataType::kFloat32;
+  Shape shape;
+  ReduceOp op = ReduceOp::kSum;
+  int32_t root = -1;  // rank within the set (broadcast)
+  double prescale = 1.0;
+  double postscale = 1.0;
+  int32_t priority = 0;
+  std::string group;  // members of one grouped call share this key
+  int32_t groupSize = 0;
+  std::vector<int64_t> splits;  // alltoall: rows to each rank
+  int64_t ageMs = 0;            // how long it waited locally before it was sent
+
+  // Same collective with the same parameters (what a cache hit requires).
+  bool sameParams(const Request& o) const;
+};
+
+void writeRequests(const std::vector<Request>& reqs, ByteWriter& w);
+std::vector<Request> readRequests(ByteReader& r);
+
+enum class ErrorKind : uint8_t { kNone = 0, kMismatch, kInvalid };
+
+struct Response {
+  OpType type = OpType::kAllreduce;
+  std::string name;
+  DataType dtype = DataType::kFloat32;
+  Shape shape;  // for allgather/alltoall the shape without rank-specific rows
+  ReduceOp op = ReduceOp::kSum;
+  int32_t root = -1;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  int32_t priority = 0;
+  std::vector<int64_t> rows;                 // allgather: first dim per rank
+  std::vector<std::vector<int64_t>> splits;  // alltoall: splits[src][dst]
+  int32_t lastJoined = -1;                   // join: rank within the set
+  bool involvesJoined = false;               // some rank took part only as joined
+  ErrorKind errorKind = ErrorKind::kNone;
+  std::string error;
+
+  size_t bytes() const { return static_cast<size_t>(numElements(shape)) * dtypeSize(dtype); }
+};
+
+}  // namespace chorus

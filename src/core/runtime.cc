@@ -1,0 +1,278 @@
+// Runtime lifecycle, topology and process sets.
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <sstream>
+
+#include "chorus/error.h"
+#include "core/logging.h"
+#include "core/runtime_impl.h"
+
+namespace chorus {
+
+namespace {
+std::string listString(const std::vector<int>& v) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
+  os << "]";
+  return os.str();
+}
+std::chrono::milliseconds ms(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+}
+}  // namespace
+
+CommOptions RuntimeImpl::commOptions() const {
+  CommOptions o;
+  o.bindAddress = config.bindAddress;
+  o.iface = config.iface;
+  o.timeoutSeconds = config.timeoutSeconds;
+  o.connectTimeoutSeconds = config.startTimeoutSeconds;
+  return o;
+}
+
+void RuntimeImpl::requireInit() const {
+  if (!initialized) throw InvalidArgument("chorus is not initialized: call init() first");
+}
+
+void RuntimeImpl::init(Config cfg) {
+  if (initialized) throw InvalidArgument("chorus is already initialized; call shutdown() first");
+  cfg.applyEnv();
+  setLogLevel(cfg.logLevel);
+  if (cfg.rank < 0 || cfg.size <= 0) {
+    throw InvalidArgument(
+        "rank and size are unknown: start the program with chorusrun (or set CHORUS_RANK and "
+        "CHORUS_SIZE and the rendezvous variables, see docs/settings.md)");
+  }
+  if (cfg.rank >= cfg.size) {
+    throw InvalidArgument("rank " + std::to_string(cfg.rank) + " is out of range for size " +
+                          std::to_string(cfg.size));
+  }
+  config = cfg;
+  rank = cfg.rank;
+  size = cfg.size;
+  store = cfg.store;
+  if (!store) {
+    if (cfg.rendezvousAddr.empty() || cfg.rendezvousPort <= 0) {
+      throw InvalidArgument(
+          "no rendezvous store: set CHORUS_RENDEZVOUS_ADDR and CHORUS_RENDEZVOUS_PORT (chorusrun "
+          "does), or pass Config::store");
+    }
+    store = connectTcpStore(cfg.rendezvousAddr, cfg.rendezvousPort, cfg.secret, ms(cfg.startTimeoutSeconds));
+  }
+  // Each init is a new generation so that a re-init never reads stale keys.
+  const int64_t gen = store->add("chorus/generation/" + std::to_string(rank), 1);
+  prefix = "chorus/g" + std::to_string(gen) + "/";
+  device = makeTransportDevice(commOptions());
+
+  std::vector<std::shared_ptr<Controller>> started;
+  try {
+    std::vector<int> all(size);
+    for (int i = 0; i < size; ++i) all[i] = i;
+    auto global = makeTcpCommunicator(device, *store, prefix + "ps0/", rank, size, commOptions());
+    computeTopology(*global);
+    checkStaticSetsAgree(*global);
+    ProcessSet globalSet(kGlobalProcessSetId, all, rank);
+    auto gc = std::make_shared<Controller>(kGlobalProcessSetId, all, rank, std::move(global), config);
+    sets.add(globalSet, gc);
+    started.push_back(gc);
+    nextSetId_ = 1;
+    for (const auto& ranks : config.processSets) {
+      ProcessSet ps(nextSetId_++, validateRanks(ranks, size), rank);
+      auto c = makeController(ps);
+      sets.add(ps, c);
+      if (c) started.push_back(c);
+    }
+  } catch (...) {
+    sets.clear();
+    device.reset();
+    store.reset();
+    throw;
+  }
+  for (auto& c : started) c->start();
+  initialized = true;
+}
+
+std::shared_ptr<Controller> RuntimeImpl::makeController(const ProcessSet& ps) {
+  if (!ps.included()) return nullptr;
+  auto comm = makeTcpCommunicator(device, *store, prefix + "ps" + std::to_string(ps.id()) + "/",
+                                  ps.rank(), ps.size(), commOptions());
+  return std::make_shared<Controller>(ps.id(), ps.ranks(), rank, std::move(comm), config);
+}
+
+void RuntimeImpl::computeTopology(Communicator& global) {
+  // Every rank learns every rank's host name; local ranks share one.
+  std::string host = config.hostname;
+  std::vector<size_t> lens(size, 0);
+  std::vector<uint64_t> lenWords(size, 0);
+  lenWords[rank] = host.size();
+  global.allreduceBitsOr(lenWords.data(), size);
+  size_t total = 0;
+  for (int r = 0; r < size; ++r) total += lens[r] = static_cast<size_t>(lenWords[r]);
+  std::vector<char> names(std::max<size_t>(total, 1));
+  global.allgatherv(host.data(), names.data(), lens);
+  std::vector<std::string> hosts(size);
+  size_t off = 0;
+  for (int r = 0; r < size; ++r) {
+    hosts[r].assign(names.data() + off, lens[r]);
+    off += lens[r];
+  }
+  std::vector<std::string> order;  // hosts in order of their first rank
+  std::map<std::string, std::vector<int>> byHost;
+  for (int r = 0; r < size; ++r) {
+    if (!byHost.count(hosts[r])) order.push_back(hosts[r]);
+    byHost[hosts[r]].push_back(r);
+  }
+  const auto& mine = byHost[host];
+  localSize = static_cast<int>(mine.size());
+  localRank = static_cast<int>(std::find(mine.begin(), mine.end(), rank) - mine.begin());
+  // Cross communicator, as Horovod: the ranks with my local rank, one per host.
+  crossRank = 0;
+  crossSize = 0;
+  homogeneous = true;
+  for (const auto& h : order) {
+    const auto& rs = byHost[h];
+    if (rs.size() != mine.size()) homogeneous = false;
+    if (static_cast<int>(rs.size()) > localRank) {
+      if (h == host) crossRank = crossSize;
+      ++crossSize;
+    }
+  }
+}
+
+void RuntimeImpl::checkStaticSetsAgree(Communicator& global) {
+  std::ostringstream os;
+  for (const auto& s : config.processSets) os << listString(s) << ";";
+  std::string mine = os.str();
+  std::vector<uint64_t> lenWords(size, 0);
+  lenWords[rank] = mine.size();
+  global.allreduceBitsOr(lenWords.data(), size);
+  std::vector<size_t> lens(size);
+  size_t total = 0;
+  for (int r = 0; r < size; ++r) total += lens[r] = static_cast<size_t>(lenWords[r]);
+  std::vector<char> all(std::max<size_t>(total, 1));
+  global.allgatherv(mine.data(), all.data(), lens);
+  size_t off = 0;
+  std::string first(all.data(), lens[0]);
+  for (int r = 0; r < size; ++r) {
+    std::string theirs(all.data() + off, lens[r]);
+    off += lens[r];
+    if (theirs != first) {
+      throw InvalidArgument("init: the process sets differ between ranks: rank 0 gave {" + first +
+                            "} but rank " + std::to_string(r) + " gave {" + theirs + "}");
+    }
+  }
+}
+
+void RuntimeImpl::agree(const std::string& op, const std::string& what) {
+  const int64_t seq = ++dynamicSeq_;
+  const std::string base = prefix + "dynamic/" + std::to_string(seq) + "/";
+  store->set(base + std::to_string(rank), std::vector<char>(what.begin(), what.end()));
+  std::map<std::string, std::vector<int>> seen;
+  for (int r = 0; r < size; ++r) {
+    auto v = store->get(base + std::to_string(r), ms(config.startTimeoutSeconds));
+    seen[std::string(v.begin(), v.end())].push_back(r);
+  }
+  if (seen.size() > 1) {
+    std::ostringstream os;
+    os << op << " must be called with the same arguments on every rank, in the same order; got";
+    for (const auto& [value, ranks] : seen) os << " " << value << " on ranks " << listString(ranks) << ";";
+    throw InvalidArgument(os.str());
+  }
+}
+
+ProcessSet RuntimeImpl::addProcessSet(const std::vector<int>& ranks) {
+  requireInit();
+  if (!config.dynamicProcessSets) {
+    throw InvalidArgument(
+        "add_process_set needs dynamic process sets: init with process_sets=\"dynamic\" "
+        "(Config::dynamicProcessSets, CHORUS_DYNAMIC_PROCESS_SETS=1)");
+  }
+  auto sorted = validateRanks(ranks, size);
+  agree("add_process_set", "add " + listString(sorted));
+  if (int32_t existing = sets.find(sorted); existing >= 0) {
+    throw InvalidArgument("a process set with ranks " + listString(sorted) + " already exists (id " +
+                          std::to_string(existing) + ")");
+  }
+  ProcessSet ps(nextSetId_++, sorted, rank);
+  auto c = makeController(ps);
+  sets.add(ps, c);
+  if (c) c->start();
+  return ps;
+}
+
+void RuntimeImpl::removeProcessSet(int32_t id) {
+  requireInit();
+  if (id == kGlobalProcessSetId) throw InvalidArgument("the global process set (id 0) cannot be removed");
+  if (!config.dynamicProcessSets) {
+    throw InvalidArgument("remove_process_set needs dynamic process sets: init with process_sets=\"dynamic\"");
+  }
+  sets.get(id);  // throws when unknown
+  agree("remove_process_set", "remove " + std::to_string(id));
+  auto c = sets.remove(id);
+  if (c) {
+    c->requestShutdown();
+    c->join();
+  }
+}
+
+void RuntimeImpl::shutdown() {
+  if (!initialized) return;
+  auto controllers = sets.controllers();
+  for (auto& c : controllers) c->requestShutdown();
+  for (auto& c : controllers) c->join();
+  sets.clear();
+  controllers.clear();
+  device.reset();
+  store.reset();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    counters_.clear();
+    outstanding_.clear();
+  }
+  dynamicSeq_ = 0;
+  initialized = false;
+}
+
+// ---- Runtime facade over RuntimeImpl ----
+
+Runtime::Runtime() : impl_(std::make_unique<RuntimeImpl>()) {}
+Runtime::~Runtime() {
+  try {
+    impl_->shutdown();
+  } catch (...) {
+  }
+}
+void Runtime::init(Config config) { impl_->init(std::move(config)); }
+void Runtime::shutdown() { impl_->shutdown(); }
+bool Runtime::isInitialized() const { return impl_->initialized; }
+#define CHORUS_GETTER(type, fn, field) \
+  type Runtime::fn() const {           \
+    impl_->requireInit();              \
+    return impl_->field;               \
+  }
+CHORUS_GETTER(int, rank, rank)
+CHORUS_GETTER(int, size, size)
+CHORUS_GETTER(int, localRank, localRank)
+CHORUS_GETTER(int, localSize, localSize)
+CHORUS_GETTER(int, crossRank, crossRank)
+CHORUS_GETTER(int, crossSize, crossSize)
+CHORUS_GETTER(bool, isHomogeneous, homogeneous)
+#undef CHORUS_GETTER
+const Config& Runtime::config() const { return impl_->config; }
+ProcessSet Runtime::globalProcessSet() const { return processSet(kGlobalProcessSetId); }
+ProcessSet Runtime::processSet(int32_t id) const {
+  impl_->requireInit();
+  return impl_->sets.get(id);
+}
+std::vector<ProcessSet> Runtime::processSets() const {
+  impl_->requireInit();
+  return impl_->sets.all();
+}
+ProcessSet Runtime::addProcessSet(const std::vector<int>& ranks) { return impl_->addProcessSet(ranks); }
+void Runtime::removeProcessSet(int32_t id) { impl_->removeProcessSet(id); }
+void Runtime::synchronize() { impl_->synchronize(); }
+
+}  // namespace chorus

@@ -1,0 +1,54 @@
+#pragma once
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "chorus/runtime.h"
+#include "chorus/store.h"
+#include "comm/communicator.h"
+#include "core/entry.h"
+#include "core/process_set_table.h"
+
+namespace chorus {
+
+class RuntimeImpl {
+ public:
+  void init(Config config);
+  void shutdown();
+  void requireInit() const;
+
+  ProcessSet addProcessSet(const std::vector<int>& ranks);
+  void removeProcessSet(int32_t id);
+
+  // Registers the Work for synchronize() and hands the entries to the set's controller.
+  Work submit(int32_t setId, std::vector<Entry> entries, std::shared_ptr<WorkState> work);
+  std::string autoName(int32_t setId, const char* kind);
+  std::string resolveName(const OpOptions& opts, const char* kind);
+  void synchronize();
+
+  Config config;
+  bool initialized = false;
+  int rank = -1, size = 0, localRank = 0, localSize = 1, crossRank = 0, crossSize = 1;
+  bool homogeneous = true;
+  std::shared_ptr<Store> store;
+  std::string prefix;  // store key prefix of this init generation
+  std::shared_ptr<TransportDevice> device;
+  ProcessSetTable sets;
+
+ private:
+  void computeTopology(Communicator& global);
+  void checkStaticSetsAgree(Communicator& global);
+  std::shared_ptr<Controller> makeController(const ProcessSet& ps);
+  // Every rank states `what`; throws on every rank if any two differ.
+  void agree(const std::string& op, const std::string& what);
+  CommOptions commOptions() const;
+
+  std::mutex mu_;
+  std::map<std::string, int64_t> counters_;
+  std::list<std::weak_ptr<WorkState>> outstanding_;
+  int64_t dynamicSeq_ = 0;
+  int32_t nextSetId_ = 1;
+};
+
+}  // namespace chorus

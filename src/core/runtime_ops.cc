@@ -1,0 +1,330 @@
+// The collectives: validate the caller's tensors, build requests, enqueue.
+#include <chrono>
+#include <numeric>
+
+#include "chorus/error.h"
+#include "core/runtime_impl.h"
+
+namespace chorus {
+
+namespace {
+
+Entry makeEntry(Request req, const Tensor& input, const Tensor& output,
+                const std::shared_ptr<WorkState>& work, size_t part, Allocator alloc = nullptr) {
+  Entry e;
+  e.req = std::move(req);
+  e.input = input;
+  e.output = output;
+  e.alloc = std::move(alloc);
+  e.work = work;
+  e.part = part;
+  e.enqueued = std::chrono::steady_clock::now();
+  return e;
+}
+
+void checkTensor(const Tensor& t, const std::string& what) {
+  for (int64_t d : t.shape) {
+    if (d < 0) throw InvalidArgument(what + ": negative dimension in shape " + shapeString(t.shape));
+  }
+  if (!t.data && t.numel() > 0) throw InvalidArgument(what + ": data pointer is null");
+  dtypeSize(t.dtype);  // throws on an unknown dtype code
+}
+
+void checkSameLayout(const Tensor& in, const Tensor& out, const std::string& what) {
+  if (in.dtype != out.dtype || in.shape != out.shape) {
+    throw InvalidArgument(what + ": output (" + dtypeName(out.dtype) + " " + shapeString(out.shape) +
+                          ") must match input (" + dtypeName(in.dtype) + " " + shapeString(in.shape) + ")");
+  }
+}
+
+void checkReduceOp(ReduceOp op, const std::string& what, bool sumOrAverageOnly) {
+  if (static_cast<int>(op) > static_cast<int>(ReduceOp::kProduct))
+    throw InvalidArgument(what + ": unknown reduce op");
+  if (sumOrAverageOnly && op != ReduceOp::kSum && op != ReduceOp::kAverage)
+    throw InvalidArgument(what + ": reducescatter supports Sum and Average, not " + reduceOpName(op));
+}
+
+}  // namespace
+
+std::string RuntimeImpl::autoName(int32_t setId, const char* kind) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string key = std::to_string(setId) + "/" + kind;
+  return std::string(kind) + ".noname." + std::to_string(++counters_[key]);
+}
+
+std::string RuntimeImpl::resolveName(const OpOptions& opts, const char* kind) {
+  return opts.name.empty() ? autoName(opts.processSet, kind) : opts.name;
+}
+
+Work RuntimeImpl::submit(int32_t setId, std::vector<Entry> entries, std::shared_ptr<WorkState> work) {
+  auto controller = sets.controllerFor(setId, rank);
+  controller->enqueue(std::move(entries));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (outstanding_.size() > 256) {
+    outstanding_.remove_if([](const std::weak_ptr<WorkState>& w) {
+      auto s = w.lock();
+      return !s || s->done();
+    });
+  }
+  outstanding_.push_back(work);
+  return Work(std::move(work));
+}
+
+void RuntimeImpl::synchronize() {
+  std::list<std::weak_ptr<WorkState>> pending;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending.swap(outstanding_);
+  }
+  std::exception_ptr first;
+  for (auto& w : pending) {
+    if (auto s = w.lock()) {
+      try {
+        s->wait();
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+    }
+  }
+  if (first) std::rethrow_exception(first);
+}
+
+Work Runtime::groupedAllreduceAsync(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                                    const AllreduceOptions& opts) {
+  impl_->requireInit();
+  if (inputs.size() != outputs.size()) {
+    throw InvalidArgument("grouped_allreduce: " + std::to_string(inputs.size()) + " inputs but " +
+                          std::to_string(outputs.size()) + " outputs");
+  }
+  checkReduceOp(opts.op, "allreduce", false);
+  impl_->sets.controllerFor(opts.processSet, impl_->rank);
+  const bool grouped = inputs.size() > 1;
+  std::string base = impl_->resolveName(opts, grouped ? "grouped_allreduce" : "allreduce");
+  auto work = std::make_shared<WorkState>(inputs.size());
+  std::vector<Entry> entries;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const std::string name = grouped ? base + "." + std::to_string(i) : base;
+    checkTensor(inputs[i], "allreduce '" + name + "' input");
+    checkSameLayout(inputs[i], outputs[i], "allreduce '" + name + "'");
+    Request q;
+    q.type = OpType::kAllreduce;
+    q.name = name;
+    q.dtype = inputs[i].dtype;
+    q.shape = inputs[i].shape;
+    q.op = opts.op;
+    q.prescale = opts.prescaleFactor;
+    q.postscale = opts.postscaleFactor;
+    q.priority = opts.priority;
+    if (grouped) {
+      q.group = base;
+      q.groupSize = static_cast<int32_t>(inputs.size());
+    }
+    work->outputs[i] = outputs[i];
+    entries.push_back(makeEntry(std::move(q), inputs[i], outputs[i], work, i));
+  }
+  if (entries.empty()) {
+    work->complete(nullptr);
+    return Work(work);
+  }
+  return impl_->submit(opts.processSet, std::move(entries), work);
+}
+
+Work Runtime::allreduceAsync(const Tensor& input, const Tensor& output, const AllreduceOptions& opts) {
+  return groupedAllreduceAsync({input}, {output}, opts);
+}
+
+Work Runtime::groupedAllgatherAsync(const std::vector<Tensor>& inputs, const OpOptions& opts, Allocator alloc) {
+  impl_->requireInit();
+  impl_->sets.controllerFor(opts.processSet, impl_->rank);
+  const bool grouped = inputs.size() > 1;
+  std::string base = impl_->resolveName(opts, grouped ? "grouped_allgather" : "allgather");
+  auto work = std::make_shared<WorkState>(inputs.size());
+  std::vector<Entry> entries;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const std::string name = grouped ? base + "." + std::to_string(i) : base;
+    checkTensor(inputs[i], "allgather '" + name + "' input");
+    Request q;
+    q.type = OpType::kAllgather;
+    q.name = name;
+    q.dtype = inputs[i].dtype;
+    q.shape = inputs[i].shape;
+    q.priority = opts.priority;
+    if (grouped) {
+      q.group = base;
+      q.groupSize = static_cast<int32_t>(inputs.size());
+    }
+    entries.push_back(makeEntry(std::move(q), inputs[i], Tensor{}, work, i, alloc));
+  }
+  if (entries.empty()) {
+    work->complete(nullptr);
+    return Work(work);
+  }
+  return impl_->submit(opts.processSet, std::move(entries), work);
+}
+
+Work Runtime::allgatherAsync(const Tensor& input, const OpOptions& opts, Allocator alloc) {
+  return groupedAllgatherAsync({input}, opts, std::move(alloc));
+}
+
+Work Runtime::broadcastAsync(const Tensor& input, const Tensor& output, int rootRank, const OpOptions& opts) {
+  impl_->requireInit();
+  impl_->sets.controllerFor(opts.processSet, impl_->rank);
+  ProcessSet ps = impl_->sets.get(opts.processSet);
+  std::string name = impl_->resolveName(opts, "broadcast");
+  checkTensor(input, "broadcast '" + name + "' input");
+  checkSameLayout(input, output, "broadcast '" + name + "'");
+  auto it = std::find(ps.ranks().begin(), ps.ranks().end(), rootRank);
+  if (it == ps.ranks().end()) {
+    throw InvalidArgument("broadcast '" + name + "': root rank " + std::to_string(rootRank) +
+                          " is not in process set " + std::to_string(ps.id()));
+  }
+  Request q;
+  q.type = OpType::kBroadcast;
+  q.name = name;
+  q.dtype = input.dtype;
+  q.shape = input.shape;
+  q.root = static_cast<int32_t>(it - ps.ranks().begin());
+  q.priority = opts.priority;
+  auto work = std::make_shared<WorkState>(1);
+  work->outputs[0] = output;
+  std::vector<Entry> entries;
+  entries.push_back(makeEntry(std::move(q), input, output, work, 0));
+  return impl_->submit(opts.processSet, std::move(entries), work);
+}
+
+Work Runtime::alltoallAsync(const Tensor& input, const std::vector<int64_t>& splits, const OpOptions& opts,
+                            Allocator alloc) {
+  impl_->requireInit();
+  impl_->sets.controllerFor(opts.processSet, impl_->rank);
+  ProcessSet ps = impl_->sets.get(opts.processSet);
+  std::string name = impl_->resolveName(opts, "alltoall");
+  checkTensor(input, "alltoall '" + name + "' input");
+  if (input.shape.empty()) throw InvalidArgument("alltoall '" + name + "': input needs at least one dimension");
+  const int64_t rows = input.shape[0];
+  std::vector<int64_t> s = splits;
+  if (s.empty()) {
+    if (rows % ps.size() != 0) {
+      throw InvalidArgument("alltoall '" + name + "': first dimension " + std::to_string(rows) +
+                            " does not divide evenly among " + std::to_string(ps.size()) +
+                            " ranks; pass splits");
+    }
+    s.assign(ps.size(), rows / ps.size());
+  }
+  if (static_cast<int>(s.size()) != ps.size()) {
+    throw InvalidArgument("alltoall '" + name + "': " + std::to_string(s.size()) + " splits for " +
+                          std::to_string(ps.size()) + " ranks");
+  }
+  for (int64_t v : s)
+    if (v < 0) throw InvalidArgument("alltoall '" + name + "': negative split");
+  if (std::accumulate(s.begin(), s.end(), int64_t{0}) != rows) {
+    throw InvalidArgument("alltoall '" + name + "': splits sum to " +
+                          std::to_string(std::accumulate(s.begin(), s.end(), int64_t{0})) +
+                          " but the first dimension is " + std::to_string(rows));
+  }
+  Request q;
+  q.type = OpType::kAlltoall;
+  q.name = name;
+  q.dtype = input.dtype;
+  q.shape = input.shape;
+  q.splits = s;
+  q.priority = opts.priority;
+  auto work = std::make_shared<WorkState>(1);
+  std::vector<Entry> entries;
+  entries.push_back(makeEntry(std::move(q), input, Tensor{}, work, 0, std::move(alloc)));
+  return impl_->submit(opts.processSet, std::move(entries), work);
+}
+
+Work Runtime::groupedReducescatterAsync(const std::vector<Tensor>& inputs, const ReducescatterOptions& opts,
+                                        Allocator alloc) {
+  impl_->requireInit();
+  impl_->sets.controllerFor(opts.processSet, impl_->rank);
+  checkReduceOp(opts.op, "reducescatter", true);
+  const bool grouped = inputs.size() > 1;
+  std::string base = impl_->resolveName(opts, grouped ? "grouped_reducescatter" : "reducescatter");
+  auto work = std::make_shared<WorkState>(inputs.size());
+  std::vector<Entry> entries;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const std::string name = grouped ? base + "." + std::to_string(i) : base;
+    checkTensor(inputs[i], "reducescatter '" + name + "' input");
+    if (inputs[i].shape.empty())
+      throw InvalidArgument("reducescatter '" + name + "': input needs at least one dimension");
+    Request q;
+    q.type = OpType::kReducescatter;
+    q.name = name;
+    q.dtype = inputs[i].dtype;
+    q.shape = inputs[i].shape;
+    q.op = opts.op;
+    q.prescale = opts.prescaleFactor;
+    q.postscale = opts.postscaleFactor;
+    q.priority = opts.priority;
+    if (grouped) {
+      q.group = base;
+      q.groupSize = static_cast<int32_t>(inputs.size());
+    }
+    entries.push_back(makeEntry(std::move(q), inputs[i], Tensor{}, work, i, alloc));
+  }
+  if (entries.empty()) {
+    work->complete(nullptr);
+    return Work(work);
+  }
+  return impl_->submit(opts.processSet, std::move(entries), work);
+}
+
+Work Runtime::reducescatterAsync(const Tensor& input, const ReducescatterOptions& opts, Allocator alloc) {
+  return groupedReducescatterAsync({input}, opts, std::move(alloc));
+}
+
+Work Runtime::barrierAsync(int32_t processSet) {
+  impl_->requireInit();
+  impl_->sets.controllerFor(processSet, impl_->rank);
+  Request q;
+  q.type = OpType::kBarrier;
+  q.name = impl_->autoName(processSet, "barrier");
+  auto work = std::make_shared<WorkState>(1);
+  std::vector<Entry> entries;
+  entries.push_back(makeEntry(std::move(q), Tensor{}, Tensor{}, work, 0));
+  return impl_->submit(processSet, std::move(entries), work);
+}
+
+Work Runtime::joinAsync(int32_t processSet) {
+  impl_->requireInit();
+  impl_->sets.controllerFor(processSet, impl_->rank);
+  Request q;
+  q.type = OpType::kJoin;
+  q.name = "join";
+  auto work = std::make_shared<WorkState>(1);
+  std::vector<Entry> entries;
+  entries.push_back(makeEntry(std::move(q), Tensor{}, Tensor{}, work, 0));
+  return impl_->submit(processSet, std::move(entries), work);
+}
+
+void Runtime::allreduce(const Tensor& input, const Tensor& output, const AllreduceOptions& opts) {
+  allreduceAsync(input, output, opts).wait();
+}
+void Runtime::broadcast(const Tensor& inout, int rootRank, const OpOptions& opts) {
+  broadcastAsync(inout, inout, rootRank, opts).wait();
+}
+Work Runtime::allgather(const Tensor& input, const OpOptions& opts, Allocator alloc) {
+  Work w = allgatherAsync(input, opts, std::move(alloc));
+  w.wait();
+  return w;
+}
+Work Runtime::alltoall(const Tensor& input, const std::vector<int64_t>& splits, const OpOptions& opts,
+                       Allocator alloc) {
+  Work w = alltoallAsync(input, splits, opts, std::move(alloc));
+  w.wait();
+  return w;
+}
+Work Runtime::reducescatter(const Tensor& input, const ReducescatterOptions& opts, Allocator alloc) {
+  Work w = reducescatterAsync(input, opts, std::move(alloc));
+  w.wait();
+  return w;
+}
+void Runtime::barrier(int32_t processSet) { barrierAsync(processSet).wait(); }
+int Runtime::join(int32_t processSet) {
+  Work w = joinAsync(processSet);
+  w.wait();
+  return w.joinResult();
+}
+
+}  // namespace chorus

@@ -1,0 +1,48 @@
+#include "chorus/work.h"
+
+#include "core/work_state.h"
+
+namespace chorus {
+
+void WorkState::complete(std::exception_ptr err) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (err && !error_) error_ = err;
+    if (remaining_ > 0) --remaining_;
+  }
+  cv_.notify_all();
+}
+
+bool WorkState::done() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return remaining_ == 0;
+}
+
+void WorkState::wait() const {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return remaining_ == 0; });
+  if (error_) std::rethrow_exception(error_);
+}
+
+bool WorkState::waitFor(std::chrono::milliseconds timeout) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, timeout, [&] { return remaining_ == 0; })) return false;
+  if (error_) std::rethrow_exception(error_);
+  return true;
+}
+
+std::exception_ptr WorkState::error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_;
+}
+
+Work::Work(std::shared_ptr<WorkState> state) : state_(std::move(state)) {}
+bool Work::poll() const { return state_->done(); }
+void Work::wait() const { state_->wait(); }
+bool Work::waitFor(std::chrono::milliseconds timeout) const { return state_->waitFor(timeout); }
+const std::vector<Tensor>& Work::outputs() const { return state_->outputs; }
+const std::vector<int64_t>& Work::receivedSplits() const { return state_->receivedSplits; }
+int Work::joinResult() const { return state_->joinResult; }
+std::exception_ptr Work::error() const { return state_->error(); }
+
+}  // namespace chorus

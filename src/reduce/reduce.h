@@ -1,0 +1,19 @@
+#pragma once
+// Element-wise reduction and scaling kernels for every dtype. float16 and
+// bfloat16 are computed in float32 and rounded once per call.
+#include <cstddef>
+
+#include "chorus/types.h"
+
+namespace chorus {
+
+// out[i] = a[i] op b[i]; out may alias a or b. Average reduces as Sum (scaled later).
+void reduceBuffers(DataType dtype, ReduceOp op, void* out, const void* a, const void* b, size_t n);
+
+// buf[i] *= factor. Integers are scaled in double and truncated toward zero.
+void scaleBuffer(DataType dtype, void* buf, size_t n, double factor);
+
+// dst[i] = src[i] * factor (copy with scaling; factor 1 is a plain copy).
+void scaleCopy(DataType dtype, void* dst, const void* src, size_t n, double factor);
+
+}  // namespace chorus

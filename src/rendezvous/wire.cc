@@ -1,0 +1,87 @@
+#include "rendezvous/wire.h"
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include "chorus/error.h"
+
+namespace chorus::rendezvous {
+
+namespace {
+bool writeAll(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+bool readAll(int fd, char* p, size_t n) {
+  while (n > 0) {
+    ssize_t r = ::recv(fd, p, n, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+constexpr uint32_t kMaxFrame = 256u << 20;
+}  // namespace
+
+bool sendFrame(int fd, const std::vector<char>& payload) {
+  uint32_t n = static_cast<uint32_t>(payload.size());
+  return writeAll(fd, reinterpret_cast<const char*>(&n), 4) && writeAll(fd, payload.data(), n);
+}
+
+bool recvFrame(int fd, std::vector<char>* payload) {
+  uint32_t n = 0;
+  if (!readAll(fd, reinterpret_cast<char*>(&n), 4) || n > kMaxFrame) return false;
+  payload->resize(n);
+  return readAll(fd, payload->data(), n);
+}
+
+int connectWithRetry(const std::string& host, int port, std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::string lastError = "no attempt made";
+  while (true) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
+    if (rc != 0) {
+      lastError = gai_strerror(rc);
+    } else {
+      for (addrinfo* ai = res; ai; ai = ai->ai_next) {
+        int fd = ::socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
+        if (fd < 0) continue;
+        if (::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
+          int one = 1;
+          setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+          freeaddrinfo(res);
+          return fd;
+        }
+        lastError = std::strerror(errno);
+        ::close(fd);
+      }
+      freeaddrinfo(res);
+    }
+    if (std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  throw Timeout("could not connect to the rendezvous store at " + host + ":" +
+                std::to_string(port) + " within " + std::to_string(timeout.count()) +
+                " ms: " + lastError);
+}
+
+}  // namespace chorus::rendezvous

@@ -1,0 +1,19 @@
+#pragma once
+// Framed messages over a blocking TCP socket: [u32 length][payload].
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace chorus::rendezvous {
+
+enum class StoreOp : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kCheck = 4 };
+enum class StoreStatus : uint8_t { kOk = 0, kTimeout = 1, kRefused = 2, kError = 3 };
+
+// Both return false when the peer closed the connection.
+bool sendFrame(int fd, const std::vector<char>& payload);
+bool recvFrame(int fd, std::vector<char>* payload);
+
+// Connects to host:port, retrying until the deadline. Throws chorus::Error.
+int connectWithRetry(const std::string& host, int port, std::chrono::milliseconds timeout);
+
+}  // namespace chorus::rendezvous
