@@ -34,6 +34,15 @@ struct ReducescatterOptions : OpOptions {
   double postscaleFactor = 1.0;
 };
 
+// Counters of one process set's controller on this rank (for tests and tuning).
+struct ProcessSetStats {
+  int64_t cycles = 0;            // negotiation cycles run
+  int64_t negotiatedOps = 0;     // ops decided by the coordinator
+  int64_t cachedOps = 0;         // ops served from the response cache
+  int64_t allreduceBatches = 0;  // allreduce collectives run (a fused batch counts once)
+  int64_t allreduceTensors = 0;  // tensors they carried
+};
+
 class RuntimeImpl;
 
 class Runtime {
@@ -95,6 +104,8 @@ class Runtime {
                      Allocator alloc = nullptr);
   void barrier(int32_t processSet = kGlobalProcessSetId);
   int join(int32_t processSet = kGlobalProcessSetId);
+
+  ProcessSetStats stats(int32_t processSet = kGlobalProcessSetId) const;
 
   // Waits for every op this rank has in flight (all sets); rethrows the first error.
   void synchronize();

@@ -73,6 +73,16 @@ void Controller::enqueue(std::vector<Entry> entries) {
   wake_.notify_all();
 }
 
+ProcessSetStats Controller::stats() const {
+  ProcessSetStats s;
+  s.cycles = cycles_;
+  s.negotiatedOps = negotiated_;
+  s.cachedOps = cached_;
+  s.allreduceBatches = executor_.allreduceBatches();
+  s.allreduceTensors = executor_.allreduceTensors();
+  return s;
+}
+
 void Controller::requestShutdown() {
   shutdownRequested_ = true;
   wake_.notify_all();
@@ -193,6 +203,7 @@ void Controller::cycle() {
     if (!testBit(notHit, pos)) {
       ready.push_back(cache_.response(pos));
       cache_.touch(pos);
+      ++cached_;
       cachedPending_.erase(pos);
     } else if (testBit(invalid, pos)) {
       auto it = cachedPending_.find(pos);
@@ -232,11 +243,13 @@ void Controller::cycle() {
         }
       }
     }
+    ++negotiated_;
     ready.push_back(std::move(resp));
   }
   std::stable_sort(ready.begin(), ready.end(),
                    [](const Response& a, const Response& b) { return a.priority > b.priority; });
   executor_.execute(ready, entries_);
+  ++cycles_;
 
   if (stallCheck && now - lastStallCheck_ > std::chrono::seconds(1)) {
     lastStallCheck_ = now;

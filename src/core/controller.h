@@ -35,6 +35,7 @@ class Controller {
   void requestShutdown();
   void join();
   int rank() const { return comm_->rank(); }
+  ProcessSetStats stats() const;
   int size() const { return comm_->size(); }
 
  private:
@@ -60,6 +61,9 @@ class Controller {
   bool stopped_ = false;                       // guarded by mu_
   std::atomic<bool> shutdownRequested_{false};
   std::thread thread_;
+  std::atomic<int64_t> cycles_{0};
+  std::atomic<int64_t> negotiated_{0};
+  std::atomic<int64_t> cached_{0};
 
   // Controller-thread state.
   EntryTable entries_;

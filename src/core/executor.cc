@@ -21,9 +21,19 @@ bool fusible(const Response& a, const Response& b) {
          a.op == b.op && a.prescale == b.prescale && a.postscale == b.postscale;
 }
 
-// Average divides by the set size, after any user postscale.
-double postFactor(const Response& r, int size) {
-  return r.op == ReduceOp::kAverage ? r.postscale / size : r.postscale;
+bool isInteger(DataType t) {
+  return t == DataType::kUInt8 || t == DataType::kInt8 || t == DataType::kInt32 || t == DataType::kInt64;
+}
+
+// Postscale, then Average's division by the set size (exact for integers:
+// truncating division, as C++ and torch's trunc rounding do).
+void postProcess(const Response& r, void* buf, size_t n, int size) {
+  if (r.op != ReduceOp::kAverage) return scaleBuffer(r.dtype, buf, n, r.postscale);
+  if (isInteger(r.dtype)) {
+    scaleBuffer(r.dtype, buf, n, r.postscale);
+    return divideBuffer(r.dtype, buf, n, size);
+  }
+  scaleBuffer(r.dtype, buf, n, r.postscale / size);
 }
 
 }  // namespace
@@ -99,7 +109,8 @@ void Executor::fail(const Response& r, EntryTable& entries) {
 void Executor::runAllreduce(const std::vector<const Response*>& group, EntryTable& entries) {
   const Response& head = *group.front();
   const size_t esize = dtypeSize(head.dtype);
-  const double post = postFactor(head, comm_.size());
+  ++batches_;
+  tensors_ += static_cast<int64_t>(group.size());
   if (group.size() == 1) {
     // Unfused: reduce in the output buffer itself.
     auto it = entries.find(head.name);
@@ -115,7 +126,7 @@ void Executor::runAllreduce(const std::vector<const Response*>& group, EntryTabl
     }
     comm_.allreduce(out, n, head.dtype, head.op);
     if (it != entries.end()) {
-      scaleBuffer(head.dtype, out, n, post);
+      postProcess(head, out, n, comm_.size());
       finishEntry(entries, it, release_);
     }
     return;
@@ -140,7 +151,8 @@ void Executor::runAllreduce(const std::vector<const Response*>& group, EntryTabl
     auto it = entries.find(r->name);
     const size_t n = static_cast<size_t>(numElements(r->shape));
     if (it != entries.end()) {
-      scaleCopy(r->dtype, it->second.output.data, fusion_.data() + off, n, post);
+      std::memcpy(it->second.output.data, fusion_.data() + off, r->bytes());
+      postProcess(head, it->second.output.data, n, comm_.size());
       finishEntry(entries, it, release_);
     }
     off += r->bytes();
@@ -225,7 +237,7 @@ void Executor::runReducescatter(const Response& r, EntryTable& entries) {
   if (rowElems == 0) outShape[0] = rowsTotal / n + (comm_.rank() < rowsTotal % n ? 1 : 0);
   void* out = allocateOutput(e, outShape);
   comm_.reducescatter(scratch_.data(), out, counts, r.dtype, r.op);
-  scaleBuffer(r.dtype, out, counts[comm_.rank()], postFactor(r, n));
+  postProcess(r, out, counts[comm_.rank()], n);
   finishEntry(entries, it, release_);
 }
 

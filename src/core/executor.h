@@ -1,6 +1,7 @@
 #pragma once
 // Runs an ordered list of responses on a communicator: packs compatible
 // allreduces into the fusion buffer, allocates outputs, completes entries.
+#include <atomic>
 #include <functional>
 #include <vector>
 
@@ -22,6 +23,9 @@ class Executor {
   // errors propagate after the entries of the failed step were failed with them.
   void execute(const std::vector<Response>& responses, EntryTable& entries);
 
+  int64_t allreduceBatches() const { return batches_; }
+  int64_t allreduceTensors() const { return tensors_; }
+
  private:
   void runAllreduce(const std::vector<const Response*>& group, EntryTable& entries);
   void runAllgather(const Response& r, EntryTable& entries);
@@ -36,6 +40,8 @@ class Executor {
   Release release_;
   std::vector<char> fusion_;
   std::vector<char> scratch_;
+  std::atomic<int64_t> batches_{0};
+  std::atomic<int64_t> tensors_{0};
 };
 
 // Allocates an output through the entry's allocator, or in storage the Work owns.

@@ -273,6 +273,10 @@ std::vector<ProcessSet> Runtime::processSets() const {
 }
 ProcessSet Runtime::addProcessSet(const std::vector<int>& ranks) { return impl_->addProcessSet(ranks); }
 void Runtime::removeProcessSet(int32_t id) { impl_->removeProcessSet(id); }
+ProcessSetStats Runtime::stats(int32_t processSet) const {
+  impl_->requireInit();
+  return impl_->sets.controllerFor(processSet, impl_->rank)->stats();
+}
 void Runtime::synchronize() { impl_->synchronize(); }
 
 }  // namespace chorus

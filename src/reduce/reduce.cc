@@ -137,6 +137,21 @@ void scaleCopy(DataType dtype, void* dst, const void* src, size_t n, double fact
   }
 }
 
+template <typename T>
+void divideTyped(T* buf, size_t n, int64_t d) {
+  for (size_t i = 0; i < n; ++i) buf[i] = static_cast<T>(static_cast<int64_t>(buf[i]) / d);
+}
+
+void divideBuffer(DataType dtype, void* buf, size_t n, int64_t divisor) {
+  switch (dtype) {
+    case DataType::kUInt8: return divideTyped(static_cast<uint8_t*>(buf), n, divisor);
+    case DataType::kInt8: return divideTyped(static_cast<int8_t*>(buf), n, divisor);
+    case DataType::kInt32: return divideTyped(static_cast<int32_t*>(buf), n, divisor);
+    case DataType::kInt64: return divideTyped(static_cast<int64_t*>(buf), n, divisor);
+    default: return scaleBuffer(dtype, buf, n, 1.0 / static_cast<double>(divisor));
+  }
+}
+
 void scaleBuffer(DataType dtype, void* buf, size_t n, double factor) {
   scaleCopy(dtype, buf, buf, n, factor);
 }

@@ -13,6 +13,9 @@ void reduceBuffers(DataType dtype, ReduceOp op, void* out, const void* a, const 
 // buf[i] *= factor. Integers are scaled in double and truncated toward zero.
 void scaleBuffer(DataType dtype, void* buf, size_t n, double factor);
 
+// Integer dtypes: buf[i] /= divisor, truncating. Other dtypes: multiply by 1/divisor.
+void divideBuffer(DataType dtype, void* buf, size_t n, int64_t divisor);
+
 // dst[i] = src[i] * factor (copy with scaling; factor 1 is a plain copy).
 void scaleCopy(DataType dtype, void* dst, const void* src, size_t n, double factor);
 

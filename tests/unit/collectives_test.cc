@@ -1,0 +1,249 @@
+// The collective matrix: every op, dtype and reduce op, on 1-4 ranks, with
+// element counts 0, 1, odd and large. Expected values are computed here in
+// float64 (or exact integer arithmetic) from the same generator the ranks use.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "harness.h"
+
+namespace chorus::testing {
+namespace {
+
+class Collectives : public ::testing::TestWithParam<int> {};
+
+double reference(ReduceOp op, DataType dtype, int n, int64_t i) {
+  if (dtype == DataType::kBool) {
+    bool any = false, all = true;
+    for (int r = 0; r < n; ++r) {
+      bool v = testValue(r, i, dtype, op) != 0;
+      any |= v;
+      all &= v;
+    }
+    return (op == ReduceOp::kMin || op == ReduceOp::kProduct) ? all : any;
+  }
+  double acc = testValue(0, i, dtype, op);
+  for (int r = 1; r < n; ++r) {
+    double v = testValue(r, i, dtype, op);
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kAverage: acc += v; break;
+      case ReduceOp::kMin: acc = std::min(acc, v); break;
+      case ReduceOp::kMax: acc = std::max(acc, v); break;
+      case ReduceOp::kProduct: acc *= v; break;
+    }
+  }
+  if (op == ReduceOp::kAverage) {
+    const bool integer = dtype == DataType::kUInt8 || dtype == DataType::kInt8 ||
+                         dtype == DataType::kInt32 || dtype == DataType::kInt64;
+    acc = integer ? static_cast<double>(static_cast<int64_t>(acc) / n) : acc / n;
+  }
+  return acc;
+}
+
+const std::vector<ReduceOp> kOps = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin, ReduceOp::kMax,
+                                    ReduceOp::kProduct};
+const std::vector<int64_t> kCounts = {0, 1, 7, 1031};
+
+TEST_P(Collectives, AllreduceEveryDtypeOpAndSize) {
+  const int n = GetParam();
+  runRanksOk(n, [&](RankContext& c) {
+    for (DataType dt : kAllDtypes) {
+      for (ReduceOp op : kOps) {
+        // All sizes in flight at once: they negotiate and fuse together.
+        std::vector<HostBuffer> in, out;
+        for (int64_t count : kCounts) {
+          in.emplace_back(dt, Shape{count});
+          out.emplace_back(dt, Shape{count});
+          for (int64_t i = 0; i < count; ++i) in.back().set(i, testValue(c.rank, i, dt, op));
+        }
+        std::vector<Work> works;
+        for (size_t k = 0; k < kCounts.size(); ++k) {
+          AllreduceOptions o;
+          o.op = op;
+          o.name = std::string("ar.") + dtypeName(dt) + "." + reduceOpName(op) + "." + std::to_string(k);
+          works.push_back(c.rt.allreduceAsync(in[k].tensor(), out[k].tensor(), o));
+        }
+        for (auto& w : works) w.wait();
+        for (size_t k = 0; k < kCounts.size(); ++k) {
+          for (int64_t i = 0; i < kCounts[k]; ++i) {
+            double want = reference(op, dt, n, i);
+            ASSERT_NEAR(out[k].get(i), want, tolerance(dt, want))
+                << dtypeName(dt) << " " << reduceOpName(op) << " count " << kCounts[k] << " i " << i;
+          }
+        }
+      }
+    }
+  });
+}
+
+TEST_P(Collectives, AllreduceLargeInPlaceWithScaling) {
+  const int n = GetParam();
+  runRanksOk(n, [&](RankContext& c) {
+    const int64_t count = 300001;  // several transport segments, odd
+    HostBuffer buf(DataType::kFloat32, {count});
+    for (int64_t i = 0; i < count; ++i) buf.set(i, testValue(c.rank, i, DataType::kFloat32, ReduceOp::kSum));
+    AllreduceOptions o;
+    o.op = ReduceOp::kSum;
+    o.prescaleFactor = 0.5;
+    o.postscaleFactor = 3.0;
+    c.rt.allreduce(buf.tensor(), buf.tensor(), o);
+    for (int64_t i = 0; i < count; i += 997) {
+      double want = reference(ReduceOp::kSum, DataType::kFloat32, n, i) * 1.5;
+      ASSERT_NEAR(buf.get(i), want, 1e-5) << i;
+    }
+  });
+}
+
+TEST_P(Collectives, GroupedAllreduceCompletesTogether) {
+  const int n = GetParam();
+  runRanksOk(n, [&](RankContext& c) {
+    std::vector<HostBuffer> bufs;
+    std::vector<Tensor> ts;
+    for (int k = 0; k < 5; ++k) {
+      bufs.emplace_back(DataType::kFloat64, Shape{k + 1, 3});
+      for (int64_t i = 0; i < (k + 1) * 3; ++i) bufs.back().set(i, testValue(c.rank, i + k, DataType::kFloat64, ReduceOp::kSum));
+    }
+    for (auto& b : bufs) ts.push_back(b.tensor());
+    AllreduceOptions o;
+    o.op = ReduceOp::kSum;
+    Work w = c.rt.groupedAllreduceAsync(ts, ts, o);
+    w.wait();
+    for (int k = 0; k < 5; ++k)
+      for (int64_t i = 0; i < (k + 1) * 3; ++i)
+        ASSERT_DOUBLE_EQ(bufs[k].get(i), reference(ReduceOp::kSum, DataType::kFloat64, n, i + k));
+  });
+}
+
+TEST_P(Collectives, AllgatherUnevenFirstDimension) {
+  const int n = GetParam();
+  runRanksOk(n, [&](RankContext& c) {
+    for (DataType dt : kAllDtypes) {
+      // Rank r contributes r rows (rank 0: none) of 3 columns.
+      const int64_t rows = c.rank;
+      HostBuffer in(dt, {rows, 3});
+      for (int64_t i = 0; i < rows * 3; ++i) in.set(i, testValue(c.rank, i, dt, ReduceOp::kSum));
+      OpOptions o;
+      o.name = std::string("ag.") + dtypeName(dt);
+      Work w = c.rt.allgather(in.tensor(), o);
+      const Tensor& out = w.output();
+      int64_t total = 0;
+      for (int r = 0; r < n; ++r) total += r;
+      ASSERT_EQ(out.shape, (Shape{total, 3}));
+      int64_t off = 0;
+      for (int r = 0; r < n; ++r) {
+        for (int64_t i = 0; i < r * 3; ++i)
+          ASSERT_EQ(readAs(out.data, dt, off + i), representable(dt, testValue(r, i, dt, ReduceOp::kSum)))
+              << dtypeName(dt) << " from rank " << r;
+        off += r * 3;
+      }
+    }
+  });
+}
+
+TEST_P(Collectives, BroadcastFromEveryRoot) {
+  const int n = GetParam();
+  runRanksOk(n, [&](RankContext& c) {
+    for (DataType dt : kAllDtypes) {
+      for (int root = 0; root < n; ++root) {
+        for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{1031}}) {
+          HostBuffer buf(dt, {count});
+          for (int64_t i = 0; i < count; ++i) buf.set(i, testValue(c.rank, i, dt, ReduceOp::kSum));
+          OpOptions o;
+          o.name = "bc." + std::to_string(root) + "." + std::to_string(count);
+          c.rt.broadcast(buf.tensor(), root, o);
+          for (int64_t i = 0; i < count; ++i)
+            ASSERT_EQ(buf.get(i), representable(dt, testValue(root, i, dt, ReduceOp::kSum)))
+                << dtypeName(dt) << " root " << root;
+        }
+      }
+    }
+  });
+}
+
+TEST_P(Collectives, AlltoallWithSplits) {
+  const int n = GetParam();
+  auto split = [](int src, int dst) { return static_cast<int64_t>((src + 2 * dst) % 3); };
+  runRanksOk(n, [&](RankContext& c) {
+    for (DataType dt : {DataType::kFloat32, DataType::kInt64, DataType::kBFloat16, DataType::kUInt8}) {
+      std::vector<int64_t> splits(n);
+      int64_t rows = 0;
+      for (int j = 0; j < n; ++j) rows += splits[j] = split(c.rank, j);
+      HostBuffer in(dt, {rows, 2});
+      for (int64_t i = 0; i < rows * 2; ++i) in.set(i, testValue(c.rank, i, dt, ReduceOp::kSum));
+      Work w = c.rt.alltoall(in.tensor(), splits);
+      std::vector<int64_t> wantSplits(n);
+      int64_t recvRows = 0;
+      for (int j = 0; j < n; ++j) recvRows += wantSplits[j] = split(j, c.rank);
+      ASSERT_EQ(w.receivedSplits(), wantSplits);
+      ASSERT_EQ(w.output().shape, (Shape{recvRows, 2}));
+      int64_t off = 0;
+      for (int j = 0; j < n; ++j) {
+        int64_t srcOff = 0;  // where rank j's rows for me start in j's input
+        for (int k = 0; k < c.rank; ++k) srcOff += split(j, k);
+        for (int64_t i = 0; i < wantSplits[j] * 2; ++i) {
+          ASSERT_EQ(readAs(w.output().data, dt, off + i),
+                    representable(dt, testValue(j, srcOff * 2 + i, dt, ReduceOp::kSum)))
+              << "from " << j;
+        }
+        off += wantSplits[j] * 2;
+      }
+    }
+  });
+}
+
+TEST_P(Collectives, ReducescatterSplitsAsHorovod) {
+  const int n = GetParam();
+  runRanksOk(n, [&](RankContext& c) {
+    for (DataType dt : {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kInt32}) {
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
+        for (int64_t rows : {int64_t{0}, int64_t{1}, int64_t{n + 1}, int64_t{2 * n + 3}}) {
+          HostBuffer in(dt, {rows, 3});
+          for (int64_t i = 0; i < rows * 3; ++i) in.set(i, testValue(c.rank, i, dt, op));
+          ReducescatterOptions o;
+          o.op = op;
+          Work w = c.rt.reducescatter(in.tensor(), o);
+          // The first rows % n ranks get one extra row.
+          int64_t myRows = rows / n + (c.rank < rows % n ? 1 : 0);
+          int64_t start = 0;
+          for (int r = 0; r < c.rank; ++r) start += rows / n + (r < rows % n ? 1 : 0);
+          ASSERT_EQ(w.output().shape, (Shape{myRows, 3}));
+          for (int64_t i = 0; i < myRows * 3; ++i) {
+            double want = reference(op, dt, n, start * 3 + i);
+            ASSERT_NEAR(readAs(w.output().data, dt, i), want, tolerance(dt, want))
+                << dtypeName(dt) << " rows " << rows;
+          }
+        }
+      }
+    }
+  });
+}
+
+TEST_P(Collectives, BarrierAndJoin) {
+  const int n = GetParam();
+  runRanksOk(n, [&](RankContext& c) {
+    c.rt.barrier();
+    // Ranks run out of data at different steps: rank r does r+1 steps, then joins.
+    // A joined rank contributes zeros to the others' allreduces.
+    for (int step = 0; step <= c.rank; ++step) {
+      HostBuffer b(DataType::kFloat32, {4});
+      for (int i = 0; i < 4; ++i) b.set(i, 1.0);
+      AllreduceOptions o;
+      o.op = ReduceOp::kSum;
+      o.name = "step." + std::to_string(step);
+      c.rt.allreduce(b.tensor(), b.tensor(), o);
+      // Ranks still active at this step: those with rank >= step.
+      ASSERT_EQ(b.get(0), static_cast<double>(n - step)) << "step " << step;
+    }
+    int last = c.rt.join();
+    EXPECT_EQ(last, n - 1);
+    c.rt.barrier();
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, Collectives, ::testing::Values(1, 2, 3, 4),
+                         [](const auto& info) { return std::to_string(info.param) + "ranks"; });
+
+}  // namespace
+}  // namespace chorus::testing

@@ -1,0 +1,118 @@
+#include "harness.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <thread>
+
+#include "reduce/half.h"
+
+namespace chorus::testing {
+
+const std::vector<DataType> kAllDtypes = {DataType::kUInt8,   DataType::kInt8,     DataType::kInt32,
+                                          DataType::kInt64,   DataType::kFloat16,  DataType::kBFloat16,
+                                          DataType::kFloat32, DataType::kFloat64,  DataType::kBool};
+
+std::vector<std::string> runRanks(int size, const std::function<void(RankContext&)>& fn,
+                                  const ConfigTweak& tweak) {
+  auto store = makeMemoryStore();
+  std::vector<std::string> errors(size);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      Runtime rt;
+      try {
+        Config c;
+        c.rank = r;
+        c.size = size;
+        c.store = store;
+        c.hostname = "testhost";
+        c.timeoutSeconds = 20;
+        c.startTimeoutSeconds = 20;
+        if (tweak) tweak(c);
+        rt.init(c);
+        RankContext ctx{r, size, rt};
+        fn(ctx);
+        rt.shutdown();
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+        try {
+          rt.shutdown();
+        } catch (...) {
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+void runRanksOk(int size, const std::function<void(RankContext&)>& fn, const ConfigTweak& tweak) {
+  auto errors = runRanks(size, fn, tweak);
+  for (int r = 0; r < size; ++r) EXPECT_EQ(errors[r], "") << "rank " << r << " of " << size;
+}
+
+double testValue(int rank, int64_t i, DataType dtype, ReduceOp op) {
+  if (dtype == DataType::kBool) return ((i + rank) % 3 == 0) ? 1 : 0;
+  if (op == ReduceOp::kProduct) return 1 + (i + rank) % 2;  // products stay small
+  if (dtype == DataType::kUInt8) return static_cast<double>((i * 3 + rank * 5) % 11);
+  const double v = static_cast<double>((i * 3 + rank * 5) % 11 - 5);
+  const bool isFloat = dtype == DataType::kFloat16 || dtype == DataType::kBFloat16 ||
+                       dtype == DataType::kFloat32 || dtype == DataType::kFloat64;
+  return isFloat ? v * 0.5 : v;
+}
+
+HostBuffer::HostBuffer(DataType dtype, Shape shape)
+    : dtype_(dtype), shape_(std::move(shape)), data_(std::max<size_t>(numElements(shape_) * dtypeSize(dtype), 1)) {}
+
+double readAs(const void* data, DataType dtype, int64_t i) {
+  switch (dtype) {
+    case DataType::kUInt8: return static_cast<const uint8_t*>(data)[i];
+    case DataType::kInt8: return static_cast<const int8_t*>(data)[i];
+    case DataType::kInt32: return static_cast<const int32_t*>(data)[i];
+    case DataType::kInt64: return static_cast<double>(static_cast<const int64_t*>(data)[i]);
+    case DataType::kFloat16: return halfToFloat(static_cast<const uint16_t*>(data)[i]);
+    case DataType::kBFloat16: return bf16ToFloat(static_cast<const uint16_t*>(data)[i]);
+    case DataType::kFloat32: return static_cast<const float*>(data)[i];
+    case DataType::kFloat64: return static_cast<const double*>(data)[i];
+    case DataType::kBool: return static_cast<const uint8_t*>(data)[i];
+  }
+  return NAN;
+}
+
+double representable(DataType dtype, double v) {
+  HostBuffer one(dtype, {1});
+  one.set(0, v);
+  return one.get(0);
+}
+
+double HostBuffer::get(int64_t i) const { return readAs(data_.data(), dtype_, i); }
+
+void HostBuffer::set(int64_t i, double v) {
+  void* d = data_.data();
+  switch (dtype_) {
+    case DataType::kUInt8: static_cast<uint8_t*>(d)[i] = static_cast<uint8_t>(v); break;
+    case DataType::kInt8: static_cast<int8_t*>(d)[i] = static_cast<int8_t>(v); break;
+    case DataType::kInt32: static_cast<int32_t*>(d)[i] = static_cast<int32_t>(v); break;
+    case DataType::kInt64: static_cast<int64_t*>(d)[i] = static_cast<int64_t>(v); break;
+    case DataType::kFloat16: static_cast<uint16_t*>(d)[i] = floatToHalf(static_cast<float>(v)); break;
+    case DataType::kBFloat16: static_cast<uint16_t*>(d)[i] = floatToBf16(static_cast<float>(v)); break;
+    case DataType::kFloat32: static_cast<float*>(d)[i] = static_cast<float>(v); break;
+    case DataType::kFloat64: static_cast<double*>(d)[i] = v; break;
+    case DataType::kBool: static_cast<uint8_t*>(d)[i] = v != 0 ? 1 : 0; break;
+  }
+}
+
+double tolerance(DataType dtype, double expected) {
+  const double mag = std::max(1.0, std::fabs(expected));
+  switch (dtype) {
+    case DataType::kFloat16: return 2e-3 * mag;
+    case DataType::kBFloat16: return 1.6e-2 * mag;
+    case DataType::kFloat32: return 1e-6 * mag;
+    case DataType::kFloat64: return 1e-12 * mag;
+    default: return 0;
+  }
+}
+
+}  // namespace chorus::testing
