@@ -38,13 +38,19 @@ void postProcess(const Response& r, void* buf, size_t n, int size) {
 
 }  // namespace
 
-void* allocateOutput(Entry& e, const Shape& shape) {
+void* allocateOutput(Entry& e, const Shape& shape, std::exception_ptr* err) {
   const size_t bytes = static_cast<size_t>(numElements(shape)) * dtypeSize(e.req.dtype);
-  void* p;
+  void* p = nullptr;
   if (e.alloc) {
-    p = e.alloc(shape, e.req.dtype);
-    if (!p && bytes > 0) throw InvalidArgument("output allocator returned null for '" + e.req.name + "'");
-  } else {
+    try {
+      p = e.alloc(shape, e.req.dtype);
+      if (!p && bytes > 0) throw InvalidArgument("output allocator returned null for '" + e.req.name + "'");
+    } catch (...) {
+      *err = std::current_exception();
+      p = nullptr;
+    }
+  }
+  if (!p) {
     auto buf = std::make_shared<std::vector<char>>(std::max<size_t>(bytes, 1));
     p = buf->data();
     e.work->owned.push_back(std::move(buf));
@@ -172,9 +178,10 @@ void Executor::runAllgather(const Response& r, EntryTable& entries) {
   Shape outShape = tailOf(r.shape);
   outShape.insert(outShape.begin(), rows);
   Entry& e = it->second;
-  void* out = allocateOutput(e, outShape);
+  std::exception_ptr allocErr;
+  void* out = allocateOutput(e, outShape, &allocErr);
   comm_.allgatherv(e.input.data, out, bytes);
-  finishEntry(entries, it, release_);
+  finishEntry(entries, it, release_, allocErr);
 }
 
 void Executor::runBroadcast(const Response& r, EntryTable& entries) {
@@ -210,10 +217,11 @@ void Executor::runAlltoall(const Response& r, EntryTable& entries) {
   }
   Shape outShape = tailOf(r.shape);
   outShape.insert(outShape.begin(), rows);
-  void* out = allocateOutput(e, outShape);
+  std::exception_ptr allocErr;
+  void* out = allocateOutput(e, outShape, &allocErr);
   comm_.alltoallv(e.input.data, sendBytes, out, recvBytes);
   e.work->receivedSplits = received;
-  finishEntry(entries, it, release_);
+  finishEntry(entries, it, release_, allocErr);
 }
 
 void Executor::runReducescatter(const Response& r, EntryTable& entries) {
@@ -235,10 +243,11 @@ void Executor::runReducescatter(const Response& r, EntryTable& entries) {
   Shape outShape = tailOf(r.shape);
   outShape.insert(outShape.begin(), static_cast<int64_t>(counts[comm_.rank()] / std::max<int64_t>(rowElems, 1)));
   if (rowElems == 0) outShape[0] = rowsTotal / n + (comm_.rank() < rowsTotal % n ? 1 : 0);
-  void* out = allocateOutput(e, outShape);
+  std::exception_ptr allocErr;
+  void* out = allocateOutput(e, outShape, &allocErr);
   comm_.reducescatter(scratch_.data(), out, counts, r.dtype, r.op);
   postProcess(r, out, counts[comm_.rank()], n);
-  finishEntry(entries, it, release_);
+  finishEntry(entries, it, release_, allocErr);
 }
 
 void Executor::runSimple(const Response& r, EntryTable& entries) {

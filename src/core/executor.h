@@ -45,7 +45,9 @@ class Executor {
 };
 
 // Allocates an output through the entry's allocator, or in storage the Work owns.
-void* allocateOutput(Entry& e, const Shape& shape);
+// If the allocator fails, the rank still takes part (in chorus's own storage, so
+// the others are not left waiting) and *err is set to fail the entry afterwards.
+void* allocateOutput(Entry& e, const Shape& shape, std::exception_ptr* err);
 // Marks the entry done with `output` as its result and removes it from the table.
 void finishEntry(EntryTable& entries, EntryTable::iterator it, const Executor::Release& release,
                  std::exception_ptr err = nullptr);
