@@ -1,1 +1,137 @@
-int main(){return 0;}
+// chorusrun: starts the ranks of a job, as horovodrun does, with a rendezvous
+// store that only answers requests carrying this job's secret.
+#include <signal.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <thread>
+
+#include "chorus/config.h"
+#include "chorus/store.h"
+#include "launcher/hosts.h"
+#include "launcher/spawn.h"
+
+namespace {
+
+volatile sig_atomic_t gStop = 0;
+void onStop(int) { gStop = 1; }
+
+int serveStore(const std::string& bind, int port, std::string secret) {
+  if (secret.empty()) secret = chorus::generateSecret();
+  auto server = chorus::startTcpStoreServer(bind, port, secret);
+  std::printf("chorus store listening on %s:%d\n", bind.c_str(), server->port());
+  std::printf("export CHORUS_RENDEZVOUS_ADDR=%s CHORUS_RENDEZVOUS_PORT=%d CHORUS_SECRET=%s\n",
+              bind == "0.0.0.0" ? "<this host>" : bind.c_str(), server->port(), secret.c_str());
+  std::fflush(stdout);
+  signal(SIGINT, onStop);
+  signal(SIGTERM, onStop);
+  while (!gStop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // horovodrun spells the process count "-np"; CLI11 wants one dash per letter.
+  std::vector<std::string> args(argv, argv + argc);
+  const std::vector<std::string> takesValue = {"-np", "-n", "--np", "--num-proc", "-H", "--hosts",
+                                               "--hostfile", "--start-timeout", "--store-bind",
+                                               "--store-port", "--secret"};
+  for (size_t i = 1; i < args.size(); ++i) {
+    if (args[i] == "--" || args[i].empty() || args[i][0] != '-') break;  // the command starts here
+    const bool hasValue = std::find(takesValue.begin(), takesValue.end(), args[i]) != takesValue.end();
+    if (args[i] == "-np") args[i] = "--np";
+    if (hasValue) ++i;
+  }
+  std::vector<char*> cargv;
+  for (auto& a : args) cargv.push_back(a.data());
+
+  CLI::App app{"chorusrun: start a chorus job (horovodrun's flags where they apply)"};
+  app.prefix_command();  // everything after the options is the command
+  int np = 0;
+  std::string hosts, hostfile, bind = "127.0.0.1", secret;
+  double startTimeout = 30;
+  bool verbose = false, keepGoing = false, serve = false;
+  int port = 0;
+  app.add_option("-n,--np,--num-proc", np, "number of ranks (also -np)");
+  app.add_option("-H,--hosts", hosts, "hosts and slots, e.g. localhost:4");
+  app.add_option("--hostfile", hostfile, "file with lines 'host slots=N'");
+  app.add_option("--start-timeout", startTimeout, "seconds for every rank to start and meet")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--verbose", verbose, "print what chorusrun does");
+  app.add_flag("--keep-going", keepGoing, "when a rank fails, let the others run on");
+  app.add_flag("--serve-store", serve, "only run the rendezvous store (to start ranks by hand)");
+  app.add_option("--store-bind", bind, "address the store listens on (default 127.0.0.1)");
+  app.add_option("--store-port", port, "port of the store (default: any free port)");
+  app.add_option("--secret", secret, "job secret for --serve-store (default: random)");
+  try {
+    app.parse(static_cast<int>(cargv.size()), cargv.data());
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  try {
+    if (serve) return serveStore(bind, port, secret);
+    std::vector<std::string> command = app.remaining();
+    if (!command.empty() && command[0] == "--") command.erase(command.begin());
+    if (command.empty()) throw std::invalid_argument("no command given; usage: chorusrun -np N command ...");
+    if (!hosts.empty() && !hostfile.empty()) throw std::invalid_argument("give -H or --hostfile, not both");
+    std::vector<chorus::launcher::HostSlots> hostList;
+    if (!hosts.empty()) hostList = chorus::launcher::parseHostList(hosts);
+    if (!hostfile.empty()) hostList = chorus::launcher::parseHostfile(hostfile);
+    int slots = 0;
+    for (const auto& h : hostList) {
+      if (!chorus::launcher::isLocalHost(h.host)) {
+        throw std::invalid_argument("host '" + h.host +
+                                    "' is not this machine; chorusrun starts ranks on this host only for "
+                                    "now (use mpirun for several hosts)");
+      }
+      slots += h.slots;
+    }
+    if (np <= 0) np = slots;
+    if (np <= 0) throw std::invalid_argument("give the number of ranks with -np N");
+    if (!hostList.empty() && np > slots) {
+      throw std::invalid_argument(std::to_string(np) + " ranks requested but the hosts offer " +
+                                  std::to_string(slots) + " slots");
+    }
+
+    const std::string jobSecret = chorus::generateSecret();
+    auto server = chorus::startTcpStoreServer("127.0.0.1", 0, jobSecret);
+    chorus::launcher::LocalJob job;
+    job.command = command;
+    job.keepGoing = keepGoing;
+    job.verbose = verbose;
+    for (int r = 0; r < np; ++r) {
+      std::map<std::string, std::string> env = {
+          {"CHORUS_RANK", std::to_string(r)},
+          {"CHORUS_SIZE", std::to_string(np)},
+          {"CHORUS_LOCAL_RANK", std::to_string(r)},
+          {"CHORUS_LOCAL_SIZE", std::to_string(np)},
+          {"CHORUS_CROSS_RANK", "0"},
+          {"CHORUS_CROSS_SIZE", "1"},
+          {"CHORUS_RENDEZVOUS_ADDR", "127.0.0.1"},
+          {"CHORUS_RENDEZVOUS_PORT", std::to_string(server->port())},
+          {"CHORUS_SECRET", jobSecret},
+          {"CHORUS_START_TIMEOUT", std::to_string(startTimeout)},
+          {"CHORUS_JOB_ID", std::to_string(getpid()) + "-" + jobSecret.substr(0, 8)},
+      };
+      // Programs written for Horovod read these.
+      for (const char* k : {"RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE"})
+        env[std::string("HOROVOD_") + k] = env[std::string("CHORUS_") + k];
+      job.rankEnv.push_back(std::move(env));
+    }
+    if (verbose) {
+      std::fprintf(stderr, "chorusrun: %d ranks, store on 127.0.0.1:%d, command:", np, server->port());
+      for (const auto& c : command) std::fprintf(stderr, " %s", c.c_str());
+      std::fprintf(stderr, "\n");
+    }
+    return chorus::launcher::runLocalJob(job);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "chorusrun: %s\n", e.what());
+    return 2;
+  }
+}

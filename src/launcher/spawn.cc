@@ -1,1 +1,196 @@
+#include "launcher/spawn.h"
 
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+extern char** environ;
+
+namespace chorus::launcher {
+
+namespace {
+
+volatile sig_atomic_t gInterrupted = 0;
+void onSignal(int sig) { gInterrupted = sig; }
+
+struct Stream {
+  int fd = -1;
+  int rank = 0;
+  bool isErr = false;
+  std::string partial;
+};
+
+struct Rank {
+  pid_t pid = -1;
+  bool running = false;
+  int status = 0;
+};
+
+void writeTagged(const Stream& s, const std::string& line) {
+  std::string out = "[" + std::to_string(s.rank) + "]" + (s.isErr ? "<stderr>:" : "<stdout>:") + line + "\n";
+  FILE* f = s.isErr ? stderr : stdout;
+  std::fwrite(out.data(), 1, out.size(), f);
+  std::fflush(f);
+}
+
+// Reads what is available; returns false at end of file.
+bool pump(Stream& s) {
+  char buf[65536];
+  ssize_t n = ::read(s.fd, buf, sizeof(buf));
+  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return true;
+  if (n <= 0) {
+    if (!s.partial.empty()) writeTagged(s, s.partial);
+    s.partial.clear();
+    return false;
+  }
+  s.partial.append(buf, static_cast<size_t>(n));
+  size_t pos;
+  while ((pos = s.partial.find('\n')) != std::string::npos) {
+    writeTagged(s, s.partial.substr(0, pos));
+    s.partial.erase(0, pos + 1);
+  }
+  return true;
+}
+
+std::string describe(int status) {
+  if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    int sig = WTERMSIG(status);
+    return "was killed by signal " + std::to_string(sig) + " (" + strsignal(sig) + ")";
+  }
+  return "ended with status " + std::to_string(status);
+}
+
+int exitCodeOf(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+pid_t spawnRank(const LocalJob& job, int rank, int outFd, int errFd) {
+  pid_t pid = fork();
+  if (pid != 0) return pid;
+  // Child: its own process group, so that stopping it stops what it started.
+  setpgid(0, 0);
+  signal(SIGINT, SIG_DFL);
+  signal(SIGTERM, SIG_DFL);
+  dup2(outFd, STDOUT_FILENO);
+  dup2(errFd, STDERR_FILENO);
+  for (const auto& [k, v] : job.rankEnv[rank]) setenv(k.c_str(), v.c_str(), 1);
+  std::vector<char*> argv;
+  for (const auto& a : job.command) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  execvp(argv[0], argv.data());
+  std::fprintf(stderr, "chorusrun: cannot run '%s': %s\n", argv[0], std::strerror(errno));
+  _exit(127);
+}
+
+}  // namespace
+
+int runLocalJob(const LocalJob& job) {
+  const int np = static_cast<int>(job.rankEnv.size());
+  struct sigaction sa {};
+  sa.sa_handler = onSignal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  std::vector<Rank> ranks(np);
+  std::vector<Stream> streams;
+  for (int r = 0; r < np; ++r) {
+    int out[2], err[2];
+    if (pipe(out) != 0 || pipe(err) != 0) {
+      std::perror("chorusrun: pipe");
+      return 1;
+    }
+    ranks[r].pid = spawnRank(job, r, out[1], err[1]);
+    ranks[r].running = ranks[r].pid > 0;
+    setpgid(ranks[r].pid, ranks[r].pid);
+    close(out[1]);
+    close(err[1]);
+    for (int fd : {out[0], err[0]}) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    streams.push_back({out[0], r, false, ""});
+    streams.push_back({err[0], r, true, ""});
+    if (job.verbose) std::fprintf(stderr, "chorusrun: started rank %d as pid %d\n", r, ranks[r].pid);
+  }
+
+  int result = 0;
+  bool stopping = false;
+  auto killAt = std::chrono::steady_clock::time_point::max();
+  auto drainUntil = std::chrono::steady_clock::time_point::max();
+  auto stopAll = [&](int sig) {
+    for (auto& rk : ranks)
+      if (rk.running) kill(-rk.pid, sig);
+  };
+
+  while (true) {
+    std::vector<pollfd> fds;
+    for (auto& s : streams)
+      if (s.fd >= 0) fds.push_back({s.fd, POLLIN, 0});
+    int running = 0;
+    for (auto& rk : ranks) running += rk.running;
+    if (fds.empty() && running == 0) break;
+    if (running == 0 && drainUntil == std::chrono::steady_clock::time_point::max())
+      drainUntil = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    if (std::chrono::steady_clock::now() > drainUntil) break;  // a grandchild holds a pipe open
+
+    ::poll(fds.data(), fds.size(), 50);
+    for (auto& s : streams) {
+      if (s.fd < 0) continue;
+      if (!pump(s)) {
+        close(s.fd);
+        s.fd = -1;
+      }
+    }
+
+    int status;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+      for (int r = 0; r < np; ++r) {
+        if (ranks[r].pid != pid) continue;
+        ranks[r].running = false;
+        ranks[r].status = status;
+        const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        if (failed && !stopping) {
+          if (result == 0) result = exitCodeOf(status);
+          if (job.keepGoing) {
+            std::fprintf(stderr, "chorusrun: rank %d %s; the other ranks run on (--keep-going)\n", r,
+                         describe(status).c_str());
+          } else {
+            std::fprintf(stderr, "chorusrun: rank %d %s; stopping the other ranks\n", r, describe(status).c_str());
+            stopping = true;
+            stopAll(SIGTERM);
+            killAt = std::chrono::steady_clock::now() +
+                     std::chrono::milliseconds(static_cast<int64_t>(job.killGraceSeconds * 1000));
+          }
+        }
+      }
+    }
+    if (gInterrupted && !stopping) {
+      std::fprintf(stderr, "chorusrun: interrupted (signal %d); stopping every rank\n", static_cast<int>(gInterrupted));
+      stopping = true;
+      result = 128 + gInterrupted;
+      stopAll(SIGTERM);
+      killAt = std::chrono::steady_clock::now() +
+               std::chrono::milliseconds(static_cast<int64_t>(job.killGraceSeconds * 1000));
+    }
+    if (stopping && std::chrono::steady_clock::now() > killAt) {
+      stopAll(SIGKILL);
+      killAt = std::chrono::steady_clock::time_point::max();
+    }
+  }
+  for (auto& s : streams)
+    if (s.fd >= 0) close(s.fd);
+  if (result != 0 && job.verbose) std::fprintf(stderr, "chorusrun: job failed with exit code %d\n", result);
+  return result;
+}
+
+}  // namespace chorus::launcher

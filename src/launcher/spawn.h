@@ -1,0 +1,22 @@
+#pragma once
+// Starts the ranks of a job on this host, tags their output, and watches them.
+#include <map>
+#include <string>
+#include <vector>
+
+namespace chorus::launcher {
+
+struct LocalJob {
+  std::vector<std::string> command;
+  // Per rank: the environment variables that identify it.
+  std::vector<std::map<std::string, std::string>> rankEnv;
+  bool keepGoing = false;  // survivors run on when a rank fails
+  bool verbose = false;
+  double killGraceSeconds = 5.0;
+};
+
+// Runs the job to the end. Returns 0 when every rank exited 0; otherwise the
+// first failure's exit code (128+signal for a signal). Ctrl-C stops every rank.
+int runLocalJob(const LocalJob& job);
+
+}  // namespace chorus::launcher
