@@ -1,0 +1,115 @@
+// Process-level behaviour through chorusrun: what only real processes show.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <regex>
+#include <string>
+
+namespace {
+
+struct Result {
+  int exitCode;
+  std::string output;
+};
+
+Result run(const std::string& cmd) {
+  Result r{-1, ""};
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  int status = pclose(p);
+  r.exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+const std::string kRun = CHORUSRUN_PATH;
+const std::string kWorker = WORKER_PATH;
+
+int count(const std::string& text, const std::string& needle) {
+  int c = 0;
+  for (size_t pos = text.find(needle); pos != std::string::npos; pos = text.find(needle, pos + 1)) ++c;
+  return c;
+}
+
+TEST(ChorusRun, MismatchIsReportedOnAllRanksAndTheNextCollectiveRuns) {
+  auto r = run(kRun + " -np 3 " + kWorker + " mismatch");
+  EXPECT_EQ(r.exitCode, 0) << r.output;
+  for (int rank = 0; rank < 3; ++rank) {
+    std::string tag = "[" + std::to_string(rank) + "]<stdout>:";
+    EXPECT_NE(r.output.find(tag + "mismatch on rank " + std::to_string(rank) +
+                            ": Mismatched allreduce for tensor 'weights': dtype float32 on ranks [0, 2], "
+                            "float64 on ranks [1]"),
+              std::string::npos)
+        << r.output;
+    EXPECT_NE(r.output.find(tag + "next collective on rank " + std::to_string(rank) + " gave 3"), std::string::npos)
+        << r.output;
+  }
+}
+
+TEST(ChorusRun, KilledRankBecomesPeerFailureOnTheSurvivors) {
+  auto r = run("CHORUS_TIMEOUT_SECONDS=10 " + kRun + " --keep-going -np 3 " + kWorker + " kill");
+  EXPECT_EQ(r.exitCode, 128 + 9) << r.output;
+  EXPECT_NE(r.output.find("chorusrun: rank 1 was killed by signal 9"), std::string::npos) << r.output;
+  for (int rank : {0, 2}) {
+    std::smatch m;
+    std::regex re("peer failure on rank " + std::to_string(rank) + " after ([0-9.]+) s");
+    ASSERT_TRUE(std::regex_search(r.output, m, re)) << r.output;
+    EXPECT_LT(std::stod(m[1]), 10.0 + 5.0) << "not within the timeout";
+    EXPECT_NE(r.output.find("later collective failed too on rank " + std::to_string(rank)), std::string::npos);
+    EXPECT_NE(r.output.find("shutdown done on rank " + std::to_string(rank)), std::string::npos);
+  }
+}
+
+TEST(ChorusRun, FailedRankStopsTheOthersWithoutKeepGoing) {
+  auto r = run(kRun + " -np 3 sh -c 'if [ $CHORUS_RANK = 2 ]; then exit 7; fi; sleep 60'");
+  EXPECT_EQ(r.exitCode, 7) << r.output;
+  EXPECT_NE(r.output.find("chorusrun: rank 2 exited with code 7; stopping the other ranks"), std::string::npos)
+      << r.output;
+}
+
+TEST(ChorusRun, StallWarningNamesTheTensorAndTheMissingRank) {
+  auto r = run("CHORUS_STALL_CHECK_TIME_SECONDS=1 " + kRun + " -np 3 " + kWorker + " stall");
+  EXPECT_EQ(r.exitCode, 0) << r.output;
+  EXPECT_NE(r.output.find("[0]<stderr>:[chorus WARNING rank 0] Stalled ops on process set 0"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("'stalled.tensor' waited"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("ranks that have not submitted it: [2]"), std::string::npos) << r.output;
+  EXPECT_EQ(count(r.output, "stalled tensor done on rank"), 3) << r.output;
+}
+
+TEST(ChorusRun, AStalledSetDoesNotHoldUpAnother) {
+  auto r = run(kRun + " -np 3 " + kWorker + " two_sets");
+  EXPECT_EQ(r.exitCode, 0) << r.output;
+  EXPECT_NE(r.output.find("set 1 op pending: yes"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("set 1 result on rank 0 = 2"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("set 1 result on rank 1 = 2"), std::string::npos) << r.output;
+}
+
+TEST(ChorusRun, StoreRefusesRequestsWithoutTheSecret) {
+  auto r = run(kRun + " -np 2 " + kWorker + " bad_secret");
+  EXPECT_EQ(r.exitCode, 0) << r.output;
+  EXPECT_EQ(count(r.output, "refused as expected"), 2) << r.output;
+  EXPECT_GE(count(r.output, "chorus store: refused a request"), 2) << r.output;
+  EXPECT_NE(r.output.find("wrong job secret"), std::string::npos) << r.output;
+}
+
+TEST(ChorusRun, RefusesOtherHostsAndTooFewSlots) {
+  auto r = run(kRun + " -H elsewhere:2 -np 2 true");
+  EXPECT_EQ(r.exitCode, 2);
+  EXPECT_NE(r.output.find("host 'elsewhere' is not this machine"), std::string::npos) << r.output;
+  r = run(kRun + " -H localhost:1 -np 2 true");
+  EXPECT_NE(r.output.find("2 ranks requested but the hosts offer 1 slots"), std::string::npos) << r.output;
+}
+
+TEST(ChorusRun, TagsEveryLineWithItsRank) {
+  auto r = run(kRun + " -np 2 sh -c 'echo out$CHORUS_RANK; echo err$CHORUS_RANK >&2'");
+  EXPECT_EQ(r.exitCode, 0);
+  for (const char* line : {"[0]<stdout>:out0", "[1]<stdout>:out1", "[0]<stderr>:err0", "[1]<stderr>:err1"})
+    EXPECT_NE(r.output.find(line), std::string::npos) << r.output;
+}
+
+}  // namespace
