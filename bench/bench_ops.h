@@ -1,0 +1,46 @@
+#pragma once
+// One collective of chorus-bench: how to size it, run it, and check it.
+#include <string>
+#include <vector>
+
+#include "chorus/chorus.h"
+
+namespace chorus::bench {
+
+enum class BenchOp { kAllreduce, kAllgather, kBroadcast, kAlltoall, kReducescatter };
+const char* benchOpName(BenchOp op);
+BenchOp parseBenchOp(const std::string& name);
+// nccl-tests' bus bandwidth factor for n ranks.
+double busFactor(BenchOp op, int n);
+
+// Buffers for one size. `bytes` is what nccl-tests calls size: the whole
+// buffer for allreduce/broadcast, the gathered output for allgather, the input
+// for reducescatter, the send buffer for alltoall.
+class BenchCase {
+ public:
+  BenchCase(Runtime& rt, BenchOp op, DataType dtype, ReduceOp redop, size_t bytes);
+  size_t bytes() const { return bytes_; }
+  int64_t count() const { return count_; }
+  // Runs the op once on the benchmark buffers.
+  void run();
+  // Fills inputs with rank-dependent values, runs once, and returns how many
+  // output elements differ from the value computed here in float64.
+  int64_t check();
+
+ private:
+  void fillInput();
+  double expected(int64_t outIndex) const;
+
+  Runtime& rt_;
+  BenchOp op_;
+  DataType dtype_;
+  ReduceOp redop_;
+  int rank_, size_;
+  size_t bytes_ = 0;
+  int64_t count_ = 0;   // elements of the input on this rank
+  int64_t outCount_ = 0;
+  std::vector<char> in_, out_;
+  std::string name_;
+};
+
+}  // namespace chorus::bench
