@@ -44,11 +44,46 @@ char gEmpty[8];
 void* nonNull(void* p) { return p ? p : gEmpty; }
 
 constexpr uint8_t kReduceScatterSlotPrefix = 0x7c;
+constexpr uint8_t kExchangeSlotPrefix = 0x7d;
+constexpr size_t kExchangeMaxBytes = 64 << 10;
 
 }  // namespace
 
+uint64_t GlooCommunicator::nextSlot() { return gloo::Slot::build(kExchangeSlotPrefix, slotSeq_++); }
+
+void GlooCommunicator::exchangeReduce(void* buf, size_t bytes,
+                                      const std::function<void(void*, const void*, size_t)>& reduceInto) {
+  const int n = size(), me = rank();
+  gather_.resize(bytes * n);
+  const uint64_t slot = nextSlot();
+  auto sendBuf = ctx_->createUnboundBuffer(buf, bytes);
+  auto recvBuf = ctx_->createUnboundBuffer(gather_.data(), gather_.size());
+  for (int p = 0; p < n; ++p) {
+    if (p == me) continue;
+    sendBuf->send(p, slot);
+    recvBuf->recv(p, slot, p * bytes, bytes);
+  }
+  for (int p = 0; p < n; ++p)
+    if (p != me) recvBuf->waitRecv(timeout_);
+  for (int p = 0; p < n; ++p)
+    if (p != me) sendBuf->waitSend(timeout_);
+  std::memcpy(gather_.data() + me * bytes, buf, bytes);
+  // The same order on every rank, so every rank gets bit-identical results.
+  std::memcpy(buf, gather_.data(), bytes);
+  for (int p = 1; p < n; ++p) reduceInto(buf, gather_.data() + p * bytes, bytes);
+}
+
 void GlooCommunicator::allreduce(void* buf, size_t count, DataType dtype, ReduceOp op) {
   if (count == 0 || size() == 1) return;
+  const size_t esize = dtypeSize(dtype);
+  if (count * esize <= kExchangeMaxBytes) {
+    guarded("allreduce", rank(), [&] {
+      exchangeReduce(buf, count * esize, [&](void* acc, const void* other, size_t bytes) {
+        reduceBuffers(dtype, op, acc, acc, other, bytes / esize);
+      });
+    });
+    return;
+  }
   guarded("allreduce", rank(), [&] {
     gloo::AllreduceOptions opts(ctx_);
     opts.setTimeout(timeout_);
@@ -69,6 +104,14 @@ void GlooCommunicator::allreduce(void* buf, size_t count, DataType dtype, Reduce
 void GlooCommunicator::allreduceBitsOr(uint64_t* words, size_t count) {
   if (count == 0 || size() == 1) return;
   guarded("control allreduce", rank(), [&] {
+    if (count * 8 <= kExchangeMaxBytes) {
+      exchangeReduce(words, count * 8, [](void* acc, const void* other, size_t bytes) {
+        auto* a = static_cast<uint64_t*>(acc);
+        auto* b = static_cast<const uint64_t*>(other);
+        for (size_t i = 0; i < bytes / 8; ++i) a[i] |= b[i];
+      });
+      return;
+    }
     gloo::AllreduceOptions opts(ctx_);
     opts.setTimeout(timeout_);
     opts.setOutput(words, count);
