@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
   int np = 0;
   std::string hosts, hostfile, bind = "127.0.0.1", secret;
   double startTimeout = 30;
-  bool verbose = false, keepGoing = false, serve = false;
+  bool verbose = false, keepGoing = false, serve = false, printSettings = false;
   int port = 0;
   app.add_option("-n,--np,--num-proc", np, "number of ranks (also -np)");
   app.add_option("-H,--hosts", hosts, "hosts and slots, e.g. localhost:4");
@@ -68,6 +68,7 @@ int main(int argc, char** argv) {
   app.add_option("--store-bind", bind, "address the store listens on (default 127.0.0.1)");
   app.add_option("--store-port", port, "port of the store (default: any free port)");
   app.add_option("--secret", secret, "job secret for --serve-store (default: random)");
+  app.add_flag("--print-settings", printSettings, "print the table of CHORUS_* settings (markdown)");
   try {
     app.parse(static_cast<int>(cargv.size()), cargv.data());
   } catch (const CLI::ParseError& e) {
@@ -76,6 +77,15 @@ int main(int argc, char** argv) {
 
   try {
     if (serve) return serveStore(bind, port, secret);
+    if (printSettings) {
+      std::printf("# chorus settings\n\nEvery setting is an environment variable; the HOROVOD_ name is accepted too.\n"
+                  "This page is the output of `chorusrun --print-settings` (a test keeps them equal).\n\n"
+                  "| variable | Horovod alias | default | meaning |\n|---|---|---|---|\n");
+      for (const auto& s : chorus::settingsTable())
+        std::printf("| `%s` | %s | %s | %s |\n", s.name, s.horovodAlias[0] ? (std::string("`") + s.horovodAlias + "`").c_str() : "",
+                    s.defaultValue, s.meaning);
+      return 0;
+    }
     std::vector<std::string> command = app.remaining();
     if (!command.empty() && command[0] == "--") command.erase(command.begin());
     if (command.empty()) throw std::invalid_argument("no command given; usage: chorusrun -np N command ...");

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs the Debian packages chorus builds and tests with, if any are missing.
+set -euo pipefail
+packages=(cmake g++ make pkg-config libgloo-dev nlohmann-json3-dev libcli11-dev libgtest-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "installing: ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
