@@ -105,6 +105,17 @@ TEST(ChorusRun, RefusesOtherHostsAndTooFewSlots) {
   EXPECT_NE(r.output.find("2 ranks requested but the hosts offer 1 slots"), std::string::npos) << r.output;
 }
 
+TEST(ChorusRun, InterruptStopsEveryRank) {
+  // chorusrun in the background, SIGINT after the ranks started; no rank may survive.
+  auto r = run("tmp=$(mktemp); (" + kRun +
+               " -np 3 sh -c 'echo $$ >> '$tmp'; sleep 60' & pid=$!; sleep 1; kill -INT $pid; wait $pid; "
+               "echo exit=$?; sleep 0.5; for p in $(cat $tmp); do kill -0 $p 2>/dev/null && echo alive=$p; done; "
+               "rm -f $tmp)");
+  EXPECT_NE(r.output.find("interrupted"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("exit=130"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("alive="), std::string::npos) << r.output;
+}
+
 TEST(ChorusRun, TagsEveryLineWithItsRank) {
   auto r = run(kRun + " -np 2 sh -c 'echo out$CHORUS_RANK; echo err$CHORUS_RANK >&2'");
   EXPECT_EQ(r.exitCode, 0);
