@@ -1,0 +1,188 @@
+// chorus._core: the Python binding over include/chorus. Tensors cross as raw
+// pointers (no copies); outputs that chorus allocates come back as numpy arrays
+// that keep the op's storage alive.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "chorus/chorus.h"
+
+namespace py = pybind11;
+using namespace chorus;
+
+namespace {
+
+Tensor view(uintptr_t ptr, int dtype, const std::vector<int64_t>& shape) {
+  return Tensor{reinterpret_cast<void*>(ptr), static_cast<DataType>(dtype), shape};
+}
+
+// One async op as Python sees it.
+struct PyWork {
+  Work work;
+  bool poll() const { return work.poll(); }
+  void wait() const {
+    py::gil_scoped_release release;
+    work.wait();
+  }
+  size_t numOutputs() const { return work.outputs().size(); }
+  std::vector<int64_t> outputShape(size_t i) const { return work.outputs().at(i).shape; }
+  // Bytes of output i as a uint8 array sharing the op's storage.
+  py::array outputBytes(size_t i) const {
+    const Tensor& t = work.outputs().at(i);
+    auto* holder = new std::shared_ptr<WorkState>(work.state());
+    py::capsule base(holder, [](void* p) { delete static_cast<std::shared_ptr<WorkState>*>(p); });
+    return py::array_t<uint8_t>({static_cast<py::ssize_t>(t.bytes())}, {1},
+                                static_cast<uint8_t*>(t.data), base);
+  }
+  std::vector<int64_t> receivedSplits() const { return work.receivedSplits(); }
+  int joinResult() const { return work.joinResult(); }
+};
+
+Runtime& rt() { return defaultRuntime(); }
+
+std::vector<Tensor> views(const std::vector<uintptr_t>& ptrs, const std::vector<int>& dtypes,
+                          const std::vector<std::vector<int64_t>>& shapes) {
+  std::vector<Tensor> out;
+  for (size_t i = 0; i < ptrs.size(); ++i) out.push_back(view(ptrs[i], dtypes.at(i), shapes.at(i)));
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "chorus runtime (C++ core)";
+
+  // Exceptions: chorus's C++ types mapped onto a Python hierarchy whose wait-time
+  // failures all derive from HorovodInternalError, as Horovod's do.
+  static py::exception<Error> chorusError(m, "ChorusError", PyExc_RuntimeError);
+  static py::exception<PeerFailure> internalError(m, "HorovodInternalError", chorusError.ptr());
+  static py::exception<Mismatch> mismatchError(m, "MismatchError", internalError.ptr());
+  static py::exception<Timeout> timeoutError(m, "TimeoutError", internalError.ptr());
+  static py::exception<ShutdownError> shutdownError(m, "ShutdownError", internalError.ptr());
+  static py::exception<StallError> stallError(m, "StallError", internalError.ptr());
+  static py::exception<InvalidArgument> invalidArgument(m, "InvalidArgument", PyExc_ValueError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const InvalidArgument& e) {
+      invalidArgument(e.what());
+    } catch (const Mismatch& e) {
+      mismatchError(e.what());
+    } catch (const Timeout& e) {
+      timeoutError(e.what());
+    } catch (const PeerFailure& e) {
+      internalError(e.what());
+    } catch (const ShutdownError& e) {
+      shutdownError(e.what());
+    } catch (const StallError& e) {
+      stallError(e.what());
+    } catch (const Error& e) {
+      chorusError(e.what());
+    }
+  });
+
+  py::class_<PyWork>(m, "Work")
+      .def("poll", &PyWork::poll)
+      .def("wait", &PyWork::wait)
+      .def("num_outputs", &PyWork::numOutputs)
+      .def("output_shape", &PyWork::outputShape)
+      .def("output_bytes", &PyWork::outputBytes)
+      .def("received_splits", &PyWork::receivedSplits)
+      .def("join_result", &PyWork::joinResult);
+
+  m.def("init", [](const std::vector<std::vector<int>>& processSets, bool dynamic) {
+    Config c;
+    c.processSets = processSets;
+    c.dynamicProcessSets = dynamic;
+    py::gil_scoped_release release;
+    rt().init(c);
+  }, py::arg("process_sets") = std::vector<std::vector<int>>{}, py::arg("dynamic") = false);
+  m.def("shutdown", [] {
+    py::gil_scoped_release release;
+    rt().shutdown();
+  });
+  m.def("is_initialized", [] { return rt().isInitialized(); });
+  m.def("rank", [] { return rt().rank(); });
+  m.def("size", [] { return rt().size(); });
+  m.def("local_rank", [] { return rt().localRank(); });
+  m.def("local_size", [] { return rt().localSize(); });
+  m.def("cross_rank", [] { return rt().crossRank(); });
+  m.def("cross_size", [] { return rt().crossSize(); });
+  m.def("is_homogeneous", [] { return rt().isHomogeneous(); });
+
+  m.def("process_set_ranks", [](int32_t id) { return rt().processSet(id).ranks(); });
+  m.def("process_set_ids", [] {
+    std::vector<int32_t> ids;
+    for (const auto& ps : rt().processSets()) ids.push_back(ps.id());
+    return ids;
+  });
+  m.def("add_process_set", [](const std::vector<int>& ranks) {
+    py::gil_scoped_release release;
+    return rt().addProcessSet(ranks).id();
+  });
+  m.def("remove_process_set", [](int32_t id) {
+    py::gil_scoped_release release;
+    rt().removeProcessSet(id);
+  });
+
+  m.def("grouped_allreduce_async",
+        [](const std::vector<uintptr_t>& in, const std::vector<uintptr_t>& out, const std::vector<int>& dtypes,
+           const std::vector<std::vector<int64_t>>& shapes, const std::string& name, int op, double prescale,
+           double postscale, int32_t processSet, int32_t priority) {
+          AllreduceOptions o;
+          o.name = name;
+          o.op = static_cast<ReduceOp>(op);
+          o.prescaleFactor = prescale;
+          o.postscaleFactor = postscale;
+          o.processSet = processSet;
+          o.priority = priority;
+          return PyWork{rt().groupedAllreduceAsync(views(in, dtypes, shapes), views(out, dtypes, shapes), o)};
+        });
+  m.def("grouped_allgather_async",
+        [](const std::vector<uintptr_t>& in, const std::vector<int>& dtypes,
+           const std::vector<std::vector<int64_t>>& shapes, const std::string& name, int32_t processSet,
+           int32_t priority) {
+          OpOptions o;
+          o.name = name;
+          o.processSet = processSet;
+          o.priority = priority;
+          return PyWork{rt().groupedAllgatherAsync(views(in, dtypes, shapes), o)};
+        });
+  m.def("broadcast_async",
+        [](uintptr_t in, uintptr_t out, int dtype, const std::vector<int64_t>& shape, int root,
+           const std::string& name, int32_t processSet, int32_t priority) {
+          OpOptions o;
+          o.name = name;
+          o.processSet = processSet;
+          o.priority = priority;
+          return PyWork{rt().broadcastAsync(view(in, dtype, shape), view(out, dtype, shape), root, o)};
+        });
+  m.def("alltoall_async",
+        [](uintptr_t in, int dtype, const std::vector<int64_t>& shape, const std::vector<int64_t>& splits,
+           const std::string& name, int32_t processSet, int32_t priority) {
+          OpOptions o;
+          o.name = name;
+          o.processSet = processSet;
+          o.priority = priority;
+          return PyWork{rt().alltoallAsync(view(in, dtype, shape), splits, o)};
+        });
+  m.def("grouped_reducescatter_async",
+        [](const std::vector<uintptr_t>& in, const std::vector<int>& dtypes,
+           const std::vector<std::vector<int64_t>>& shapes, const std::string& name, int op, double prescale,
+           double postscale, int32_t processSet, int32_t priority) {
+          ReducescatterOptions o;
+          o.name = name;
+          o.op = static_cast<ReduceOp>(op);
+          o.prescaleFactor = prescale;
+          o.postscaleFactor = postscale;
+          o.processSet = processSet;
+          o.priority = priority;
+          return PyWork{rt().groupedReducescatterAsync(views(in, dtypes, shapes), o)};
+        });
+  m.def("barrier_async", [](int32_t processSet) { return PyWork{rt().barrierAsync(processSet)}; });
+  m.def("join_async", [](int32_t processSet) { return PyWork{rt().joinAsync(processSet)}; });
+  m.def("synchronize", [] {
+    py::gil_scoped_release release;
+    rt().synchronize();
+  });
+}

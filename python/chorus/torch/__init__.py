@@ -1,0 +1,18 @@
+"""Horovod-compatible PyTorch API: ``import chorus.torch as hvd``."""
+from chorus.torch.basics import (ProcessSet, add_process_set, cross_rank, cross_size, gloo_enabled,
+                                 global_process_set, init, is_homogeneous, is_initialized,
+                                 local_rank, local_size, mpi_enabled, mpi_threads_supported, rank,
+                                 remove_process_set, shutdown, size)
+from chorus.torch.compression import Compression
+from chorus.torch.functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
+                                    broadcast_parameters)
+from chorus.torch.mpi_ops import (Adasum, Average, HorovodInternalError, Max, Min, MismatchError,
+                                  Product, Sum, allgather, allgather_async, allreduce, allreduce_,
+                                  allreduce_async, allreduce_async_, alltoall, alltoall_async,
+                                  barrier, broadcast, broadcast_, broadcast_async, broadcast_async_,
+                                  grouped_allgather, grouped_allgather_async, grouped_allreduce,
+                                  grouped_allreduce_, grouped_allreduce_async,
+                                  grouped_allreduce_async_, grouped_reducescatter,
+                                  grouped_reducescatter_async, join, poll, reducescatter,
+                                  reducescatter_async, synchronize)
+from chorus.torch.optimizer import DistributedOptimizer

@@ -1,0 +1,149 @@
+"""init, ranks and process sets, with horovod.torch's names."""
+from chorus import _core
+
+_initialized_sets = []  # ProcessSet objects registered at init or added later
+
+
+class ProcessSet:
+    """A subset of the ranks that runs its own collectives.
+
+    Build one from a list of global ranks before init() and pass it to
+    init(process_sets=[...]), or add it at run time with add_process_set().
+    """
+
+    def __init__(self, ranks_or_comm):
+        self.process_set_id = None
+        if hasattr(ranks_or_comm, "Get_group") or hasattr(ranks_or_comm, "Split"):
+            raise ValueError(
+                "ProcessSet(comm) with an MPI communicator needs chorus's MPI integration; "
+                "pass a list of ranks instead")
+        ranks = [int(r) for r in ranks_or_comm]
+        self.ranks = sorted(ranks)
+        self._given = ranks
+
+    def _bind(self, set_id):
+        self.process_set_id = set_id
+        self.ranks = list(_core.process_set_ranks(set_id))
+
+    def _require_registered(self):
+        if self.process_set_id is None:
+            raise ValueError(
+                f"process set {self.ranks} is not registered: pass it to init(process_sets=[...]) "
+                "or add it with add_process_set()")
+
+    def included(self):
+        """Whether this process is a member."""
+        self._require_registered()
+        return _core.rank() in self.ranks
+
+    def rank(self):
+        """This process's rank within the set, or -1 when not a member."""
+        self._require_registered()
+        r = _core.rank()
+        return self.ranks.index(r) if r in self.ranks else -1
+
+    def size(self):
+        self._require_registered()
+        return len(self.ranks)
+
+    def __eq__(self, other):
+        return isinstance(other, ProcessSet) and self.process_set_id == other.process_set_id and \
+            self.ranks == other.ranks
+
+    def __hash__(self):
+        return hash((self.process_set_id, tuple(self.ranks)))
+
+    def __repr__(self):
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+
+
+global_process_set = ProcessSet([])
+global_process_set.process_set_id = 0
+
+
+def init(comm=None, process_sets=None):
+    """Starts chorus on this rank (as horovod.torch.init).
+
+    process_sets: None, a list of ProcessSet objects (static sets), or "dynamic"
+    to allow add_process_set()/remove_process_set() at run time.
+    """
+    if comm is not None:
+        raise ValueError("init(comm=...) with an MPI communicator needs chorus's MPI integration; "
+                         "start the job with chorusrun and call init() without comm")
+    dynamic = False
+    static = []
+    if process_sets == "dynamic":
+        dynamic = True
+    elif process_sets is not None:
+        static = list(process_sets)
+        for ps in static:
+            if not isinstance(ps, ProcessSet):
+                raise ValueError(f"process_sets must hold ProcessSet objects, got {type(ps).__name__}")
+    _core.init([ps._given for ps in static], dynamic)
+    global_process_set._bind(0)
+    _initialized_sets.clear()
+    for i, ps in enumerate(static):
+        ps._bind(i + 1)
+        _initialized_sets.append(ps)
+
+
+def shutdown():
+    _core.shutdown()
+    for ps in _initialized_sets:
+        ps.process_set_id = None
+    _initialized_sets.clear()
+
+
+def is_initialized():
+    return _core.is_initialized()
+
+
+rank = _core.rank
+size = _core.size
+local_rank = _core.local_rank
+local_size = _core.local_size
+cross_rank = _core.cross_rank
+cross_size = _core.cross_size
+is_homogeneous = _core.is_homogeneous
+
+
+def mpi_threads_supported():
+    return False
+
+
+def mpi_enabled():
+    return False
+
+
+def gloo_enabled():
+    return True
+
+
+def add_process_set(process_set):
+    """Adds a process set at run time; collective over all ranks (init(process_sets="dynamic"))."""
+    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+    if ps.process_set_id is not None:
+        raise ValueError(f"{ps} is already registered")
+    ps._bind(_core.add_process_set(ps._given))
+    _initialized_sets.append(ps)
+    return ps
+
+
+def remove_process_set(process_set):
+    """Removes a process set added at run time; collective over all ranks. Returns True."""
+    if process_set.process_set_id is None:
+        raise ValueError(f"{process_set} is not registered")
+    _core.remove_process_set(process_set.process_set_id)
+    process_set.process_set_id = None
+    if process_set in _initialized_sets:
+        _initialized_sets.remove(process_set)
+    return True
+
+
+def _set_id(process_set):
+    if process_set is None:
+        return 0
+    if not isinstance(process_set, ProcessSet):
+        raise ValueError(f"process_set must be a ProcessSet, got {type(process_set).__name__}")
+    process_set._require_registered()
+    return process_set.process_set_id

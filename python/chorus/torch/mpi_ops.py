@@ -1,0 +1,485 @@
+"""Collectives on torch tensors, with horovod.torch's names, arguments and semantics.
+
+CPU tensors are handed to the C++ runtime by pointer (no copies); tensors on
+other devices, or not contiguous, are staged through a contiguous CPU copy.
+Every input and output is kept alive until its op completes.
+"""
+import itertools
+import threading
+import warnings
+
+import torch
+
+from chorus import _core
+from chorus.torch.basics import _set_id, global_process_set, rank
+from chorus.torch.compression import Compression
+
+# Reduce ops, as hvd.Average etc. (values are chorus's codes).
+Sum = 0
+Average = 1
+Min = 2
+Max = 3
+Product = 4
+Adasum = 5
+
+HorovodInternalError = _core.HorovodInternalError
+MismatchError = _core.MismatchError
+
+_DTYPES = {
+    torch.uint8: 0, torch.int8: 1, torch.int32: 2, torch.int64: 3, torch.float16: 4,
+    torch.bfloat16: 5, torch.float32: 6, torch.float64: 7, torch.bool: 8,
+}
+
+
+def _dtype_code(tensor, where):
+    code = _DTYPES.get(tensor.dtype)
+    if code is None:
+        raise ValueError(f"{where}: dtype {tensor.dtype} is not supported (use uint8, int8, int32, "
+                         "int64, float16, bfloat16, float32, float64 or bool)")
+    return code
+
+
+def _resolve_op(op, average, where):
+    if average is not None:
+        warnings.warn("the 'average' argument is deprecated; use op=Average or op=Sum",
+                      DeprecationWarning, stacklevel=3)
+        if op is not None:
+            raise ValueError(f"{where}: give either op or average, not both")
+        op = Average if average else Sum
+    if op is None:
+        op = Average
+    if op == Adasum:
+        raise NotImplementedError("Adasum is not supported by chorus yet; use op=Average or op=Sum")
+    if op not in (Sum, Average, Min, Max, Product):
+        raise ValueError(f"{where}: unknown reduce op {op!r}")
+    return op
+
+
+def _stage(tensor):
+    """A contiguous CPU tensor holding tensor's data (tensor itself when it is one)."""
+    t = tensor.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return t
+
+
+class _Handle:
+    __slots__ = ("work", "keep", "finish")
+
+    def __init__(self, work, keep, finish):
+        self.work = work
+        self.keep = keep  # tensors that must outlive the op
+        self.finish = finish
+
+
+_handles = {}
+_handle_ids = itertools.count(1)
+_lock = threading.Lock()
+
+
+def _register(work, keep, finish):
+    with _lock:
+        h = next(_handle_ids)
+        _handles[h] = _Handle(work, keep, finish)
+    return h
+
+
+def _output(work, i, dtype, device):
+    shape = work.output_shape(i)
+    raw = torch.from_numpy(work.output_bytes(i))  # shares the op's storage
+    out = raw.view(dtype).reshape(shape) if raw.numel() else torch.empty(shape, dtype=dtype)
+    return out.to(device) if device.type != "cpu" else out
+
+
+def poll(handle):
+    """True when the op behind handle has finished."""
+    with _lock:
+        h = _handles.get(handle)
+    if h is None:
+        raise ValueError(f"unknown handle {handle!r} (already synchronized?)")
+    return h.work.poll()
+
+
+def synchronize(handle=None):
+    """Waits for an op and returns its result; with no handle, waits for everything in flight."""
+    if handle is None:
+        with _lock:
+            pending = list(_handles.keys())
+        first = None
+        for h in pending:
+            try:
+                synchronize(h)
+            except Exception as e:  # wait for all, then raise the first error
+                first = first or e
+        _core.synchronize()
+        if first is not None:
+            raise first
+        return None
+    with _lock:
+        h = _handles.pop(handle, None)
+    if h is None:
+        raise ValueError(f"unknown handle {handle!r} (already synchronized?)")
+    h.work.wait()
+    return h.finish()
+
+
+def _name(name):
+    return "" if name is None else str(name)
+
+
+# ---- allreduce ----
+
+def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_factor,
+                             process_set, priority, copy_back):
+    staged = [_stage(t) for t in tensors]
+    outs = staged if outputs is None else outputs
+    codes = [_dtype_code(t, "allreduce") for t in staged]
+    work = _core.grouped_allreduce_async(
+        [t.data_ptr() for t in staged], [o.data_ptr() for o in outs], codes,
+        [list(t.shape) for t in staged], _name(name), op, float(prescale_factor),
+        float(postscale_factor), _set_id(process_set), int(priority))
+
+    def finish():
+        results = []
+        for t, s, o in zip(tensors, staged, outs):
+            if copy_back:
+                if s is not t:
+                    t.data.copy_(s)
+                results.append(t)
+            else:
+                results.append(o.to(t.device) if t.device.type != "cpu" else o)
+        return results
+    return _register(work, (tensors, staged, outs), finish)
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                    postscale_factor=1.0, process_set=global_process_set, priority=0):
+    """Starts an allreduce into a new tensor; returns a handle for synchronize()."""
+    op = _resolve_op(op, average, "allreduce")
+    staged = _stage(tensor)
+    out = torch.empty_like(staged)
+    h = _grouped_allreduce_async([tensor], [out], name, op, prescale_factor, postscale_factor,
+                                 process_set, priority, copy_back=False)
+    _handles[h].finish = _first(_handles[h].finish)
+    return h
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                     postscale_factor=1.0, process_set=global_process_set, priority=0):
+    """Starts an in-place allreduce; returns a handle for synchronize()."""
+    op = _resolve_op(op, average, "allreduce")
+    h = _grouped_allreduce_async([tensor], None, name, op, prescale_factor, postscale_factor,
+                                 process_set, priority, copy_back=True)
+    _handles[h].finish = _first(_handles[h].finish)
+    return h
+
+
+def _first(finish):
+    return lambda: finish()[0]
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=global_process_set, priority=0):
+    op = _resolve_op(op, average, "grouped_allreduce")
+    outs = [torch.empty_like(_stage(t)) for t in tensors]
+    return _grouped_allreduce_async(list(tensors), outs, name, op, prescale_factor,
+                                    postscale_factor, process_set, priority, copy_back=False)
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0, process_set=global_process_set, priority=0):
+    op = _resolve_op(op, average, "grouped_allreduce")
+    return _grouped_allreduce_async(list(tensors), None, name, op, prescale_factor,
+                                    postscale_factor, process_set, priority, copy_back=True)
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+               postscale_factor=1.0, process_set=global_process_set, priority=0):
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
+                                        postscale_factor, process_set, priority))
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                       postscale_factor=1.0, process_set=global_process_set, priority=0):
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                postscale_factor, process_set, priority))
+
+
+class _Allreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, process_set, priority):
+        ctx.args = (op, prescale_factor, postscale_factor, process_set)
+        return synchronize(allreduce_async(tensor, None, name, op, prescale_factor,
+                                           postscale_factor, process_set, priority))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        op, pre, post, ps = ctx.args
+        grad = synchronize(allreduce_async(grad_output.contiguous(), None, None, op, pre, post, ps))
+        return grad, None, None, None, None, None, None
+
+
+def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
+              prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set, priority=0):
+    """Reduces tensor over the process set and returns the result (differentiable)."""
+    op = _resolve_op(op, average, "allreduce")
+    compressed, cctx = compression.compress(tensor)
+    summed = _Allreduce.apply(compressed, name, op, prescale_factor, postscale_factor, process_set,
+                              priority)
+    return compression.decompress(summed, cctx)
+
+
+class _GroupedAllreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, prescale_factor, postscale_factor, process_set, priority, *tensors):
+        ctx.args = (op, prescale_factor, postscale_factor, process_set)
+        return tuple(synchronize(grouped_allreduce_async(list(tensors), None, name, op, prescale_factor,
+                                                         postscale_factor, process_set, priority)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        op, pre, post, ps = ctx.args
+        out = synchronize(grouped_allreduce_async([g.contiguous() for g in grads], None, None, op,
+                                                  pre, post, ps))
+        return (None, None, None, None, None, None, *out)
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set,
+                      priority=0):
+    """Reduces a list of tensors fused and completed together (differentiable)."""
+    op = _resolve_op(op, average, "grouped_allreduce")
+    pairs = [compression.compress(t) for t in tensors]
+    out = _GroupedAllreduce.apply(name, op, prescale_factor, postscale_factor, process_set, priority,
+                                  *[p[0] for p in pairs])
+    return [compression.decompress(o, p[1]) for o, p in zip(out, pairs)]
+
+
+# ---- allgather ----
+
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set, priority=0):
+    staged = [_stage(t) for t in tensors]
+    codes = [_dtype_code(t, "allgather") for t in staged]
+    work = _core.grouped_allgather_async([t.data_ptr() for t in staged], codes,
+                                         [list(t.shape) for t in staged], _name(name),
+                                         _set_id(process_set), int(priority))
+
+    def finish():
+        return [_output(work, i, t.dtype, t.device) for i, t in enumerate(tensors)]
+    return _register(work, (tensors, staged), finish)
+
+
+def allgather_async(tensor, name=None, process_set=global_process_set, priority=0):
+    h = grouped_allgather_async([tensor], name, process_set, priority)
+    _handles[h].finish = _first(_handles[h].finish)
+    return h
+
+
+def _set_rank_and_size(process_set):
+    ps = process_set or global_process_set
+    return ps.rank(), ps.size()
+
+
+class _Allgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, process_set, priority):
+        ctx.dim = tensor.shape[0] if tensor.dim() else 1
+        ctx.process_set = process_set
+        return synchronize(allgather_async(tensor, name, process_set, priority))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        # Every rank's output depends on every input: average the gradients, keep my rows.
+        grad = synchronize(allreduce_async(grad_output.contiguous(), op=Average,
+                                           process_set=ctx.process_set))
+        dims = synchronize(allgather_async(torch.tensor([ctx.dim], dtype=torch.int64),
+                                           process_set=ctx.process_set))
+        r, _ = _set_rank_and_size(ctx.process_set)
+        offset = int(dims[:r].sum().item())
+        return grad.narrow(0, offset, ctx.dim), None, None, None
+
+
+def allgather(tensor, name=None, process_set=global_process_set, priority=0):
+    """Concatenates every rank's tensor along the first dimension (which may differ per rank)."""
+    return _Allgather.apply(tensor, name, process_set, priority)
+
+
+def grouped_allgather(tensors, name=None, process_set=global_process_set, priority=0):
+    return synchronize(grouped_allgather_async(tensors, name, process_set, priority))
+
+
+# ---- broadcast ----
+
+def _broadcast_async(tensor, root_rank, name, process_set, priority, inplace):
+    staged = _stage(tensor)
+    out = staged if inplace else torch.empty_like(staged)
+    code = _dtype_code(staged, "broadcast")
+    work = _core.broadcast_async(staged.data_ptr(), out.data_ptr(), code, list(staged.shape),
+                                 int(root_rank), _name(name), _set_id(process_set), int(priority))
+
+    def finish():
+        if inplace:
+            if staged is not tensor:
+                tensor.data.copy_(staged)
+            return tensor
+        return out.to(tensor.device) if tensor.device.type != "cpu" else out
+    return _register(work, (tensor, staged, out), finish)
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set, priority=0):
+    return _broadcast_async(tensor, root_rank, name, process_set, priority, inplace=False)
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set, priority=0):
+    return _broadcast_async(tensor, root_rank, name, process_set, priority, inplace=True)
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=global_process_set, priority=0):
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set, priority))
+
+
+class _Broadcast(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name, process_set, priority):
+        ctx.root_rank = root_rank
+        ctx.process_set = process_set
+        return synchronize(broadcast_async(tensor, root_rank, name, process_set, priority))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = synchronize(allreduce_async(grad_output.contiguous(), op=Average,
+                                           process_set=ctx.process_set))
+        if rank() != ctx.root_rank:
+            grad = grad * 0
+        return grad, None, None, None, None
+
+
+def broadcast(tensor, root_rank, name=None, process_set=global_process_set, priority=0):
+    """Returns root_rank's tensor on every rank (root_rank is a global rank)."""
+    return _Broadcast.apply(tensor, root_rank, name, process_set, priority)
+
+
+# ---- alltoall ----
+
+def _splits_list(splits):
+    if splits is None:
+        return []
+    if isinstance(splits, torch.Tensor):
+        return [int(s) for s in splits.flatten().tolist()]
+    return [int(s) for s in splits]
+
+
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set, priority=0):
+    staged = _stage(tensor)
+    code = _dtype_code(staged, "alltoall")
+    work = _core.alltoall_async(staged.data_ptr(), code, list(staged.shape), _splits_list(splits),
+                                _name(name), _set_id(process_set), int(priority))
+
+    def finish():
+        out = _output(work, 0, tensor.dtype, tensor.device)
+        return out, torch.tensor(work.received_splits(), dtype=torch.int32)
+    return _register(work, (tensor, staged), finish)
+
+
+class _Alltoall(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, splits, name, process_set, priority):
+        out, received = synchronize(alltoall_async(tensor, splits, name, process_set, priority))
+        ctx.received = received
+        ctx.process_set = process_set
+        ctx.mark_non_differentiable(received)
+        return out, received
+
+    @staticmethod
+    def backward(ctx, grad_output, _):
+        grad, _ = synchronize(alltoall_async(grad_output.contiguous(), ctx.received,
+                                             process_set=ctx.process_set))
+        return grad, None, None, None, None
+
+
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set, priority=0):
+    """Sends splits[i] rows of tensor to rank i of the set; returns what arrived
+    (and, when splits is given, how many rows came from each rank)."""
+    out, received = _Alltoall.apply(tensor, splits, name, process_set, priority)
+    return (out, received) if splits is not None else out
+
+
+# ---- reducescatter ----
+
+def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
+                                prescale_factor=1.0, postscale_factor=1.0, priority=0):
+    if op not in (Sum, Average):
+        raise ValueError("reducescatter supports op=Sum and op=Average")
+    staged = [_stage(t) for t in tensors]
+    codes = [_dtype_code(t, "reducescatter") for t in staged]
+    work = _core.grouped_reducescatter_async([t.data_ptr() for t in staged], codes,
+                                             [list(t.shape) for t in staged], _name(name), op,
+                                             float(prescale_factor), float(postscale_factor),
+                                             _set_id(process_set), int(priority))
+
+    def finish():
+        return [_output(work, i, t.dtype, t.device) for i, t in enumerate(tensors)]
+    return _register(work, (tensors, staged), finish)
+
+
+def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
+                        prescale_factor=1.0, postscale_factor=1.0, priority=0):
+    h = grouped_reducescatter_async([tensor], name, op, process_set, prescale_factor,
+                                    postscale_factor, priority)
+    _handles[h].finish = _first(_handles[h].finish)
+    return h
+
+
+class _Reducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor, priority):
+        ctx.op = op
+        ctx.process_set = process_set
+        ctx.scale = prescale_factor * postscale_factor
+        return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
+                                               postscale_factor, priority))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = synchronize(allgather_async(grad_output.contiguous(), process_set=ctx.process_set))
+        if ctx.op == Average:
+            grad = grad / _set_rank_and_size(ctx.process_set)[1]
+        if ctx.scale != 1.0:
+            grad = grad * ctx.scale
+        return grad, None, None, None, None, None, None
+
+
+def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
+                  process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0,
+                  priority=0):
+    """Reduces tensor over the set; rank i keeps the i-th block of rows (the first
+    rows % size ranks get one extra row). Differentiable."""
+    compressed, cctx = compression.compress(tensor)
+    out = _Reducescatter.apply(compressed, name, op, process_set, prescale_factor,
+                               postscale_factor, priority)
+    return compression.decompress(out, cctx)
+
+
+def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
+                          process_set=global_process_set, prescale_factor=1.0,
+                          postscale_factor=1.0, priority=0):
+    pairs = [compression.compress(t) for t in tensors]
+    outs = synchronize(grouped_reducescatter_async([p[0] for p in pairs], name, op, process_set,
+                                                   prescale_factor, postscale_factor, priority))
+    return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
+
+
+# ---- barrier and join ----
+
+def barrier(process_set=global_process_set):
+    _core.barrier_async(_set_id(process_set)).wait()
+
+
+def join(device=-1, process_set=global_process_set):
+    """Marks this rank as out of data: its peers' allreduces see zeros from it
+    until every rank has joined. Returns the last rank to join."""
+    work = _core.join_async(_set_id(process_set))
+    work.wait()
+    return work.join_result()

@@ -1,0 +1,216 @@
+"""DistributedOptimizer: allreduces gradients as backward produces them."""
+import contextlib
+import warnings
+
+import torch
+
+from chorus.torch.basics import global_process_set
+from chorus.torch.compression import Compression
+from chorus.torch.mpi_ops import (Adasum, Average, Sum, _set_rank_and_size, allreduce_async_,
+                                  grouped_allreduce_async_, synchronize)
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
+                 gradient_predivide_factor, groups, sparse_as_dense, process_set):
+        super(self.__class__, self).__init__(params)
+        self._compression = compression
+        self._op = op
+        self._predivide = gradient_predivide_factor
+        self._sparse_as_dense = sparse_as_dense
+        self._process_set = process_set
+        self.backward_passes_per_step = backward_passes_per_step
+
+        all_params = [p for g in self.param_groups for p in g["params"]]
+        if named_parameters is not None:
+            named = list(named_parameters)
+            if any(not isinstance(p, tuple) for p in named):
+                raise ValueError("named_parameters should be a sequence of (name, parameter) tuples, "
+                                 "usually model.named_parameters()")
+            names = [n for n, _ in named]
+            dups = sorted({n for n in names if names.count(n) > 1})
+            if dups:
+                raise ValueError(f"parameter names must be unique; repeated: {', '.join(dups)}")
+            known = {id(p) for _, p in named}
+            missing = [i for i, p in enumerate(all_params) if id(p) not in known]
+            if missing:
+                raise ValueError("named_parameters lacks some of the optimizer's parameters "
+                                 f"(positions {missing[:5]} in the optimizer's parameter list)")
+            self._names = {p: f"allreduce.{n}" for n, p in named}
+        else:
+            self._names = {p: f"allreduce.noname.{i}" for i, p in enumerate(all_params)}
+
+        self._groups = self._resolve_groups(groups, all_params)
+        self._handles = {}
+        self._delay = {p: backward_passes_per_step for p in all_params}
+        self._group_ready = {}
+        self._synchronized = False
+        self._should_synchronize = True
+        self._grad_accs = []
+        if _set_rank_and_size(process_set)[1] > 1:
+            self._register_hooks()
+
+    @staticmethod
+    def _resolve_groups(groups, all_params):
+        if groups is None or groups == 0:
+            return None
+        if isinstance(groups, int):
+            n = max(1, min(groups, len(all_params)))
+            per = (len(all_params) + n - 1) // n
+            return [all_params[i:i + per] for i in range(0, len(all_params), per)]
+        resolved = [list(g) for g in groups]
+        grouped = {id(p) for g in resolved for p in g}
+        # Parameters in no group are reduced on their own.
+        resolved += [[p] for p in all_params if id(p) not in grouped]
+        return resolved
+
+    def _register_hooks(self):
+        self._group_of = {}
+        if self._groups is not None:
+            for gi, g in enumerate(self._groups):
+                for p in g:
+                    self._group_of[p] = gi
+        for group in self.param_groups:
+            for p in group["params"]:
+                if not p.requires_grad:
+                    continue
+                # The hook sits on the gradient accumulator, so it fires when p's
+                # gradient is final for this backward pass (works in torch 1.x and 2.x).
+                p_tmp = p.expand_as(p)
+                grad_acc = p_tmp.grad_fn.next_functions[0][0]
+                grad_acc.register_hook(self._make_hook(p))
+                self._grad_accs.append(grad_acc)
+
+    def _make_hook(self, p):
+        def hook(*_):
+            if self._handles.get(p, (None, None))[0] is not None and self._delay[p] <= 0:
+                raise AssertionError(
+                    "gradients were computed more than backward_passes_per_step times before "
+                    "step(); raise backward_passes_per_step to accumulate gradients locally")
+            self._delay[p] -= 1
+            handle, ctx = None, None
+            if self._delay[p] == 0:
+                if self._groups is None:
+                    handle, ctx = self._allreduce_grad_async(p)
+                else:
+                    self._group_grad_ready(p)
+                    return
+            self._handles[p] = (handle, ctx)
+        return hook
+
+    def _scales(self):
+        if self._op == Average and self._predivide != 1.0:
+            return 1.0 / self._predivide, self._predivide
+        return 1.0, 1.0
+
+    def _grad_for_comm(self, p):
+        g = p.grad
+        if g.is_sparse:
+            if not self._sparse_as_dense:
+                raise ValueError(f"parameter {self._names[p]} has a sparse gradient; pass "
+                                 "sparse_as_dense=True to reduce it as a dense tensor")
+            p.grad = g = g.to_dense()
+        return g
+
+    def _allreduce_grad_async(self, p):
+        pre, post = self._scales()
+        compressed, ctx = self._compression.compress(self._grad_for_comm(p))
+        handle = allreduce_async_(compressed, name=self._names[p], op=self._op, prescale_factor=pre,
+                                  postscale_factor=post, process_set=self._process_set)
+        return handle, (compressed, ctx)
+
+    def _group_grad_ready(self, p):
+        gi = self._group_of[p]
+        ready = self._group_ready.setdefault(gi, [])
+        ready.append(p)
+        self._handles[p] = (None, None)
+        if len(ready) < len(self._groups[gi]):
+            return
+        members = self._groups[gi]
+        pre, post = self._scales()
+        pairs = [self._compression.compress(self._grad_for_comm(q)) for q in members]
+        handle = grouped_allreduce_async_([c for c, _ in pairs], name=self._names[members[0]] + ".group",
+                                          op=self._op, prescale_factor=pre, postscale_factor=post,
+                                          process_set=self._process_set)
+        for q, pair in zip(members, pairs):
+            self._handles[q] = (handle, pair)
+        del self._group_ready[gi]
+
+    def synchronize(self):
+        """Waits for every gradient allreduce and writes the results into p.grad."""
+        if _set_rank_and_size(self._process_set)[1] <= 1:
+            self._synchronized = True
+            return
+        # Parameters whose hook did not fire this step are reduced now, so that all
+        # ranks issue the same collectives.
+        for p in self._delay:
+            if p.requires_grad and p.grad is not None and p not in self._handles:
+                if self._groups is None:
+                    self._handles[p] = self._allreduce_grad_async(p)
+                else:
+                    self._group_grad_ready(p)
+        done = {}
+        for p, (handle, ctx) in list(self._handles.items()):
+            if handle is None:
+                continue
+            if handle not in done:
+                done[handle] = synchronize(handle)
+            compressed, cctx = ctx
+            if cctx is not None or compressed is not p.grad:
+                p.grad.copy_(self._compression.decompress(compressed, cctx))
+            self._delay[p] = self.backward_passes_per_step
+        pending = [self._names[p] for p, (h, _) in self._handles.items() if h is None]
+        self._handles.clear()
+        if pending:
+            raise AssertionError("gradients of a parameter group were not all ready: "
+                                 + ", ".join(pending[:5]))
+        self._synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Inside this block step() does not synchronize (call synchronize() yourself first)."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None):
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn("optimizer.step() called after optimizer.synchronize() without "
+                              "skip_synchronize(); gradients are reduced only once")
+            else:
+                self.synchronize()
+        self._synchronized = False
+        return super(self.__class__, self).step(closure)
+
+    def zero_grad(self, *args, **kwargs):
+        if self._handles:
+            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
+                                 "optimizer.step() or optimizer.synchronize(); that races with the "
+                                 "gradient allreduces")
+        return super(self.__class__, self).zero_grad(*args, **kwargs)
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
+                         backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
+                         num_groups=0, groups=None, sparse_as_dense=False,
+                         process_set=global_process_set):
+    """Wraps optimizer so that gradients are averaged across ranks before each step,
+    with allreduces started from gradient hooks while backward is still running."""
+    if op == Adasum:
+        raise NotImplementedError("Adasum is not supported by chorus yet; use op=Average or op=Sum")
+    if op not in (Average, Sum):
+        raise ValueError("DistributedOptimizer supports op=Average and op=Sum")
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor needs op=Average")
+    if num_groups and groups is not None:
+        raise ValueError("give num_groups or groups, not both")
+    if backward_passes_per_step < 1:
+        raise ValueError("backward_passes_per_step must be >= 1")
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+               dict(_DistributedOptimizer.__dict__))
+    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
+               gradient_predivide_factor, groups if groups is not None else num_groups,
+               sparse_as_dense, process_set)
