@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Newcomer command 1: install what is missing, build, and train on 2 local ranks.
+# Newcomer command 1: install what is missing, build, and train an MLP on the
+# handwritten digits with PyTorch on 2 local ranks (Debian's /usr/bin/python3 has torch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 bash scripts/build.sh
-./build/chorusrun -np 2 ./build/train_mlp
+PYTHONPATH=build/python ./build/chorusrun -np 2 /usr/bin/python3 examples/pytorch/digits.py

@@ -34,8 +34,8 @@ struct Rank {
   int status = 0;
 };
 
-void writeTagged(const Stream& s, const std::string& line) {
-  std::string out = "[" + std::to_string(s.rank) + "]" + (s.isErr ? "<stderr>:" : "<stdout>:") + line + "\n";
+void writeTagged(const Stream& s, const std::string& line, char end = '\n') {
+  std::string out = "[" + std::to_string(s.rank) + "]" + (s.isErr ? "<stderr>:" : "<stdout>:") + line + end;
   FILE* f = s.isErr ? stderr : stdout;
   std::fwrite(out.data(), 1, out.size(), f);
   std::fflush(f);
@@ -52,9 +52,10 @@ bool pump(Stream& s) {
     return false;
   }
   s.partial.append(buf, static_cast<size_t>(n));
+  // '\r' ends a segment too (progress bars redraw their line), and is kept.
   size_t pos;
-  while ((pos = s.partial.find('\n')) != std::string::npos) {
-    writeTagged(s, s.partial.substr(0, pos));
+  while ((pos = s.partial.find_first_of("\n\r")) != std::string::npos) {
+    writeTagged(s, s.partial.substr(0, pos), s.partial[pos]);
     s.partial.erase(0, pos + 1);
   }
   return true;

@@ -1,0 +1,38 @@
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUILD = os.environ.get("CHORUS_BUILD_DIR", os.path.join(REPO, "build"))
+WORKERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers")
+
+
+class Ranks:
+    """Runs a Python script on N ranks under chorusrun."""
+
+    def __call__(self, n, script, *args, env=None, timeout=240, keep_going=False):
+        full_env = dict(os.environ)
+        full_env["PYTHONPATH"] = os.path.join(BUILD, "python") + os.pathsep + full_env.get("PYTHONPATH", "")
+        full_env.setdefault("OMP_NUM_THREADS", "1")
+        if env:
+            full_env.update(env)
+        path = script if os.path.isabs(script) else os.path.join(WORKERS, script)
+        cmd = [os.path.join(BUILD, "chorusrun"), "-np", str(n)]
+        if keep_going:
+            cmd.append("--keep-going")
+        cmd += [sys.executable, path, *args]
+        proc = subprocess.run(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              timeout=timeout, text=True)
+        return proc
+
+
+@pytest.fixture
+def ranks():
+    return Ranks()
+
+
+def ok(proc):
+    assert proc.returncode == 0, proc.stdout
+    return proc.stdout

@@ -1,0 +1,62 @@
+"""chorus.torch under chorusrun: collectives, autograd, optimizer, helpers, errors."""
+import re
+
+import pytest
+
+from conftest import ok
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_collectives(ranks, n):
+    out = ok(ranks(n, "collectives.py"))
+    assert out.count("collectives ok") == n
+
+
+def test_autograd(ranks):
+    out = ok(ranks(3, "autograd.py"))
+    assert out.count("autograd ok") == 3
+
+
+def test_distributed_optimizer(ranks):
+    out = ok(ranks(2, "optimizer.py"))
+    assert out.count("optimizer ok") == 2
+
+
+def test_broadcast_helpers(ranks):
+    out = ok(ranks(3, "helpers.py"))
+    assert out.count("helpers ok") == 3
+
+
+def test_mismatch_names_the_tensor(ranks):
+    out = ok(ranks(3, "errors.py"))
+    assert out.count("mismatch ok") == 3
+
+
+def test_peer_failure_raises_horovod_internal_error(ranks):
+    proc = ranks(3, "peer_failure.py", env={"CHORUS_TIMEOUT_SECONDS": "10"}, keep_going=True)
+    assert "rank 1 was killed by signal 9" in proc.stdout, proc.stdout
+    assert proc.stdout.count("HorovodInternalError caught") == 2, proc.stdout
+
+
+def test_join_returns_last_rank(ranks):
+    out = ok(ranks(3, "join.py"))
+    assert out.count("join ok") == 3
+
+
+def test_digits_main_job(ranks, tmp_path):
+    import os
+    from conftest import REPO
+    proc = ranks(2, os.path.join(REPO, "examples", "pytorch", "digits.py"),
+                 "--checkpoint-dir", str(tmp_path))
+    out = ok(proc)
+    acc = float(re.search(r"test accuracy ([0-9.]+)", out).group(1))
+    assert acc > 0.95, out
+    assert (tmp_path / "digits.pt").exists()
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".digits")]  # no temp files left
+
+
+@pytest.mark.parametrize("script,n", [("seed_static.py", 6), ("seed_dynamic.py", 8),
+                                      ("seed_transformer.py", 8)])
+def test_seed_examples(ranks, script, n):
+    out = ok(ranks(n, script))
+    assert out.count("ok") >= n, out

@@ -1,0 +1,51 @@
+"""Gradients through the collectives, as Horovod defines them."""
+import torch
+
+import chorus.torch as hvd
+
+hvd.init()
+r, n = hvd.rank(), hvd.size()
+W = [torch.arange(6, dtype=torch.float64).reshape(3, 2) * (k + 1) for k in range(n)]  # per-rank loss weights
+
+# allreduce Sum: d(sum_k loss_k)/dx_r = c_r * sum_k W_k
+x = torch.ones(3, 2, dtype=torch.float64, requires_grad=True)
+c = float(r + 1)
+(hvd.allreduce(x * c, op=hvd.Sum, name="g.ar") * W[r]).sum().backward()
+assert torch.allclose(x.grad, c * sum(W)), x.grad
+
+x = torch.ones(3, 2, dtype=torch.float64, requires_grad=True)
+(hvd.allreduce(x * c, op=hvd.Average, name="g.avg") * W[r]).sum().backward()
+assert torch.allclose(x.grad, c * sum(W) / n), x.grad
+
+# allgather: gradients averaged across ranks, then this rank's rows.
+x = torch.ones(r + 1, 2, dtype=torch.float64, requires_grad=True)
+rows = sum(k + 1 for k in range(n))
+Wg = [torch.arange(rows * 2, dtype=torch.float64).reshape(rows, 2) * (k + 1) for k in range(n)]
+(hvd.allgather(x, name="g.ag") * Wg[r]).sum().backward()
+start = sum(k + 1 for k in range(r))
+assert torch.allclose(x.grad, (sum(Wg) / n)[start:start + r + 1]), x.grad
+
+# broadcast: the root gets the averaged gradient, the others zero.
+x = torch.ones(3, 2, dtype=torch.float64, requires_grad=True)
+(hvd.broadcast(x, root_rank=1, name="g.bc") * W[r]).sum().backward()
+assert torch.allclose(x.grad, sum(W) / n if r == 1 else torch.zeros(3, 2, dtype=torch.float64)), x.grad
+
+# alltoall: the gradient of the rows sent to rank k is what rank k's loss puts on them.
+splits = [1] * n
+x = torch.ones(n, 2, dtype=torch.float64, requires_grad=True)
+out, received = hvd.alltoall(x, splits=splits, name="g.a2a")
+Wa = [torch.arange(n * 2, dtype=torch.float64).reshape(n, 2) + 100 * k for k in range(n)]
+(out * Wa[r]).sum().backward()
+expect = torch.stack([Wa[k][r] for k in range(n)])
+assert torch.allclose(x.grad, expect), x.grad
+
+# reducescatter Sum: rank r's block of x_k feeds rank r's loss.
+rows = n + 1
+x = torch.ones(rows, 2, dtype=torch.float64, requires_grad=True)
+counts = [rows // n + (1 if k < rows % n else 0) for k in range(n)]
+Wr = [torch.full((counts[k], 2), float(k + 1), dtype=torch.float64) for k in range(n)]
+(hvd.reducescatter(x, op=hvd.Sum, name="g.rs") * Wr[r]).sum().backward()
+assert torch.allclose(x.grad, torch.cat(Wr)), x.grad
+
+hvd.shutdown()
+print(f"rank {r}: autograd ok")

@@ -1,0 +1,23 @@
+"""A mismatch is an error on every rank naming the tensor, and the runtime goes on."""
+import torch
+
+import chorus.torch as hvd
+
+hvd.init()
+r = hvd.rank()
+t = torch.ones(4, dtype=torch.float64 if r == 1 else torch.float32)
+try:
+    hvd.allreduce(t, name="layer3.weight.grad")
+    raise SystemExit("no mismatch error")
+except hvd.HorovodInternalError as e:
+    msg = str(e)
+    assert isinstance(e, hvd.MismatchError)
+    assert "layer3.weight.grad" in msg and "float64 on ranks [1]" in msg, msg
+assert hvd.allreduce(torch.ones(2), op=hvd.Sum, name="after").tolist() == [3.0, 3.0]
+try:
+    hvd.ProcessSet([0, 1]).included()
+    raise SystemExit("unregistered set accepted")
+except ValueError:
+    pass
+hvd.shutdown()
+print(f"rank {r}: mismatch ok")
