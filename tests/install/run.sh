@@ -7,4 +7,4 @@ trap 'rm -rf "$tmp"' EXIT
 cmake --install "$build" --prefix "$tmp/prefix" >/dev/null
 cmake -S "$src/tests/install" -B "$tmp/consumer" -DCMAKE_PREFIX_PATH="$tmp/prefix" >/dev/null
 cmake --build "$tmp/consumer" >/dev/null
-LD_LIBRARY_PATH="$tmp/prefix/lib" "$tmp/prefix/bin/chorusrun" -np 2 "$tmp/consumer/consumer"
+"$tmp/prefix/bin/chorusrun" -np 2 "$tmp/consumer/consumer"
