@@ -1,0 +1,173 @@
+#include <numeric>
+
+#include "chorus/torch.h"
+
+namespace chorus::torch_api {
+
+namespace {
+
+Tensor viewOf(const torch::Tensor& t) {
+  Shape shape(t.sizes().begin(), t.sizes().end());
+  return Tensor{t.data_ptr(), toChorus(t.scalar_type()), shape};
+}
+
+// A contiguous CPU tensor with t's data (t itself when it already is one).
+torch::Tensor staged(const torch::Tensor& t) {
+  torch::Tensor s = t.detach();
+  if (!s.device().is_cpu()) s = s.cpu();
+  return s.contiguous();
+}
+
+// Copies an output chorus allocated into a torch tensor on `like`'s device.
+torch::Tensor fromOutput(const Tensor& out, const torch::Tensor& like) {
+  auto result = torch::empty(out.shape, like.options().device(torch::kCPU));
+  if (out.bytes()) std::memcpy(result.data_ptr(), out.data, out.bytes());
+  return like.device().is_cpu() ? result : result.to(like.device());
+}
+
+// Outputs whose size is known only after negotiation are allocated as torch tensors.
+Allocator torchAllocator(const torch::Tensor& like, torch::Tensor* slot) {
+  return [like, slot](const Shape& shape, DataType) -> void* {
+    *slot = torch::empty(shape, like.options().device(torch::kCPU));
+    return slot->data_ptr();
+  };
+}
+
+torch::Tensor onDevice(const torch::Tensor& cpu, const torch::Tensor& like) {
+  return like.device().is_cpu() ? cpu : cpu.to(like.device());
+}
+
+}  // namespace
+
+DataType toChorus(c10::ScalarType t) {
+  switch (t) {
+    case torch::kUInt8: return DataType::kUInt8;
+    case torch::kInt8: return DataType::kInt8;
+    case torch::kInt32: return DataType::kInt32;
+    case torch::kInt64: return DataType::kInt64;
+    case torch::kFloat16: return DataType::kFloat16;
+    case torch::kBFloat16: return DataType::kBFloat16;
+    case torch::kFloat32: return DataType::kFloat32;
+    case torch::kFloat64: return DataType::kFloat64;
+    case torch::kBool: return DataType::kBool;
+    default:
+      throw InvalidArgument(std::string("dtype ") + c10::toString(t) + " is not supported by chorus");
+  }
+}
+
+torch::Tensor allreduce(const torch::Tensor& t, const AllreduceOptions& opts) {
+  torch::Tensor in = staged(t);
+  torch::Tensor out = torch::empty_like(in);
+  defaultRuntime().allreduce(viewOf(in), viewOf(out), opts);
+  return onDevice(out, t);
+}
+
+void allreduce_(torch::Tensor& t, const AllreduceOptions& opts) {
+  torch::Tensor s = staged(t);
+  defaultRuntime().allreduce(viewOf(s), viewOf(s), opts);
+  if (!s.is_same(t)) t.copy_(s);
+}
+
+std::vector<torch::Tensor> groupedAllreduce(const std::vector<torch::Tensor>& ts, const AllreduceOptions& opts) {
+  std::vector<torch::Tensor> ins, outs;
+  std::vector<Tensor> vin, vout;
+  for (const auto& t : ts) {
+    ins.push_back(staged(t));
+    outs.push_back(torch::empty_like(ins.back()));
+    vin.push_back(viewOf(ins.back()));
+    vout.push_back(viewOf(outs.back()));
+  }
+  defaultRuntime().groupedAllreduceAsync(vin, vout, opts).wait();
+  for (size_t i = 0; i < ts.size(); ++i) outs[i] = onDevice(outs[i], ts[i]);
+  return outs;
+}
+
+torch::Tensor allgather(const torch::Tensor& t, const OpOptions& opts) {
+  torch::Tensor in = staged(t), out;
+  defaultRuntime().allgather(viewOf(in), opts, torchAllocator(in, &out));
+  return onDevice(out, t);
+}
+
+torch::Tensor broadcast(const torch::Tensor& t, int rootRank, const OpOptions& opts) {
+  torch::Tensor in = staged(t);
+  torch::Tensor out = torch::empty_like(in);
+  defaultRuntime().broadcastAsync(viewOf(in), viewOf(out), rootRank, opts).wait();
+  return onDevice(out, t);
+}
+
+void broadcast_(torch::Tensor& t, int rootRank, const OpOptions& opts) {
+  torch::Tensor s = staged(t);
+  defaultRuntime().broadcast(viewOf(s), rootRank, opts);
+  if (!s.is_same(t)) t.copy_(s);
+}
+
+std::pair<torch::Tensor, std::vector<int64_t>> alltoall(const torch::Tensor& t, const std::vector<int64_t>& splits,
+                                                        const OpOptions& opts) {
+  torch::Tensor in = staged(t), out;
+  Work w = defaultRuntime().alltoall(viewOf(in), splits, opts, torchAllocator(in, &out));
+  return {onDevice(out, t), w.receivedSplits()};
+}
+
+torch::Tensor reducescatter(const torch::Tensor& t, const ReducescatterOptions& opts) {
+  torch::Tensor in = staged(t), out;
+  defaultRuntime().reducescatter(viewOf(in), opts, torchAllocator(in, &out));
+  return onDevice(out, t);
+}
+
+void broadcastParameters(const std::vector<std::pair<std::string, torch::Tensor>>& named, int rootRank) {
+  torch::NoGradGuard noGrad;
+  std::vector<Work> works;
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> copyBack;
+  for (const auto& [name, p] : named) {
+    torch::Tensor s = staged(p);
+    OpOptions o;
+    o.name = "broadcast.parameter." + name;
+    works.push_back(defaultRuntime().broadcastAsync(viewOf(s), viewOf(s), rootRank, o));
+    copyBack.emplace_back(p, s);
+  }
+  for (auto& w : works) w.wait();
+  for (auto& [p, s] : copyBack)
+    if (!s.is_same(p)) p.copy_(s);
+}
+
+DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::optim::Optimizer> inner,
+                                           std::vector<std::pair<std::string, torch::Tensor>> namedParameters,
+                                           ReduceOp op, int32_t processSet)
+    : inner_(std::move(inner)), params_(std::move(namedParameters)), op_(op), processSet_(processSet) {
+  if (op != ReduceOp::kAverage && op != ReduceOp::kSum)
+    throw InvalidArgument("DistributedOptimizer supports Average and Sum");
+}
+
+void DistributedOptimizer::synchronize() {
+  torch::NoGradGuard noGrad;
+  std::vector<Tensor> views;
+  std::vector<torch::Tensor> grads;
+  for (auto& [name, p] : params_) {
+    if (!p.grad().defined()) continue;
+    torch::Tensor g = staged(p.grad());
+    grads.push_back(g);
+    views.push_back(viewOf(g));
+  }
+  AllreduceOptions o;
+  o.op = op_;
+  o.name = "distributed_optimizer.grads";
+  o.processSet = processSet_;
+  if (!views.empty()) defaultRuntime().groupedAllreduceAsync(views, views, o).wait();
+  size_t i = 0;
+  for (auto& [name, p] : params_) {
+    if (!p.grad().defined()) continue;
+    if (!grads[i].is_same(p.grad())) p.mutable_grad().copy_(grads[i]);
+    ++i;
+  }
+  synchronized_ = true;
+}
+
+torch::Tensor DistributedOptimizer::step(torch::optim::Optimizer::LossClosure closure) {
+  if (!synchronized_) synchronize();
+  synchronized_ = false;
+  return inner_->step(std::move(closure));
+}
+
+void DistributedOptimizer::zero_grad() { inner_->zero_grad(); }
+
+}  // namespace chorus::torch_api
