@@ -1,5 +1,4 @@
 """Broadcasting model and optimizer state, and Python objects, from one rank."""
-import io
 import pickle
 
 import torch
@@ -32,17 +31,17 @@ def broadcast_parameters(params, root_rank, process_set=global_process_set):
 
 
 def _dumps(obj):
-    buf = io.BytesIO()
-    torch.save(obj, buf, pickle_protocol=pickle.HIGHEST_PROTOCOL)
-    return buf.getvalue()
+    # Plain pickle (tensors pickle natively): torch.load's weights_only default in
+    # torch >= 2.6 would refuse arbitrary objects.
+    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _loads(data):
-    return torch.load(io.BytesIO(data))
+    return pickle.loads(data)
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
-    """Returns root_rank's obj on every rank (serialized with torch.save)."""
+    """Returns root_rank's obj on every rank (serialized with pickle)."""
     name = name or type(obj).__name__
     if rank() == root_rank:
         payload = torch.frombuffer(bytearray(_dumps(obj)), dtype=torch.uint8)
