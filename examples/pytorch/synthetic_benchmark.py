@@ -1,8 +1,8 @@
 """Synthetic training throughput, in the manner of Horovod's pytorch_synthetic_benchmark.py.
 
-In one run it measures chorus (DistributedOptimizer) and then the same model under
-torch.nn.parallel.DistributedDataParallel (gloo) on the same ranks, and prints both
-and their ratio:
+In one run it measures chorus (DistributedOptimizer) and the same model under
+torch.nn.parallel.DistributedDataParallel (gloo) on the same ranks, alternating
+iterations between them, and prints both and their ratio:
 
     chorusrun -np 2 python3 examples/pytorch/synthetic_benchmark.py --model mlp
     chorusrun -np 2 python3 examples/pytorch/synthetic_benchmark.py --model convnet --json out.json
@@ -73,19 +73,7 @@ def make_model(name):
         raise SystemExit(f"unknown model {name!r} (mlp, convnet, or a torchvision model if installed)")
 
 
-def measure(step, args, log):
-    for _ in range(args.num_warmup_batches):
-        step()
-    rates = []
-    for i in range(args.num_iters):
-        t = timeit.timeit(step, number=args.num_batches_per_iter)
-        rate = args.batch_size * args.num_batches_per_iter / t
-        rates.append(rate)
-        log(f"Iter #{i}: {rate:.1f} img/sec per rank")
-    return np.mean(rates), 1.96 * np.std(rates)
-
-
-def run_chorus(args, data, target, log):
+def chorus_step(args, data, target):
     torch.manual_seed(0)
     model = make_model(args.model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size())
@@ -99,10 +87,10 @@ def run_chorus(args, data, target, log):
         optimizer.zero_grad()
         F.cross_entropy(model(data), target).backward()
         optimizer.step()
-    return measure(step, args, log)
+    return step
 
 
-def run_ddp(args, data, target, log):
+def ddp_step(args, data, target):
     # Rank 0 picks a free port; chorus carries it to the others.
     port = None
     if hvd.rank() == 0:
@@ -120,10 +108,24 @@ def run_ddp(args, data, target, log):
         optimizer.zero_grad()
         F.cross_entropy(model(data), target).backward()
         optimizer.step()
-    try:
-        return measure(step, args, log)
-    finally:
-        dist.destroy_process_group()
+    return step
+
+
+def measure(steps, args, log):
+    """Alternates the frameworks iteration by iteration, so that drift in the
+    machine's speed affects both alike."""
+    for step in steps.values():
+        for _ in range(args.num_warmup_batches):
+            step()
+    rates = {name: [] for name in steps}
+    for i in range(args.num_iters):
+        for name, step in steps.items():
+            hvd.barrier() if name == "chorus" else dist.barrier()
+            t = timeit.timeit(step, number=args.num_batches_per_iter)
+            rates[name].append(args.batch_size * args.num_batches_per_iter / t)
+        log(f"Iter #{i}: " + ", ".join(f"{n} {r[-1]:.1f}" for n, r in rates.items()) +
+            " img/sec per rank")
+    return {name: (np.mean(r), 1.96 * np.std(r)) for name, r in rates.items()}
 
 
 def main():
@@ -148,12 +150,12 @@ def main():
     target = torch.randint(0, 10, (args.batch_size,))
     log(f"Model: {args.model}, batch size: {args.batch_size}, ranks: {hvd.size()}")
 
+    steps = {"chorus": chorus_step(args, data, target)}
+    if not args.skip_ddp:
+        steps["ddp"] = ddp_step(args, data, target)
+    measured = measure(steps, args, log)
     results = []
-    for name, runner in [("chorus", run_chorus), ("ddp", run_ddp)]:
-        if name == "ddp" and args.skip_ddp:
-            continue
-        log(f"--- {name} ---")
-        mean, ci = runner(args, data, target, log)
+    for name, (mean, ci) in measured.items():
         total, total_ci = hvd.size() * mean, hvd.size() * ci
         log(f"{name}: img/sec per rank: {mean:.1f} +-{ci:.1f}; total on {hvd.size()} ranks: "
             f"{total:.1f} +-{total_ci:.1f}")
@@ -161,6 +163,8 @@ def main():
                         "batch_size": args.batch_size, "img_per_sec_total": total, "ci": total_ci})
     if len(results) == 2:
         log(f"ratio chorus / ddp: {results[0]['img_per_sec_total'] / results[1]['img_per_sec_total']:.3f}")
+    if "ddp" in steps:
+        dist.destroy_process_group()
     if args.json and hvd.rank() == 0:
         tmp = args.json + ".tmp"
         with open(tmp, "w") as f:

@@ -105,9 +105,13 @@ void Controller::loop() {
       failAll(std::current_exception());
       return;
     }
+    // After an idle cycle a new request starts the next one at once (low latency);
+    // after a busy one the cycle time passes first, so that requests arriving in a
+    // burst (a backward pass) are fused into few collectives.
     std::unique_lock<std::mutex> lock(mu_);
-    wake_.wait_until(lock, start + cycleTime,
-                     [&] { return !incoming_.empty() || shutdownRequested_.load(); });
+    wake_.wait_until(lock, start + cycleTime, [&] {
+      return shutdownRequested_.load() || (!lastCycleBusy_ && !incoming_.empty());
+    });
   }
 }
 
@@ -249,6 +253,7 @@ void Controller::cycle() {
   std::stable_sort(ready.begin(), ready.end(),
                    [](const Response& a, const Response& b) { return a.priority > b.priority; });
   executor_.execute(ready, entries_);
+  lastCycleBusy_ = !ready.empty() || total > 0;
   ++cycles_;
 
   if (stallCheck && now - lastStallCheck_ > std::chrono::seconds(1)) {

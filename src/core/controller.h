@@ -70,6 +70,7 @@ class Controller {
   std::map<int, std::string> cachedPending_;  // cache position -> name
   std::vector<Request> resend_;               // cached requests invalidated last cycle
   bool stallShutdown_ = false;
+  bool lastCycleBusy_ = false;
   std::map<std::string, bool> warned_;
   std::chrono::steady_clock::time_point lastStallCheck_;
 };

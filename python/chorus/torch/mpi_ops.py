@@ -56,13 +56,19 @@ def _resolve_op(op, average, where):
 
 
 def _stage(tensor):
-    """A contiguous CPU tensor holding tensor's data (tensor itself when it is one)."""
+    """A contiguous CPU tensor holding tensor's data (a view of tensor when it is one)."""
     t = tensor.detach()
     if t.device.type != "cpu":
         t = t.cpu()
     if not t.is_contiguous():
         t = t.contiguous()
     return t
+
+
+def _is_copy(staged, tensor):
+    """Whether _stage had to copy, so results must be copied back."""
+    return tensor.device.type != "cpu" or staged.data_ptr() != tensor.data_ptr() or \
+        not tensor.is_contiguous()
 
 
 class _Handle:
@@ -145,7 +151,7 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postsc
         results = []
         for t, s, o in zip(tensors, staged, outs):
             if copy_back:
-                if s is not t:
+                if _is_copy(s, t):
                     t.data.copy_(s)
                 results.append(t)
             else:
@@ -321,7 +327,7 @@ def _broadcast_async(tensor, root_rank, name, process_set, priority, inplace):
 
     def finish():
         if inplace:
-            if staged is not tensor:
+            if _is_copy(staged, tensor):
                 tensor.data.copy_(staged)
             return tensor
         return out.to(tensor.device) if tensor.device.type != "cpu" else out
