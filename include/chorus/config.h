@@ -26,6 +26,12 @@ struct Config {
   std::string bindAddress = "127.0.0.1";  // address the data transport listens on
   std::string iface;                      // network interface (overrides bindAddress)
 
+  // Data path between ranks: "auto" (shared memory when every rank of a set is on
+  // one host, TCP otherwise), "shm", or "tcp" (Gloo; "gloo" is accepted too).
+  std::string cpuOperations = "auto";
+  int64_t shmSlotBytes = 1 << 20;  // bytes per rank per round of a shared-memory collective
+  std::string jobId;               // names shared-memory segments so chorusrun can clean them up
+
   int64_t fusionThresholdBytes = 128ll << 20;
   double cycleTimeMs = 1.0;
   int cacheCapacity = 1024;

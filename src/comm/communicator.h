@@ -37,6 +37,9 @@ class Communicator {
 };
 
 struct CommOptions {
+  std::string cpuOperations = "auto";
+  int64_t shmSlotBytes = 1 << 20;
+  std::string jobId = "nojob";
   std::string bindAddress;
   std::string iface;
   double timeoutSeconds = 30;
@@ -47,6 +50,12 @@ struct CommOptions {
 // same storePrefix; rank/size are within the group.
 class TransportDevice;
 std::shared_ptr<TransportDevice> makeTransportDevice(const CommOptions& opts);
+// Picks the data path for a group from its members' host names and the
+// cpuOperations setting: shared memory when all share one host, else TCP.
+std::unique_ptr<Communicator> makeCommunicator(const std::shared_ptr<TransportDevice>& device, Store& store,
+                                               const std::string& storePrefix, int rank,
+                                               const std::vector<std::string>& memberHosts,
+                                               const CommOptions& opts);
 std::unique_ptr<Communicator> makeTcpCommunicator(const std::shared_ptr<TransportDevice>& device,
                                                   Store& store, const std::string& storePrefix,
                                                   int rank, int size, const CommOptions& opts);

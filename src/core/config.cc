@@ -29,6 +29,11 @@ const std::vector<SettingInfo>& settingsTable() {
        "Job secret; the store refuses requests without it."},
       {"CHORUS_BIND_ADDR", "", "127.0.0.1", "Address the TCP data transport listens on."},
       {"CHORUS_IFACE", "HOROVOD_GLOO_IFACE", "", "Network interface for the TCP data transport."},
+      {"CHORUS_CPU_OPERATIONS", "HOROVOD_CPU_OPERATIONS", "auto",
+       "Data path: auto (shared memory within a host, TCP across hosts), shm, or tcp (Gloo)."},
+      {"CHORUS_SHM_SLOT_BYTES", "", "1048576",
+       "Bytes each rank moves per round of a shared-memory collective."},
+      {"CHORUS_JOB_ID", "", "(set by chorusrun)", "Job identity; names shared-memory segments."},
       {"CHORUS_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD", "134217728",
        "Bytes of the fusion buffer; 0 disables tensor fusion."},
       {"CHORUS_CYCLE_TIME", "HOROVOD_CYCLE_TIME", "1", "Milliseconds between negotiation cycles."},
@@ -120,6 +125,15 @@ void Config::applyEnv() {
   }
   if (readSetting("CHORUS_BIND_ADDR", &v)) bindAddress = v;
   if (readSetting("CHORUS_IFACE", &v)) iface = v;
+  if (readSetting("CHORUS_CPU_OPERATIONS", &v)) cpuOperations = v;
+  if (cpuOperations == "gloo") cpuOperations = "tcp";
+  if (cpuOperations != "auto" && cpuOperations != "shm" && cpuOperations != "tcp") {
+    throw InvalidArgument("CHORUS_CPU_OPERATIONS='" + cpuOperations + "' is not one of auto, shm, tcp, gloo");
+  }
+  readNumber("CHORUS_SHM_SLOT_BYTES", &shmSlotBytes);
+  if (shmSlotBytes < 4096) throw InvalidArgument("CHORUS_SHM_SLOT_BYTES must be at least 4096");
+  if (jobId.empty() && readSetting("CHORUS_JOB_ID", &v)) jobId = v;
+  if (jobId.empty()) jobId = "nojob";
   readNumber("CHORUS_FUSION_THRESHOLD", &fusionThresholdBytes);
   readNumber("CHORUS_CYCLE_TIME", &cycleTimeMs);
   readNumber("CHORUS_CACHE_CAPACITY", &cacheCapacity);

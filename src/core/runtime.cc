@@ -26,6 +26,9 @@ std::chrono::milliseconds ms(double seconds) {
 
 CommOptions RuntimeImpl::commOptions() const {
   CommOptions o;
+  o.cpuOperations = config.cpuOperations;
+  o.shmSlotBytes = config.shmSlotBytes;
+  o.jobId = config.jobId;
   o.bindAddress = config.bindAddress;
   o.iface = config.iface;
   o.timeoutSeconds = config.timeoutSeconds;
@@ -71,8 +74,9 @@ void RuntimeImpl::init(Config cfg) {
   try {
     std::vector<int> all(size);
     for (int i = 0; i < size; ++i) all[i] = i;
-    auto global = makeTcpCommunicator(device, *store, prefix + "ps0/", rank, size, commOptions());
-    computeTopology(*global);
+    exchangeHosts();
+    computeTopology();
+    auto global = makeCommunicator(device, *store, prefix + "ps0/", rank, hosts, commOptions());
     checkStaticSetsAgree(*global);
     ProcessSet globalSet(kGlobalProcessSetId, all, rank);
     auto gc = std::make_shared<Controller>(kGlobalProcessSetId, all, rank, std::move(global), config);
@@ -97,28 +101,25 @@ void RuntimeImpl::init(Config cfg) {
 
 std::shared_ptr<Controller> RuntimeImpl::makeController(const ProcessSet& ps) {
   if (!ps.included()) return nullptr;
-  auto comm = makeTcpCommunicator(device, *store, prefix + "ps" + std::to_string(ps.id()) + "/",
-                                  ps.rank(), ps.size(), commOptions());
+  std::vector<std::string> memberHosts;
+  for (int r : ps.ranks()) memberHosts.push_back(hosts[r]);
+  auto comm = makeCommunicator(device, *store, prefix + "ps" + std::to_string(ps.id()) + "/", ps.rank(),
+                               memberHosts, commOptions());
   return std::make_shared<Controller>(ps.id(), ps.ranks(), rank, std::move(comm), config);
 }
 
-void RuntimeImpl::computeTopology(Communicator& global) {
-  // Every rank learns every rank's host name; local ranks share one.
-  std::string host = config.hostname;
-  std::vector<size_t> lens(size, 0);
-  std::vector<uint64_t> lenWords(size, 0);
-  lenWords[rank] = host.size();
-  global.allreduceBitsOr(lenWords.data(), size);
-  size_t total = 0;
-  for (int r = 0; r < size; ++r) total += lens[r] = static_cast<size_t>(lenWords[r]);
-  std::vector<char> names(std::max<size_t>(total, 1));
-  global.allgatherv(host.data(), names.data(), lens);
-  std::vector<std::string> hosts(size);
-  size_t off = 0;
+void RuntimeImpl::exchangeHosts() {
+  // Through the store, before any communicator exists: the host names decide the data path.
+  store->set(prefix + "host/" + std::to_string(rank), std::vector<char>(config.hostname.begin(), config.hostname.end()));
+  hosts.assign(size, "");
   for (int r = 0; r < size; ++r) {
-    hosts[r].assign(names.data() + off, lens[r]);
-    off += lens[r];
+    auto v = store->get(prefix + "host/" + std::to_string(r), ms(config.startTimeoutSeconds));
+    hosts[r].assign(v.begin(), v.end());
   }
+}
+
+void RuntimeImpl::computeTopology() {
+  const std::string& host = config.hostname;
   std::vector<std::string> order;  // hosts in order of their first rank
   std::map<std::string, std::vector<int>> byHost;
   for (int r = 0; r < size; ++r) {

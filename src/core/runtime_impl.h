@@ -34,10 +34,12 @@ class RuntimeImpl {
   std::shared_ptr<Store> store;
   std::string prefix;  // store key prefix of this init generation
   std::shared_ptr<TransportDevice> device;
+  std::vector<std::string> hosts;  // host name of every global rank
   ProcessSetTable sets;
 
  private:
-  void computeTopology(Communicator& global);
+  void exchangeHosts();
+  void computeTopology();
   void checkStaticSetsAgree(Communicator& global);
   std::shared_ptr<Controller> makeController(const ProcessSet& ps);
   // Every rank states `what`; throws on every rank if any two differ.

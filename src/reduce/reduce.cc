@@ -72,7 +72,73 @@ void scaleHalf(uint16_t* dst, const uint16_t* src, size_t n, double factor) {
   for (size_t i = 0; i < n; ++i) dst[i] = FromF(ToF(src[i]) * f);
 }
 
+template <typename T, typename Acc, Acc (*Load)(T), T (*Store)(Acc)>
+void reduceManyTyped(ReduceOp op, T* out, const void* const* inputs, int n, size_t count) {
+  constexpr size_t kBlock = 1024;
+  Acc acc[kBlock];
+  for (size_t base = 0; base < count; base += kBlock) {
+    const size_t m = std::min(kBlock, count - base);
+    const T* first = static_cast<const T*>(inputs[0]) + base;
+    for (size_t i = 0; i < m; ++i) acc[i] = Load(first[i]);
+    for (int j = 1; j < n; ++j) {
+      const T* in = static_cast<const T*>(inputs[j]) + base;
+      switch (op) {
+        case ReduceOp::kSum:
+        case ReduceOp::kAverage:
+          for (size_t i = 0; i < m; ++i) acc[i] += Load(in[i]);
+          break;
+        case ReduceOp::kMin:
+          for (size_t i = 0; i < m; ++i) acc[i] = std::min(acc[i], Load(in[i]));
+          break;
+        case ReduceOp::kMax:
+          for (size_t i = 0; i < m; ++i) acc[i] = std::max(acc[i], Load(in[i]));
+          break;
+        case ReduceOp::kProduct:
+          for (size_t i = 0; i < m; ++i) acc[i] *= Load(in[i]);
+          break;
+      }
+    }
+    for (size_t i = 0; i < m; ++i) out[base + i] = Store(acc[i]);
+  }
+}
+
+template <typename T>
+T same(T v) {
+  return v;
+}
+float loadHalf(uint16_t v) { return halfToFloat(v); }
+uint16_t storeHalf(float v) { return floatToHalf(v); }
+float loadBf16(uint16_t v) { return bf16ToFloat(v); }
+uint16_t storeBf16(float v) { return floatToBf16(v); }
+
 }  // namespace
+
+void reduceMany(DataType dtype, ReduceOp op, void* out, const void* const* inputs, int n, size_t count) {
+  switch (dtype) {
+    case DataType::kUInt8:
+      return reduceManyTyped<uint8_t, uint8_t, same, same>(op, static_cast<uint8_t*>(out), inputs, n, count);
+    case DataType::kInt8:
+      return reduceManyTyped<int8_t, int8_t, same, same>(op, static_cast<int8_t*>(out), inputs, n, count);
+    case DataType::kInt32:
+      return reduceManyTyped<int32_t, int32_t, same, same>(op, static_cast<int32_t*>(out), inputs, n, count);
+    case DataType::kInt64:
+      return reduceManyTyped<int64_t, int64_t, same, same>(op, static_cast<int64_t*>(out), inputs, n, count);
+    case DataType::kFloat32:
+      return reduceManyTyped<float, float, same, same>(op, static_cast<float*>(out), inputs, n, count);
+    case DataType::kFloat64:
+      return reduceManyTyped<double, double, same, same>(op, static_cast<double*>(out), inputs, n, count);
+    case DataType::kFloat16:
+      return reduceManyTyped<uint16_t, float, loadHalf, storeHalf>(op, static_cast<uint16_t*>(out), inputs, n, count);
+    case DataType::kBFloat16:
+      return reduceManyTyped<uint16_t, float, loadBf16, storeBf16>(op, static_cast<uint16_t*>(out), inputs, n, count);
+    case DataType::kBool: {
+      // For 0/1 values, or is max and and is min.
+      const bool isOr = op == ReduceOp::kSum || op == ReduceOp::kAverage || op == ReduceOp::kMax;
+      return reduceManyTyped<uint8_t, uint8_t, same, same>(isOr ? ReduceOp::kMax : ReduceOp::kMin,
+                                                           static_cast<uint8_t*>(out), inputs, n, count);
+    }
+  }
+}
 
 void reduceBuffers(DataType dtype, ReduceOp op, void* out, const void* a, const void* b, size_t n) {
   switch (dtype) {

@@ -10,6 +10,11 @@ namespace chorus {
 // out[i] = a[i] op b[i]; out may alias a or b. Average reduces as Sum (scaled later).
 void reduceBuffers(DataType dtype, ReduceOp op, void* out, const void* a, const void* b, size_t n);
 
+// out[i] = inputs[0][i] op inputs[1][i] op ... (in that order, so that every rank
+// computing the same element gets the same bits). out may alias an input.
+// float16/bfloat16 accumulate in float32 and round once.
+void reduceMany(DataType dtype, ReduceOp op, void* out, const void* const* inputs, int n, size_t count);
+
 // buf[i] *= factor. Integers are scaled in double and truncated toward zero.
 void scaleBuffer(DataType dtype, void* buf, size_t n, double factor);
 

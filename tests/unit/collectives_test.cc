@@ -11,7 +11,15 @@
 namespace chorus::testing {
 namespace {
 
-class Collectives : public ::testing::TestWithParam<int> {};
+// Parameters: number of ranks, and the data path ("shm" or "tcp").
+class Collectives : public ::testing::TestWithParam<std::tuple<int, std::string>> {
+ protected:
+  int ranks() const { return std::get<0>(GetParam()); }
+  ConfigTweak transport() const {
+    std::string t = std::get<1>(GetParam());
+    return [t](Config& c) { c.cpuOperations = t; };
+  }
+};
 
 double reference(ReduceOp op, DataType dtype, int n, int64_t i) {
   if (dtype == DataType::kBool) {
@@ -47,7 +55,7 @@ const std::vector<ReduceOp> kOps = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp
 const std::vector<int64_t> kCounts = {0, 1, 7, 1031};
 
 TEST_P(Collectives, AllreduceEveryDtypeOpAndSize) {
-  const int n = GetParam();
+  const int n = ranks();
   runRanksOk(n, [&](RankContext& c) {
     for (DataType dt : kAllDtypes) {
       for (ReduceOp op : kOps) {
@@ -75,11 +83,11 @@ TEST_P(Collectives, AllreduceEveryDtypeOpAndSize) {
         }
       }
     }
-  });
+  }, transport());
 }
 
 TEST_P(Collectives, AllreduceLargeInPlaceWithScaling) {
-  const int n = GetParam();
+  const int n = ranks();
   runRanksOk(n, [&](RankContext& c) {
     const int64_t count = 300001;  // several transport segments, odd
     HostBuffer buf(DataType::kFloat32, {count});
@@ -93,11 +101,11 @@ TEST_P(Collectives, AllreduceLargeInPlaceWithScaling) {
       double want = reference(ReduceOp::kSum, DataType::kFloat32, n, i) * 1.5;
       ASSERT_NEAR(buf.get(i), want, 1e-5) << i;
     }
-  });
+  }, transport());
 }
 
 TEST_P(Collectives, GroupedAllreduceCompletesTogether) {
-  const int n = GetParam();
+  const int n = ranks();
   runRanksOk(n, [&](RankContext& c) {
     std::vector<HostBuffer> bufs;
     std::vector<Tensor> ts;
@@ -113,11 +121,11 @@ TEST_P(Collectives, GroupedAllreduceCompletesTogether) {
     for (int k = 0; k < 5; ++k)
       for (int64_t i = 0; i < (k + 1) * 3; ++i)
         ASSERT_DOUBLE_EQ(bufs[k].get(i), reference(ReduceOp::kSum, DataType::kFloat64, n, i + k));
-  });
+  }, transport());
 }
 
 TEST_P(Collectives, AllgatherUnevenFirstDimension) {
-  const int n = GetParam();
+  const int n = ranks();
   runRanksOk(n, [&](RankContext& c) {
     for (DataType dt : kAllDtypes) {
       // Rank r contributes r rows (rank 0: none) of 3 columns.
@@ -139,11 +147,11 @@ TEST_P(Collectives, AllgatherUnevenFirstDimension) {
         off += r * 3;
       }
     }
-  });
+  }, transport());
 }
 
 TEST_P(Collectives, BroadcastFromEveryRoot) {
-  const int n = GetParam();
+  const int n = ranks();
   runRanksOk(n, [&](RankContext& c) {
     for (DataType dt : kAllDtypes) {
       for (int root = 0; root < n; ++root) {
@@ -159,11 +167,11 @@ TEST_P(Collectives, BroadcastFromEveryRoot) {
         }
       }
     }
-  });
+  }, transport());
 }
 
 TEST_P(Collectives, AlltoallWithSplits) {
-  const int n = GetParam();
+  const int n = ranks();
   auto split = [](int src, int dst) { return static_cast<int64_t>((src + 2 * dst) % 3); };
   runRanksOk(n, [&](RankContext& c) {
     for (DataType dt : {DataType::kFloat32, DataType::kInt64, DataType::kBFloat16, DataType::kUInt8}) {
@@ -190,11 +198,11 @@ TEST_P(Collectives, AlltoallWithSplits) {
         off += wantSplits[j] * 2;
       }
     }
-  });
+  }, transport());
 }
 
 TEST_P(Collectives, ReducescatterSplitsAsHorovod) {
-  const int n = GetParam();
+  const int n = ranks();
   runRanksOk(n, [&](RankContext& c) {
     for (DataType dt : {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kInt32}) {
       for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
@@ -217,11 +225,11 @@ TEST_P(Collectives, ReducescatterSplitsAsHorovod) {
         }
       }
     }
-  });
+  }, transport());
 }
 
 TEST_P(Collectives, BarrierAndJoin) {
-  const int n = GetParam();
+  const int n = ranks();
   runRanksOk(n, [&](RankContext& c) {
     c.rt.barrier();
     // Ranks run out of data at different steps: rank r does r+1 steps, then joins.
@@ -239,11 +247,14 @@ TEST_P(Collectives, BarrierAndJoin) {
     int last = c.rt.join();
     EXPECT_EQ(last, n - 1);
     c.rt.barrier();
-  });
+  }, transport());
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, Collectives, ::testing::Values(1, 2, 3, 4),
-                         [](const auto& info) { return std::to_string(info.param) + "ranks"; });
+INSTANTIATE_TEST_SUITE_P(Ranks, Collectives,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Values("shm", "tcp")),
+                         [](const auto& info) {
+                           return std::to_string(std::get<0>(info.param)) + "ranks_" + std::get<1>(info.param);
+                         });
 
 }  // namespace
 }  // namespace chorus::testing

@@ -1,0 +1,169 @@
+#include "comm/shm/shm_communicator.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "reduce/reduce.h"
+
+namespace chorus {
+
+namespace {
+// Element range [lo, hi) of rank r when m elements are split among n ranks.
+void splitRange(size_t m, int n, int r, size_t* lo, size_t* hi) {
+  const size_t base = m / n, extra = m % n;
+  *lo = r * base + std::min<size_t>(r, extra);
+  *hi = *lo + base + (static_cast<size_t>(r) < extra ? 1 : 0);
+}
+}  // namespace
+
+void ShmCommunicator::allreduce(void* buf, size_t count, DataType dtype, ReduceOp op) {
+  const int n = size(), me = rank();
+  if (count == 0 || n == 1) return;
+  const size_t es = dtypeSize(dtype);
+  const size_t chunk = seg_->slotBytes() / es;
+  char* data = static_cast<char*>(buf);
+  inputs_.resize(n);
+  for (size_t off = 0; off < count; off += chunk) {
+    const size_t m = std::min(chunk, count - off);
+    const int bank = nextBank();
+    std::memcpy(seg_->slot(bank, me), data + off * es, m * es);
+    seg_->barrier();  // every rank's chunk is in place
+    size_t lo, hi;
+    splitRange(m, n, me, &lo, &hi);
+    if (hi > lo) {
+      // Each element is reduced by exactly one rank, in rank order, so every
+      // rank ends up with the same bits.
+      for (int j = 0; j < n; ++j) inputs_[j] = seg_->slot(bank, j) + lo * es;
+      reduceMany(dtype, op, seg_->slot(bank, me) + lo * es, inputs_.data(), n, hi - lo);
+    }
+    seg_->barrier();  // every rank's share is reduced
+    for (int j = 0; j < n; ++j) {
+      size_t jlo, jhi;
+      splitRange(m, n, j, &jlo, &jhi);
+      if (jhi > jlo) std::memcpy(data + (off + jlo) * es, seg_->slot(bank, j) + jlo * es, (jhi - jlo) * es);
+    }
+  }
+}
+
+void ShmCommunicator::allreduceBitsOr(uint64_t* words, size_t count) {
+  const int n = size(), me = rank();
+  if (n == 1 || count == 0) return;
+  const size_t per = seg_->slotBytes() / 8;
+  for (size_t off = 0; off < count; off += per) {
+    const size_t m = std::min(per, count - off);
+    const int bank = nextBank();
+    std::memcpy(seg_->slot(bank, me), words + off, m * 8);
+    seg_->barrier();
+    for (int j = 0; j < n; ++j) {
+      if (j == me) continue;
+      const auto* theirs = reinterpret_cast<const uint64_t*>(seg_->slot(bank, j));
+      for (size_t i = 0; i < m; ++i) words[off + i] |= theirs[i];
+    }
+  }
+}
+
+void ShmCommunicator::allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) {
+  const int n = size(), me = rank();
+  std::vector<size_t> offset(n + 1, 0);
+  for (int j = 0; j < n; ++j) offset[j + 1] = offset[j] + bytes[j];
+  const size_t most = *std::max_element(bytes.begin(), bytes.end());
+  const size_t S = seg_->slotBytes();
+  char* dst = static_cast<char*>(out);
+  for (size_t pos = 0; pos < most; pos += S) {
+    const int bank = nextBank();
+    if (pos < bytes[me]) std::memcpy(seg_->slot(bank, me), static_cast<const char*>(in) + pos, std::min(S, bytes[me] - pos));
+    seg_->barrier();
+    for (int j = 0; j < n; ++j) {
+      if (pos >= bytes[j]) continue;
+      const size_t len = std::min(S, bytes[j] - pos);
+      if (j == me && dst + offset[j] + pos == static_cast<const char*>(in) + pos) continue;
+      std::memcpy(dst + offset[j] + pos, seg_->slot(bank, j), len);
+    }
+  }
+}
+
+void ShmCommunicator::broadcast(void* buf, size_t bytes, int root) {
+  if (size() == 1 || bytes == 0) return;
+  const size_t S = seg_->slotBytes();
+  char* data = static_cast<char*>(buf);
+  for (size_t pos = 0; pos < bytes; pos += S) {
+    const size_t len = std::min(S, bytes - pos);
+    const int bank = nextBank();
+    if (rank() == root) std::memcpy(seg_->slot(bank, root), data + pos, len);
+    seg_->barrier();
+    if (rank() != root) std::memcpy(data + pos, seg_->slot(bank, root), len);
+  }
+}
+
+// Each slot is split into one sub-slot per destination.
+void ShmCommunicator::alltoallv(const void* in, const std::vector<size_t>& sendBytes, void* out,
+                                const std::vector<size_t>& recvBytes) {
+  const int n = size(), me = rank();
+  std::vector<size_t> sendOff(n + 1, 0), recvOff(n + 1, 0);
+  for (int j = 0; j < n; ++j) {
+    sendOff[j + 1] = sendOff[j] + sendBytes[j];
+    recvOff[j + 1] = recvOff[j] + recvBytes[j];
+  }
+  if (n == 1) {
+    if (sendBytes[0]) std::memcpy(out, in, sendBytes[0]);
+    return;
+  }
+  const size_t sub = (seg_->slotBytes() / n) & ~size_t{63};
+  // Rounds: enough for the largest piece anyone sends (everyone knows all sizes
+  // only pairwise, so take the max of what I send and receive, agreed by OR-ing).
+  uint64_t most = std::max(*std::max_element(sendBytes.begin(), sendBytes.end()),
+                           *std::max_element(recvBytes.begin(), recvBytes.end()));
+  std::vector<uint64_t> all(n, 0);
+  all[me] = most;
+  allreduceBitsOr(all.data(), n);
+  most = *std::max_element(all.begin(), all.end());
+  const char* src = static_cast<const char*>(in);
+  char* dst = static_cast<char*>(out);
+  for (size_t pos = 0; pos < most; pos += sub) {
+    const int bank = nextBank();
+    char* mine = seg_->slot(bank, me);
+    for (int j = 0; j < n; ++j)
+      if (pos < sendBytes[j]) std::memcpy(mine + j * sub, src + sendOff[j] + pos, std::min(sub, sendBytes[j] - pos));
+    seg_->barrier();
+    for (int j = 0; j < n; ++j)
+      if (pos < recvBytes[j])
+        std::memcpy(dst + recvOff[j] + pos, seg_->slot(bank, j) + me * sub, std::min(sub, recvBytes[j] - pos));
+  }
+}
+
+// Rank j's piece is reduced by rank j from every rank's sub-slot j.
+void ShmCommunicator::reducescatter(void* buf, void* out, const std::vector<size_t>& counts, DataType dtype,
+                                    ReduceOp op) {
+  const int n = size(), me = rank();
+  const size_t es = dtypeSize(dtype);
+  std::vector<size_t> off(n + 1, 0);
+  for (int j = 0; j < n; ++j) off[j + 1] = off[j] + counts[j];
+  char* data = static_cast<char*>(buf);
+  if (n == 1) {
+    if (counts[0]) std::memcpy(out, data, counts[0] * es);
+    return;
+  }
+  const size_t subElems = ((seg_->slotBytes() / n) & ~size_t{63}) / es;
+  const size_t most = *std::max_element(counts.begin(), counts.end());
+  inputs_.resize(n);
+  for (size_t pos = 0; pos < most; pos += subElems) {
+    const int bank = nextBank();
+    char* mine = seg_->slot(bank, me);
+    for (int j = 0; j < n; ++j)
+      if (pos < counts[j])
+        std::memcpy(mine + j * subElems * es, data + (off[j] + pos) * es, std::min(subElems, counts[j] - pos) * es);
+    seg_->barrier();
+    if (pos < counts[me]) {
+      const size_t m = std::min(subElems, counts[me] - pos);
+      for (int j = 0; j < n; ++j) inputs_[j] = seg_->slot(bank, j) + me * subElems * es;
+      reduceMany(dtype, op, static_cast<char*>(out) + pos * es, inputs_.data(), n, m);
+    }
+  }
+}
+
+void ShmCommunicator::barrier() {
+  if (size() > 1) seg_->barrier();
+}
+
+}  // namespace chorus

@@ -1,0 +1,172 @@
+#include "comm/shm/shm_segment.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <new>
+#include <random>
+#include <thread>
+
+#include "chorus/error.h"
+#include "chorus/store.h"
+
+namespace chorus {
+
+namespace {
+constexpr uint32_t kMagic = 0x63686f72;  // "chor"
+constexpr int kMaxRanks = 1024;
+
+long futexWait(std::atomic<uint32_t>* addr, uint32_t expected, int64_t ns) {
+  timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+  // Shared (not private) futex: the word lives in memory mapped by several processes.
+  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+void futexWakeAll(std::atomic<uint32_t>* addr) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+}  // namespace
+
+struct ShmSegment::Header {
+  uint32_t magic;
+  uint32_t size;
+  uint64_t slotBytes;
+  alignas(64) std::atomic<uint32_t> attached;
+  std::atomic<uint32_t> failed;
+  alignas(64) std::atomic<uint32_t> count;
+  alignas(64) std::atomic<uint32_t> generation;
+  alignas(64) std::atomic<uint32_t> sleepers;
+  alignas(64) int32_t pids[kMaxRanks];
+};
+
+ShmSegment::ShmSegment(Store& store, const std::string& key, const std::string& jobId, int rank, int size,
+                       size_t slotBytes, std::chrono::milliseconds connectTimeout,
+                       std::chrono::milliseconds timeout)
+    : rank_(rank), size_(size), slotBytes_(slotBytes), timeout_(timeout) {
+  if (size > kMaxRanks) throw InvalidArgument("shared memory supports at most 1024 ranks per host");
+  const size_t headerBytes = (sizeof(Header) + 4095) & ~size_t{4095};
+  mapBytes_ = headerBytes + 2 * static_cast<size_t>(size) * slotBytes_;
+  int fd = -1;
+  if (rank == 0) {
+    std::random_device rd;
+    name_ = "/chorus-" + jobId + "-" + std::to_string(getpid()) + "-" + std::to_string(rd());
+    fd = shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) throw Error("shm_open(" + name_ + ") failed: " + std::strerror(errno));
+    if (ftruncate(fd, static_cast<off_t>(mapBytes_)) != 0) {
+      std::string why = std::strerror(errno);
+      close(fd);
+      shm_unlink(name_.c_str());
+      throw Error("cannot size shared memory segment " + name_ + " to " + std::to_string(mapBytes_) +
+                  " bytes: " + why + " (is /dev/shm large enough?)");
+    }
+  }
+  if (rank == 0) {
+    base_ = mmap(nullptr, mapBytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (base_ == MAP_FAILED) {
+      shm_unlink(name_.c_str());
+      throw Error("mmap of shared memory failed: " + std::string(std::strerror(errno)));
+    }
+    header_ = static_cast<Header*>(base_);
+    new (header_) Header();
+    header_->magic = kMagic;
+    header_->size = static_cast<uint32_t>(size);
+    header_->slotBytes = slotBytes_;
+    header_->pids[0] = getpid();
+    const bool last = header_->attached.fetch_add(1) + 1 == static_cast<uint32_t>(size);
+    store.set(key, std::vector<char>(name_.begin(), name_.end()));
+    if (last) shm_unlink(name_.c_str());
+  } else {
+    auto v = store.get(key, connectTimeout);
+    name_.assign(v.begin(), v.end());
+    fd = shm_open(name_.c_str(), O_RDWR, 0600);
+    if (fd < 0) throw Error("shm_open(" + name_ + ") failed: " + std::strerror(errno));
+    base_ = mmap(nullptr, mapBytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (base_ == MAP_FAILED) throw Error("mmap of shared memory failed: " + std::string(std::strerror(errno)));
+    header_ = static_cast<Header*>(base_);
+    if (header_->magic != kMagic || header_->size != static_cast<uint32_t>(size) ||
+        header_->slotBytes != slotBytes_) {
+      throw Error("shared memory segment " + name_ + " does not match this process set");
+    }
+    header_->pids[rank] = getpid();
+    if (header_->attached.fetch_add(1) + 1 == static_cast<uint32_t>(size)) shm_unlink(name_.c_str());
+  }
+  data_ = static_cast<char*>(base_) + headerBytes;
+  // Spinning only pays when every rank has a core of its own.
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  spinLimit_ = static_cast<unsigned>(size) <= cores ? 20000 : 50;
+  // Everyone attached (and the name is gone) before the first collective.
+  barrier();
+}
+
+ShmSegment::~ShmSegment() {
+  if (base_ && base_ != MAP_FAILED) munmap(base_, mapBytes_);
+}
+
+char* ShmSegment::slot(int bank, int r) const {
+  return data_ + (static_cast<size_t>(bank) * size_ + r) * slotBytes_;
+}
+
+void ShmSegment::fail(const std::string& why, bool timeout) {
+  header_->failed.store(1);
+  futexWakeAll(&header_->generation);
+  if (timeout) throw Timeout(why);
+  throw PeerFailure(why);
+}
+
+void ShmSegment::checkPeers() {
+  if (header_->failed.load()) throw PeerFailure("peer failure: another rank of this host's process set failed");
+  for (int r = 0; r < size_; ++r) {
+    const pid_t pid = header_->pids[r];
+    if (pid > 0 && pid != getpid() && kill(pid, 0) != 0 && errno == ESRCH) {
+      fail("peer failure: rank " + std::to_string(r) + " of the process set (pid " + std::to_string(pid) +
+               ") has died",
+           false);
+    }
+  }
+}
+
+void ShmSegment::barrier() {
+  const uint32_t gen = header_->generation.load(std::memory_order_acquire);
+  if (header_->count.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(size_)) {
+    header_->count.store(0, std::memory_order_relaxed);
+    header_->generation.fetch_add(1, std::memory_order_release);
+    if (header_->sleepers.load(std::memory_order_acquire)) futexWakeAll(&header_->generation);
+    return;
+  }
+  waitForGeneration(gen);
+}
+
+void ShmSegment::waitForGeneration(uint32_t gen) {
+  for (int i = 0; i < spinLimit_; ++i) {
+    if (header_->generation.load(std::memory_order_acquire) != gen) return;
+    cpuRelax();
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  while (header_->generation.load(std::memory_order_acquire) == gen) {
+    header_->sleepers.fetch_add(1, std::memory_order_acq_rel);
+    futexWait(&header_->generation, gen, 50'000'000);  // wake up now and then to check on peers
+    header_->sleepers.fetch_sub(1, std::memory_order_acq_rel);
+    if (header_->generation.load(std::memory_order_acquire) != gen) return;
+    checkPeers();
+    if (std::chrono::steady_clock::now() > deadline) {
+      fail("timed out after " + std::to_string(timeout_.count()) +
+               " ms waiting for the other ranks of this host in a shared-memory collective",
+           true);
+    }
+  }
+}
+
+}  // namespace chorus

@@ -1,0 +1,51 @@
+#pragma once
+// A shared-memory segment for the ranks of one host: a header with a barrier and
+// the ranks' pids, then two banks of one slot per rank (double buffering).
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace chorus {
+
+class Store;
+
+class ShmSegment {
+ public:
+  // Set rank 0 creates the segment and publishes its name in the store under
+  // `key`; the others attach. The last to attach unlinks the name, so nothing is
+  // left in /dev/shm once every rank holds a mapping.
+  ShmSegment(Store& store, const std::string& key, const std::string& jobId, int rank, int size,
+             size_t slotBytes, std::chrono::milliseconds connectTimeout, std::chrono::milliseconds timeout);
+  ~ShmSegment();
+  ShmSegment(const ShmSegment&) = delete;
+  ShmSegment& operator=(const ShmSegment&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  size_t slotBytes() const { return slotBytes_; }
+  char* slot(int bank, int rank) const;
+
+  // Every rank must call it, in the same order. Spins briefly, then sleeps on a
+  // futex. Throws PeerFailure when a peer died or failed, Timeout after the timeout.
+  void barrier();
+
+ private:
+  struct Header;
+  void waitForGeneration(uint32_t gen);
+  void checkPeers();
+  [[noreturn]] void fail(const std::string& why, bool timeout);
+
+  int rank_, size_;
+  size_t slotBytes_;
+  size_t mapBytes_ = 0;
+  void* base_ = nullptr;
+  Header* header_ = nullptr;
+  char* data_ = nullptr;
+  std::string name_;
+  std::chrono::milliseconds timeout_;
+  int spinLimit_;
+};
+
+}  // namespace chorus
