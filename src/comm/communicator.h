@@ -34,6 +34,9 @@ class Communicator {
   virtual void reducescatter(void* buf, void* out, const std::vector<size_t>& counts,
                              DataType dtype, ReduceOp op) = 0;
   virtual void barrier() = 0;
+  // True when a negotiation cycle is expensive (network round trips), so the
+  // controller should let requests accumulate for a cycle time after busy cycles.
+  virtual bool batchesRequests() const { return false; }
 };
 
 struct CommOptions {

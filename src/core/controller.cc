@@ -105,13 +105,13 @@ void Controller::loop() {
       failAll(std::current_exception());
       return;
     }
-    // After an idle cycle a new request starts the next one at once (low latency);
-    // after a busy one the cycle time passes first, so that requests arriving in a
-    // burst (a backward pass) are fused into few collectives.
+    // A new request starts the next cycle at once (low latency), except that over
+    // an expensive transport a busy cycle is followed by the full cycle time, so
+    // that a burst of requests (a backward pass) fuses into few collectives.
+    const bool hold = lastCycleBusy_ && comm_->batchesRequests();
     std::unique_lock<std::mutex> lock(mu_);
-    wake_.wait_until(lock, start + cycleTime, [&] {
-      return shutdownRequested_.load() || (!lastCycleBusy_ && !incoming_.empty());
-    });
+    wake_.wait_until(lock, start + cycleTime,
+                     [&] { return shutdownRequested_.load() || (!hold && !incoming_.empty()); });
   }
 }
 
