@@ -40,7 +40,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv, argv + argc);
   const std::vector<std::string> takesValue = {"-np", "-n", "--np", "--num-proc", "-H", "--hosts",
                                                "--hostfile", "--start-timeout", "--store-bind",
-                                               "--store-port", "--secret"};
+                                               "--store-port", "--secret", "--job-id"};
   for (size_t i = 1; i < args.size(); ++i) {
     if (args[i] == "--" || args[i].empty() || args[i][0] != '-') break;  // the command starts here
     const bool hasValue = std::find(takesValue.begin(), takesValue.end(), args[i]) != takesValue.end();
@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
   CLI::App app{"chorusrun: start a chorus job (horovodrun's flags where they apply)"};
   app.prefix_command();  // everything after the options is the command
   int np = 0;
-  std::string hosts, hostfile, bind = "127.0.0.1", secret;
+  std::string hosts, hostfile, bind = "127.0.0.1", secret, jobId;
   double startTimeout = 30;
   bool verbose = false, keepGoing = false, serve = false, printSettings = false;
   int port = 0;
@@ -68,6 +68,7 @@ int main(int argc, char** argv) {
   app.add_option("--store-bind", bind, "address the store listens on (default 127.0.0.1)");
   app.add_option("--store-port", port, "port of the store (default: any free port)");
   app.add_option("--secret", secret, "job secret for --serve-store (default: random)");
+  app.add_option("--job-id", jobId, "job identity (default: chorusrun's pid and a random tag)");
   app.add_flag("--print-settings", printSettings, "print the table of CHORUS_* settings (markdown)");
   try {
     app.parse(static_cast<int>(cargv.size()), cargv.data());
@@ -110,6 +111,8 @@ int main(int argc, char** argv) {
     }
 
     const std::string jobSecret = chorus::generateSecret();
+    if (jobId.empty()) jobId = std::to_string(getpid()) + "-" + jobSecret.substr(0, 8);
+    if (jobId.find_first_of("/ ") != std::string::npos) throw std::invalid_argument("--job-id may not contain '/' or spaces");
     auto server = chorus::startTcpStoreServer("127.0.0.1", 0, jobSecret);
     chorus::launcher::LocalJob job;
     job.command = command;
@@ -127,7 +130,7 @@ int main(int argc, char** argv) {
           {"CHORUS_RENDEZVOUS_PORT", std::to_string(server->port())},
           {"CHORUS_SECRET", jobSecret},
           {"CHORUS_START_TIMEOUT", std::to_string(startTimeout)},
-          {"CHORUS_JOB_ID", std::to_string(getpid()) + "-" + jobSecret.substr(0, 8)},
+          {"CHORUS_JOB_ID", jobId},
       };
       // Programs written for Horovod read these.
       for (const char* k : {"RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE"})
@@ -139,7 +142,12 @@ int main(int argc, char** argv) {
       for (const auto& c : command) std::fprintf(stderr, " %s", c.c_str());
       std::fprintf(stderr, "\n");
     }
-    return chorus::launcher::runLocalJob(job);
+    const int rc = chorus::launcher::runLocalJob(job);
+    // Segments are unlinked once every rank has mapped them; a rank killed before
+    // that leaves one behind, which goes now.
+    const int removed = chorus::launcher::removeJobSegments(jobId);
+    if (removed && verbose) std::fprintf(stderr, "chorusrun: removed %d stale shared-memory segments\n", removed);
+    return rc;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "chorusrun: %s\n", e.what());
     return 2;

@@ -1,6 +1,8 @@
 #include "launcher/spawn.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -95,6 +97,20 @@ pid_t spawnRank(const LocalJob& job, int rank, int outFd, int errFd) {
 }
 
 }  // namespace
+
+int removeJobSegments(const std::string& jobId) {
+  const std::string prefix = "chorus-" + jobId + "-";
+  int removed = 0;
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* e = readdir(d)) {
+      if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0 &&
+          shm_unlink(("/" + std::string(e->d_name)).c_str()) == 0)
+        ++removed;
+    }
+    closedir(d);
+  }
+  return removed;
+}
 
 int runLocalJob(const LocalJob& job) {
   const int np = static_cast<int>(job.rankEnv.size());

@@ -19,4 +19,7 @@ struct LocalJob {
 // first failure's exit code (128+signal for a signal). Ctrl-C stops every rank.
 int runLocalJob(const LocalJob& job);
 
+// Unlinks /dev/shm/chorus-<jobId>-*; returns how many were removed.
+int removeJobSegments(const std::string& jobId);
+
 }  // namespace chorus::launcher

@@ -1,6 +1,7 @@
 // Process-level behaviour through chorusrun: what only real processes show.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -114,6 +115,23 @@ TEST(ChorusRun, InterruptStopsEveryRank) {
   EXPECT_NE(r.output.find("interrupted"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("exit=130"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("alive="), std::string::npos) << r.output;
+}
+
+TEST(ChorusRun, RemovesSharedMemoryLeftByAKilledRank) {
+  const std::string job = "leaktest" + std::to_string(getpid());
+  auto r = run(kRun + " --job-id " + job + " -np 2 " + kWorker + " leak_before_attach");
+  EXPECT_NE(r.exitCode, 0);
+  EXPECT_NE(r.output.find("segments while waiting: 1"), std::string::npos) << r.output;
+  auto after = run("ls /dev/shm | grep -c '^chorus-" + job + "-' || true");
+  EXPECT_EQ(after.output, "0\n");
+}
+
+TEST(ChorusRun, KilledRankInSharedMemoryLeavesNoSegment) {
+  const std::string job = "killtest" + std::to_string(getpid());
+  auto r = run("CHORUS_TIMEOUT_SECONDS=10 " + kRun + " --job-id " + job + " --keep-going -np 3 " + kWorker + " kill");
+  EXPECT_EQ(r.exitCode, 128 + 9) << r.output;
+  auto after = run("ls /dev/shm | grep -c '^chorus-" + job + "-' || true");
+  EXPECT_EQ(after.output, "0\n");
 }
 
 TEST(ChorusRun, TagsEveryLineWithItsRank) {

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -148,6 +149,32 @@ int badSecret() {
   return 0;
 }
 
+// Rank 1 dies before attaching to the shared-memory segment rank 0 created.
+int leakBeforeAttach() {
+  if (std::atoi(std::getenv("CHORUS_RANK")) == 1) {
+    // Play the first steps of init by hand (generation, host name), so that rank 0
+    // goes on to create the segment, then die before attaching.
+    auto store = connectTcpStore(std::getenv("CHORUS_RENDEZVOUS_ADDR"), std::atoi(std::getenv("CHORUS_RENDEZVOUS_PORT")),
+                                 std::getenv("CHORUS_SECRET"), std::chrono::seconds(5));
+    char host[256] = {0};
+    gethostname(host, sizeof(host) - 1);
+    const int64_t gen = store->add("chorus/generation/1", 1);
+    store->set("chorus/g" + std::to_string(gen) + "/host/1", std::vector<char>(host, host + std::strlen(host)));
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    return 1;
+  }
+  std::thread([] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(700));
+    std::string prefix = std::string("chorus-") + std::getenv("CHORUS_JOB_ID") + "-";
+    int n = 0;
+    for (const auto& e : std::filesystem::directory_iterator("/dev/shm"))
+      n += e.path().filename().string().rfind(prefix, 0) == 0;
+    say("segments while waiting: " + std::to_string(n));
+  }).detach();
+  init();  // blocks until rank 1 attaches, which it never does
+  return 0;
+}
+
 }  // namespace
 
 
@@ -163,6 +190,7 @@ int main(int argc, char** argv) {
     if (s == "stall") return stall();
     if (s == "two_sets") return twoSets();
     if (s == "bad_secret") return badSecret();
+    if (s == "leak_before_attach") return leakBeforeAttach();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "rank error: %s\n", e.what());
     return 3;
