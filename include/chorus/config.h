@@ -29,7 +29,10 @@ struct Config {
   // Data path between ranks: "auto" (shared memory when every rank of a set is on
   // one host, TCP otherwise), "shm", or "tcp" (Gloo; "gloo" is accepted too).
   std::string cpuOperations = "auto";
-  int64_t shmSlotBytes = 1 << 20;  // bytes per rank per round of a shared-memory collective
+  int64_t shmSlotBytes = 1 << 20;
+  // Sets spanning hosts: -1 auto (when a host has several of the set's ranks), 0 off, 1 on.
+  int hierarchicalAllreduce = -1;
+  int hierarchicalAllgather = -1;  // bytes per rank per round of a shared-memory collective
   std::string jobId;               // names shared-memory segments so chorusrun can clean them up
 
   int64_t fusionThresholdBytes = 128ll << 20;

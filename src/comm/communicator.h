@@ -42,6 +42,8 @@ class Communicator {
 struct CommOptions {
   std::string cpuOperations = "auto";
   int64_t shmSlotBytes = 1 << 20;
+  int hierarchicalAllreduce = -1;
+  int hierarchicalAllgather = -1;
   std::string jobId = "nojob";
   std::string bindAddress;
   std::string iface;

@@ -3,6 +3,7 @@
 
 #include "chorus/error.h"
 #include "comm/communicator.h"
+#include "comm/hierarchical/hierarchical_communicator.h"
 #include "comm/shm/shm_communicator.h"
 
 namespace chorus {
@@ -17,14 +18,48 @@ std::unique_ptr<Communicator> makeCommunicator(const std::shared_ptr<TransportDe
   if (opts.cpuOperations == "shm" && !oneHost) {
     throw InvalidArgument("CHORUS_CPU_OPERATIONS=shm, but this process set spans several hosts");
   }
-  if (opts.cpuOperations != "tcp" && oneHost) {
-    auto ms = [](double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); };
-    auto seg = std::make_unique<ShmSegment>(store, storePrefix + "shm", opts.jobId, rank, size,
+  auto ms = [](double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); };
+  auto makeShm = [&](const std::string& prefix, int r, int n) -> std::unique_ptr<Communicator> {
+    auto seg = std::make_unique<ShmSegment>(store, prefix + "shm", opts.jobId, r, n,
                                             static_cast<size_t>(opts.shmSlotBytes), ms(opts.connectTimeoutSeconds),
                                             ms(opts.timeoutSeconds));
     return std::make_unique<ShmCommunicator>(std::move(seg));
+  };
+  if (opts.cpuOperations == "tcp") return makeTcpCommunicator(device, store, storePrefix, rank, size, opts);
+  if (oneHost) return makeShm(storePrefix, rank, size);
+
+  // Spanning hosts: group the members by host, in order of each host's first rank.
+  HierarchyLayout layout;
+  layout.rank = rank;
+  std::vector<std::string> hostNames;
+  for (int r = 0; r < size; ++r) {
+    auto it = std::find(hostNames.begin(), hostNames.end(), memberHosts[r]);
+    if (it == hostNames.end()) {
+      hostNames.push_back(memberHosts[r]);
+      layout.hostRanks.emplace_back();
+      it = hostNames.end() - 1;
+    }
+    layout.hostRanks[it - hostNames.begin()].push_back(r);
   }
-  return makeTcpCommunicator(device, store, storePrefix, rank, size, opts);
+  layout.host = static_cast<int>(std::find(hostNames.begin(), hostNames.end(), memberHosts[rank]) - hostNames.begin());
+  bool crowded = false;
+  for (const auto& h : layout.hostRanks) crowded |= h.size() > 1;
+  const bool hierAllreduce = opts.hierarchicalAllreduce < 0 ? crowded : opts.hierarchicalAllreduce > 0;
+  const bool hierAllgather = opts.hierarchicalAllgather < 0 ? crowded : opts.hierarchicalAllgather > 0;
+  if (!hierAllreduce && !hierAllgather) return makeTcpCommunicator(device, store, storePrefix, rank, size, opts);
+
+  const auto& mine = layout.hostRanks[layout.host];
+  const int localRank = static_cast<int>(std::find(mine.begin(), mine.end(), rank) - mine.begin());
+  auto local = makeShm(storePrefix + "local" + std::to_string(layout.host) + "/", localRank,
+                       static_cast<int>(mine.size()));
+  std::unique_ptr<Communicator> cross;
+  if (localRank == 0) {
+    cross = makeTcpCommunicator(device, store, storePrefix + "cross/", layout.host,
+                                static_cast<int>(layout.hostRanks.size()), opts);
+  }
+  auto flat = makeTcpCommunicator(device, store, storePrefix + "flat/", rank, size, opts);
+  return std::make_unique<HierarchicalCommunicator>(std::move(layout), std::move(local), std::move(cross),
+                                                    std::move(flat), hierAllreduce, hierAllgather);
 }
 
 }  // namespace chorus

@@ -33,6 +33,11 @@ const std::vector<SettingInfo>& settingsTable() {
        "Data path: auto (shared memory within a host, TCP across hosts), shm, or tcp (Gloo)."},
       {"CHORUS_SHM_SLOT_BYTES", "", "1048576",
        "Bytes each rank moves per round of a shared-memory collective."},
+      {"CHORUS_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLREDUCE", "auto",
+       "1: allreduce within each host (shared memory), then across hosts (TCP); 0: flat TCP; "
+       "auto: hierarchical when a host holds several ranks of the set."},
+      {"CHORUS_HIERARCHICAL_ALLGATHER", "HOROVOD_HIERARCHICAL_ALLGATHER", "auto",
+       "The same choice for allgather."},
       {"CHORUS_JOB_ID", "", "(set by chorusrun)", "Job identity; names shared-memory segments."},
       {"CHORUS_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD", "134217728",
        "Bytes of the fusion buffer; 0 disables tensor fusion."},
@@ -131,6 +136,8 @@ void Config::applyEnv() {
     throw InvalidArgument("CHORUS_CPU_OPERATIONS='" + cpuOperations + "' is not one of auto, shm, tcp, gloo");
   }
   readNumber("CHORUS_SHM_SLOT_BYTES", &shmSlotBytes);
+  readNumber("CHORUS_HIERARCHICAL_ALLREDUCE", &hierarchicalAllreduce);
+  readNumber("CHORUS_HIERARCHICAL_ALLGATHER", &hierarchicalAllgather);
   if (shmSlotBytes < 4096) throw InvalidArgument("CHORUS_SHM_SLOT_BYTES must be at least 4096");
   if (jobId.empty() && readSetting("CHORUS_JOB_ID", &v)) jobId = v;
   if (jobId.empty()) jobId = "nojob";

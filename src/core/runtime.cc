@@ -28,6 +28,8 @@ CommOptions RuntimeImpl::commOptions() const {
   CommOptions o;
   o.cpuOperations = config.cpuOperations;
   o.shmSlotBytes = config.shmSlotBytes;
+  o.hierarchicalAllreduce = config.hierarchicalAllreduce;
+  o.hierarchicalAllgather = config.hierarchicalAllgather;
   o.jobId = config.jobId;
   o.bindAddress = config.bindAddress;
   o.iface = config.iface;

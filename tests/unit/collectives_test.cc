@@ -11,12 +11,20 @@
 namespace chorus::testing {
 namespace {
 
-// Parameters: number of ranks, and the data path ("shm" or "tcp").
+// Parameters: number of ranks, and the data path: "shm", "tcp", or "hier"
+// (hierarchical: two simulated hosts).
 class Collectives : public ::testing::TestWithParam<std::tuple<int, std::string>> {
  protected:
   int ranks() const { return std::get<0>(GetParam()); }
   ConfigTweak transport() const {
     std::string t = std::get<1>(GetParam());
+    if (t == "hier") {
+      // Two simulated hosts, ranks interleaved (0,2,.. on one; 1,3,.. on the other).
+      return [](Config& c) {
+        c.hostname = c.rank % 2 ? "hostB" : "hostA";
+        c.hierarchicalAllreduce = c.hierarchicalAllgather = 1;
+      };
+    }
     return [t](Config& c) { c.cpuOperations = t; };
   }
 };
@@ -251,7 +259,7 @@ TEST_P(Collectives, BarrierAndJoin) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, Collectives,
-                         ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Values("shm", "tcp")),
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Values("shm", "tcp", "hier")),
                          [](const auto& info) {
                            return std::to_string(std::get<0>(info.param)) + "ranks_" + std::get<1>(info.param);
                          });

@@ -1,0 +1,50 @@
+#pragma once
+// A process set spanning hosts: allreduce and allgather go through shared memory
+// within each host and TCP between one leader per host; the other collectives
+// use a flat TCP communicator over all members.
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.h"
+
+namespace chorus {
+
+struct HierarchyLayout {
+  int rank = 0;                              // rank within the set
+  std::vector<std::vector<int>> hostRanks;   // set ranks of each host, hosts in order of first rank
+  int host = 0;                              // index of my host
+};
+
+class HierarchicalCommunicator : public Communicator {
+ public:
+  HierarchicalCommunicator(HierarchyLayout layout, std::unique_ptr<Communicator> local,
+                           std::unique_ptr<Communicator> cross, std::unique_ptr<Communicator> flat,
+                           bool hierarchicalAllreduce, bool hierarchicalAllgather);
+
+  int rank() const override { return layout_.rank; }
+  int size() const override { return flat_->size(); }
+  void allreduce(void* buf, size_t count, DataType dtype, ReduceOp op) override;
+  void allreduceBitsOr(uint64_t* words, size_t count) override;
+  void allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) override;
+  void broadcast(void* buf, size_t bytes, int root) override { flat_->broadcast(buf, bytes, root); }
+  void alltoallv(const void* in, const std::vector<size_t>& sendBytes, void* out,
+                 const std::vector<size_t>& recvBytes) override {
+    flat_->alltoallv(in, sendBytes, out, recvBytes);
+  }
+  void reducescatter(void* buf, void* out, const std::vector<size_t>& counts, DataType dtype,
+                     ReduceOp op) override {
+    flat_->reducescatter(buf, out, counts, dtype, op);
+  }
+  void barrier() override;
+  bool batchesRequests() const override { return true; }
+
+ private:
+  bool leader() const { return cross_ != nullptr; }
+
+  HierarchyLayout layout_;
+  std::unique_ptr<Communicator> local_, cross_, flat_;
+  bool hierAllreduce_, hierAllgather_;
+  std::vector<char> scratch_;
+};
+
+}  // namespace chorus
