@@ -5,9 +5,12 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "bench_ops.h"
+#include "memory_floor.h"
+#include "mpi_baseline.h"
 
 using namespace chorus;
 using namespace chorus::bench;
@@ -43,6 +46,12 @@ int64_t sumAcrossRanks(Runtime& rt, int64_t v) {
   return v;
 }
 
+std::string fmt(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2f", v);
+  return buf;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -61,6 +70,12 @@ int main(int argc, char** argv) {
   app.add_option("--coll,--collective", which,
                  "allreduce, allgather, broadcast, alltoall, reducescatter or all");
   app.add_option("--json", jsonPath, "also write the rows as a JSON array to this file");
+  std::string compare;
+  bool reuse = false;
+  app.add_option("--compare", compare, "peers measured beside chorus in the same run: tcp, mpi (comma-separated)");
+  app.add_flag("--reuse-buffers", reuse, "reuse one buffer set (default: rotate fresh buffers)");
+  std::string mpiChild;
+  app.add_option("--mpi-child", mpiChild, "(internal) measure Open MPI under mpirun and write JSON here");
   try {
     // nccl-tests uses -o for the reduce op; --op selects the collective here too
     // when given a collective's name.
@@ -81,6 +96,17 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
 
+  const bool rotate = !reuse;
+  if (!mpiChild.empty()) {
+    std::vector<std::string> names;
+    if (which == "all") {
+      names = {"allreduce", "allgather", "broadcast", "alltoall", "reducescatter"};
+    } else {
+      names = {which};
+    }
+    return runMpiChild(names, dtypeName, parseSize(minBytes), parseSize(maxBytes), factor, warmup, iters, rotate,
+                       mpiChild);
+  }
   try {
     const DataType dtype = parseDataType(dtypeName);
     const ReduceOp redop = parseReduceOp(opName);
@@ -93,45 +119,125 @@ int main(int argc, char** argv) {
     } else {
       ops = {parseBenchOp(which)};
     }
+    std::vector<std::string> peers;
+    for (size_t pos = 0; !compare.empty() && pos != std::string::npos;) {
+      size_t next = compare.find(',', pos);
+      peers.push_back(compare.substr(pos, next == std::string::npos ? next : next - pos));
+      pos = next == std::string::npos ? next : next + 1;
+    }
     init();
     Runtime& rt = defaultRuntime();
     const int n = rt.size();
     const bool root = rt.rank() == 0;
-    nlohmann::json rows = nlohmann::json::array();
-    int64_t totalWrong = 0;
-    for (BenchOp op : ops) {
-      if (root) {
-        std::printf("#\n# chorus-bench %s  ranks %d  dtype %s  redop %s  warmup %d  iters %d\n#\n",
-                    benchOpName(op), n, dtypeName.c_str(), reduceOpName(redop), warmup, iters);
-        std::printf("# %12s %12s %9s %7s %12s %9s %9s %7s\n", "size", "count", "type", "redop", "time",
-                    "algbw", "busbw", "#wrong");
-        std::printf("# %12s %12s %9s %7s %12s %9s %9s %7s\n", "(B)", "(elements)", "", "", "(us)", "(GB/s)",
-                    "(GB/s)", "");
+    MpiBaseline mpi;
+    std::vector<std::string> pathNames = {"chorus"};
+    for (const auto& p : peers) {
+      if (p == "mpi") {
+        mpi.start(rt, argc, argv);
+      } else if (p != "tcp") {
+        throw InvalidArgument("--compare: unknown peer '" + p + "' (tcp, mpi)");
+      } else {
+        pathNames.push_back("tcp");
       }
+    }
+    auto sizesOf = [&] {
+      std::vector<size_t> sizes;
       for (size_t bytes = lo; bytes <= hi;) {
-        BenchCase bc(rt, op, dtype, redop, bytes);
-        int64_t wrong = checkFlag ? sumAcrossRanks(rt, bc.check()) : 0;
-        for (int i = 0; i < warmup; ++i) bc.run();
-        rt.barrier();
-        auto start = std::chrono::steady_clock::now();
-        for (int i = 0; i < iters; ++i) bc.run();
-        double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / iters;
-        us = maxAcrossRanks(rt, us);
-        const double algbw = bc.bytes() / us / 1e3;  // GB/s
-        const double busbw = algbw * busFactor(op, n);
-        totalWrong += wrong;
-        if (root) {
-          std::printf("  %12zu %12lld %9s %7s %12.2f %9.3f %9.3f %7lld\n", bc.bytes(),
-                      static_cast<long long>(bc.count()), dtypeName.c_str(), reduceOpName(redop), us, algbw, busbw,
-                      static_cast<long long>(wrong));
-          std::fflush(stdout);
-        }
-        rows.push_back({{"op", benchOpName(op)}, {"path", "chorus"}, {"bytes", bc.bytes()},
-                        {"count", bc.count()}, {"dtype", dtypeName}, {"ranks", n}, {"time_us", us},
-                        {"algbw_gbs", algbw}, {"busbw_gbs", busbw}, {"wrong", wrong}});
+        sizes.push_back(bytes);
         size_t next = static_cast<size_t>(static_cast<double>(bytes) * factor);
         bytes = next > bytes ? next : bytes + 1;
       }
+      return sizes;
+    };
+    const std::vector<size_t> sizes = sizesOf();
+    auto setsFor = [&](size_t bytes) {
+      return rotate ? static_cast<int>(std::clamp<size_t>((64u << 20) / std::max<size_t>(bytes, 1), 1, 64)) : 1;
+    };
+    struct Result {
+      size_t bytes;
+      int64_t count, wrong;
+      double us;
+    };
+    // results[path][op][size index]. One path at a time, so that an idle peer
+    // runtime does not steal cycles from the one being measured.
+    std::map<std::string, std::map<BenchOp, std::vector<Result>>> results;
+    std::map<size_t, double> floorUs;
+    int64_t totalWrong = 0;
+    for (const auto& pathName : pathNames) {
+      Runtime tcpRuntime;
+      Runtime* prt = &rt;
+      if (pathName == "tcp") {
+        Config c;
+        c.cpuOperations = "tcp";
+        tcpRuntime.init(c);
+        prt = &tcpRuntime;
+      }
+      for (BenchOp op : ops) {
+        for (size_t bytes : sizes) {
+          const int sets = setsFor(bytes);
+          if (pathName == "chorus" && !floorUs.count(bytes)) floorUs[bytes] = concurrentMemcpyMicros(rt, bytes, 5, sets);
+          BenchCase bc(*prt, op, dtype, redop, bytes, sets);
+          int64_t wrong = checkFlag ? sumAcrossRanks(*prt, bc.check()) : 0;
+          for (int i = 0; i < warmup; ++i) bc.run(i);
+          prt->barrier();
+          auto start = std::chrono::steady_clock::now();
+          for (int i = 0; i < iters; ++i) bc.run(i);
+          double us =
+              std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / iters;
+          results[pathName][op].push_back({bc.bytes(), bc.count(), wrong, maxAcrossRanks(*prt, us)});
+          totalWrong += wrong;
+        }
+      }
+      if (tcpRuntime.isInitialized()) tcpRuntime.shutdown();
+    }
+    nlohmann::json rows = nlohmann::json::array();
+    for (BenchOp op : ops) {
+      if (root) {
+        std::printf("#\n# chorus-bench %s  ranks %d  dtype %s  redop %s  warmup %d  iters %d  buffers %s\n#\n",
+                    benchOpName(op), n, dtypeName.c_str(), reduceOpName(redop), warmup, iters,
+                    rotate ? "rotating" : "reused");
+        std::printf("# %12s %12s %7s %12s %9s %9s %7s %8s %8s\n", "size", "count", "path", "time", "algbw",
+                    "busbw", "#wrong", "vs_mpi", "floor");
+        std::printf("# %12s %12s %7s %12s %9s %9s %7s %8s %8s\n", "(B)", "(elements)", "", "(us)", "(GB/s)",
+                    "(GB/s)", "", "(x)", "(frac)");
+      }
+      for (size_t k = 0; k < sizes.size(); ++k) {
+        const MpiResult* mpiRow = mpi.find(benchOpName(op), results["chorus"][op][k].bytes);
+        for (const auto& pathName : pathNames) {
+          const Result& r = results[pathName][op][k];
+          const double algbw = r.bytes / r.us / 1e3;  // GB/s
+          const double busbw = algbw * busFactor(op, n);
+          const double vsMpi = mpiRow && mpiRow->timeUs > 0 ? mpiRow->timeUs / r.us : 0;
+          const double fl = floorUs[sizes[k]];
+          const double floorFrac = fl > 0 ? fl / r.us : 0;
+          if (root) {
+            std::printf("  %12zu %12lld %7s %12.2f %9.3f %9.3f %7lld %8s %8s\n", r.bytes,
+                        static_cast<long long>(r.count), pathName.c_str(), r.us, algbw, busbw,
+                        static_cast<long long>(r.wrong), vsMpi ? fmt(vsMpi).c_str() : "-",
+                        floorFrac ? fmt(floorFrac).c_str() : "-");
+          }
+          nlohmann::json row = {{"op", benchOpName(op)}, {"path", pathName}, {"bytes", r.bytes},
+                                {"count", r.count}, {"dtype", dtypeName}, {"ranks", n}, {"time_us", r.us},
+                                {"algbw_gbs", algbw}, {"busbw_gbs", busbw}, {"wrong", r.wrong}};
+          if (pathName == "chorus") {
+            row["floor_fraction"] = floorFrac;
+            row["floor_time_us"] = fl;
+            if (vsMpi) row["ratio_vs_mpi"] = vsMpi;
+          }
+          rows.push_back(row);
+        }
+        if (mpiRow) {
+          const double algbw = mpiRow->bytes / mpiRow->timeUs / 1e3;
+          if (root) {
+            std::printf("  %12zu %12s %7s %12.2f %9.3f %9.3f %7s %8s %8s\n", mpiRow->bytes, "", "mpi", mpiRow->timeUs,
+                        algbw, algbw * busFactor(op, n), "-", "1.00", "-");
+          }
+          rows.push_back({{"op", benchOpName(op)}, {"path", "mpi"}, {"bytes", mpiRow->bytes}, {"dtype", dtypeName},
+                          {"ranks", n}, {"time_us", mpiRow->timeUs}, {"algbw_gbs", algbw},
+                          {"busbw_gbs", algbw * busFactor(op, n)}, {"wrong", 0}});
+        }
+      }
+      if (root) std::fflush(stdout);
     }
     if (root) {
       std::printf("# Out of bounds values : %lld %s\n", static_cast<long long>(totalWrong), totalWrong ? "FAILED" : "OK");

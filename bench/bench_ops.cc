@@ -99,7 +99,7 @@ double busFactor(BenchOp op, int n) {
   }
 }
 
-BenchCase::BenchCase(Runtime& rt, BenchOp op, DataType dtype, ReduceOp redop, size_t bytes)
+BenchCase::BenchCase(Runtime& rt, BenchOp op, DataType dtype, ReduceOp redop, size_t bytes, int sets)
     : rt_(rt), op_(op), dtype_(dtype), redop_(redop), rank_(rt.rank()), size_(rt.size()) {
   const size_t es = dtypeSize(dtype);
   int64_t elems = static_cast<int64_t>(bytes / es);
@@ -119,15 +119,17 @@ BenchCase::BenchCase(Runtime& rt, BenchOp op, DataType dtype, ReduceOp redop, si
       count_ = elems;
       outCount_ = elems;
   }
-  in_.assign(std::max<size_t>(count_ * es, 1), 0);
-  out_.assign(std::max<size_t>(outCount_ * es, 1), 0);
+  in_.assign(std::max(sets, 1), std::vector<char>(std::max<size_t>(count_ * es, 1), 0));
+  out_.assign(std::max(sets, 1), std::vector<char>(std::max<size_t>(outCount_ * es, 1), 0));
   name_ = std::string("bench.") + benchOpName(op) + "." + std::to_string(bytes_);
 }
 
-void BenchCase::run() {
-  Tensor in{in_.data(), dtype_, {count_}};
-  Tensor out{out_.data(), dtype_, {outCount_}};
-  auto into = [this](const Shape&, DataType) -> void* { return out_.data(); };
+void BenchCase::run(int i) {
+  auto& inBuf = in_[i % in_.size()];
+  auto& outBuf = out_[i % out_.size()];
+  Tensor in{inBuf.data(), dtype_, {count_}};
+  Tensor out{outBuf.data(), dtype_, {outCount_}};
+  auto into = [&outBuf](const Shape&, DataType) -> void* { return outBuf.data(); };
   OpOptions o;
   o.name = name_;
   switch (op_) {
@@ -152,9 +154,9 @@ void BenchCase::run() {
 }
 
 void BenchCase::fillInput() {
-  for (int64_t i = 0; i < count_; ++i) store(in_.data(), dtype_, i, genValue(rank_, i, dtype_, redop_));
+  for (int64_t i = 0; i < count_; ++i) store(in_[0].data(), dtype_, i, genValue(rank_, i, dtype_, redop_));
   if (op_ == BenchOp::kBroadcast)
-    for (int64_t i = 0; i < count_; ++i) store(out_.data(), dtype_, i, genValue(rank_, i, dtype_, redop_));
+    for (int64_t i = 0; i < count_; ++i) store(out_[0].data(), dtype_, i, genValue(rank_, i, dtype_, redop_));
 }
 
 double BenchCase::expected(int64_t j) const {
@@ -176,7 +178,7 @@ double BenchCase::expected(int64_t j) const {
 
 int64_t BenchCase::check() {
   fillInput();
-  run();
+  run(0);
   int64_t wrong = 0;
   const double relTol = dtype_ == DataType::kFloat16 ? 2e-3 : dtype_ == DataType::kBFloat16 ? 1.6e-2 : 1e-6;
   for (int64_t j = 0; j < outCount_; ++j) {
@@ -185,7 +187,7 @@ int64_t BenchCase::check() {
     char tmp[8];
     store(tmp, dtype_, 0, want);
     double rounded = load(tmp, dtype_, 0);
-    double got = load(out_.data(), dtype_, j);
+    double got = load(out_[0].data(), dtype_, j);
     if (std::fabs(got - rounded) > relTol * std::max(1.0, std::fabs(rounded))) ++wrong;
   }
   return wrong;

@@ -18,11 +18,12 @@ double busFactor(BenchOp op, int n);
 // for reducescatter, the send buffer for alltoall.
 class BenchCase {
  public:
-  BenchCase(Runtime& rt, BenchOp op, DataType dtype, ReduceOp redop, size_t bytes);
+  // sets: how many buffer sets to rotate through, so that caches do not flatter.
+  BenchCase(Runtime& rt, BenchOp op, DataType dtype, ReduceOp redop, size_t bytes, int sets = 1);
   size_t bytes() const { return bytes_; }
   int64_t count() const { return count_; }
-  // Runs the op once on the benchmark buffers.
-  void run();
+  // Runs the op once on buffer set i % sets.
+  void run(int i = 0);
   // Fills inputs with rank-dependent values, runs once, and returns how many
   // output elements differ from the value computed here in float64.
   int64_t check();
@@ -39,7 +40,7 @@ class BenchCase {
   size_t bytes_ = 0;
   int64_t count_ = 0;   // elements of the input on this rank
   int64_t outCount_ = 0;
-  std::vector<char> in_, out_;
+  std::vector<std::vector<char>> in_, out_;
   std::string name_;
 };
 

@@ -1,0 +1,140 @@
+#include "mpi_baseline.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#ifdef CHORUS_BENCH_MPI
+#include <mpi.h>
+#endif
+
+namespace chorus::bench {
+
+bool builtWithMpi() {
+#ifdef CHORUS_BENCH_MPI
+  return true;
+#else
+  return false;
+#endif
+}
+
+namespace {
+std::string quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+}  // namespace
+
+void MpiBaseline::start(Runtime& rt, int argc, char** argv) {
+  if (!builtWithMpi()) {
+    throw InvalidArgument("--compare mpi needs chorus-bench built with Open MPI (Debian libopenmpi-dev)");
+  }
+  if (rt.rank() == 0) {
+    const std::string json = "/tmp/chorus-bench-mpi-" + std::to_string(getpid()) + ".json";
+    std::ostringstream cmd;
+    // The chorus ranks wait in a barrier meanwhile, so MPI has the cores.
+    cmd << "mpirun --allow-run-as-root --oversubscribe --bind-to none -np " << rt.size() << " "
+        << quote(argv[0]);
+    for (int i = 1; i < argc; ++i) {
+      std::string a = argv[i];
+      if (a == "--compare") {
+        ++i;
+        continue;
+      }
+      if (a.rfind("--compare=", 0) == 0) continue;
+      cmd << " " << quote(a);
+    }
+    cmd << " --mpi-child " << quote(json) << " > /dev/null";
+    std::fprintf(stderr, "chorus-bench: measuring Open MPI: %s\n", cmd.str().c_str());
+    const int rc = std::system(cmd.str().c_str());
+    if (rc != 0) std::fprintf(stderr, "chorus-bench: the MPI baseline failed (status %d); no mpi rows\n", rc);
+    std::ifstream in(json);
+    if (in) {
+      nlohmann::json rows = nlohmann::json::parse(in);
+      for (const auto& r : rows) results_.push_back({r["op"], r["bytes"], r["time_us"]});
+    }
+    std::remove(json.c_str());
+  }
+  rt.barrier();
+}
+
+const MpiResult* MpiBaseline::find(const std::string& op, size_t bytes) const {
+  for (const auto& r : results_)
+    if (r.op == op && r.bytes == bytes) return &r;
+  return nullptr;
+}
+
+#ifdef CHORUS_BENCH_MPI
+namespace {
+MPI_Datatype mpiType(const std::string& d) {
+  if (d == "float32" || d == "float" || d == "fp32") return MPI_FLOAT;
+  if (d == "float64" || d == "double") return MPI_DOUBLE;
+  if (d == "int32") return MPI_INT32_T;
+  if (d == "int64") return MPI_INT64_T;
+  if (d == "int8") return MPI_INT8_T;
+  if (d == "uint8") return MPI_UINT8_T;
+  return MPI_DATATYPE_NULL;
+}
+}  // namespace
+
+int runMpiChild(const std::vector<std::string>& ops, const std::string& dtype, size_t lo, size_t hi, double factor,
+                int warmup, int iters, bool rotate, const std::string& jsonPath) {
+  MPI_Init(nullptr, nullptr);
+  int rank, n;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  MPI_Datatype t = mpiType(dtype);
+  nlohmann::json rows = nlohmann::json::array();
+  if (t != MPI_DATATYPE_NULL) {
+    int es;
+    MPI_Type_size(t, &es);
+    for (const auto& op : ops) {
+      for (size_t bytes = lo; bytes <= hi;) {
+        size_t elems = bytes / es;
+        const bool perRank = op != "allreduce" && op != "broadcast";
+        if (perRank) elems -= elems % n;
+        const size_t total = elems * es;
+        const int sets = rotate ? static_cast<int>(std::clamp<size_t>((64u << 20) / std::max<size_t>(bytes, 1), 1, 64)) : 1;
+        std::vector<std::vector<char>> in(sets, std::vector<char>(std::max<size_t>(total, 1), 0));
+        std::vector<std::vector<char>> out(sets, std::vector<char>(std::max<size_t>(total, 1), 0));
+        auto once = [&](int i) {
+          char* a = in[i % sets].data();
+          char* b = out[i % sets].data();
+          const int c = static_cast<int>(elems), per = static_cast<int>(elems / n);
+          if (op == "allreduce") MPI_Allreduce(a, b, c, t, MPI_SUM, MPI_COMM_WORLD);
+          if (op == "allgather") MPI_Allgather(a, per, t, b, per, t, MPI_COMM_WORLD);
+          if (op == "broadcast") MPI_Bcast(b, c, t, 0, MPI_COMM_WORLD);
+          if (op == "alltoall") MPI_Alltoall(a, per, t, b, per, t, MPI_COMM_WORLD);
+          if (op == "reducescatter") MPI_Reduce_scatter_block(a, b, per, t, MPI_SUM, MPI_COMM_WORLD);
+        };
+        for (int i = 0; i < warmup; ++i) once(i);
+        MPI_Barrier(MPI_COMM_WORLD);
+        double t0 = MPI_Wtime();
+        for (int i = 0; i < iters; ++i) once(i);
+        double us = (MPI_Wtime() - t0) * 1e6 / iters, worst;
+        MPI_Allreduce(&us, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        rows.push_back({{"op", op}, {"bytes", total}, {"time_us", worst}});
+        size_t next = static_cast<size_t>(static_cast<double>(bytes) * factor);
+        bytes = next > bytes ? next : bytes + 1;
+      }
+    }
+  }
+  if (rank == 0) std::ofstream(jsonPath) << rows.dump() << "\n";
+  MPI_Finalize();
+  return 0;
+}
+#else
+int runMpiChild(const std::vector<std::string>&, const std::string&, size_t, size_t, double, int, int, bool,
+                const std::string&) {
+  std::fprintf(stderr, "chorus-bench was built without Open MPI\n");
+  return 2;
+}
+#endif
+
+}  // namespace chorus::bench
