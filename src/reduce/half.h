@@ -1,18 +1,19 @@
 #pragma once
-// IEEE float16 and bfloat16 <-> float32, round to nearest even.
+// IEEE float16 and bfloat16 <-> float32, round to nearest even. static: the
+// kernels include this in copies compiled for different instruction sets.
 #include <cstdint>
 #include <cstring>
 
 namespace chorus {
 
-inline float bf16ToFloat(uint16_t h) {
+static inline float bf16ToFloat(uint16_t h) {
   uint32_t bits = static_cast<uint32_t>(h) << 16;
   float f;
   std::memcpy(&f, &bits, 4);
   return f;
 }
 
-inline uint16_t floatToBf16(float f) {
+static inline uint16_t floatToBf16(float f) {
   uint32_t bits;
   std::memcpy(&bits, &f, 4);
   if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);  // NaN
@@ -20,7 +21,7 @@ inline uint16_t floatToBf16(float f) {
   return static_cast<uint16_t>(bits >> 16);
 }
 
-inline float halfToFloat(uint16_t h) {
+static inline float halfToFloat(uint16_t h) {
   uint32_t sign = (static_cast<uint32_t>(h) & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1f;
   uint32_t mant = h & 0x3ffu;
@@ -47,7 +48,7 @@ inline float halfToFloat(uint16_t h) {
   return f;
 }
 
-inline uint16_t floatToHalf(float f) {
+static inline uint16_t floatToHalf(float f) {
   uint32_t bits;
   std::memcpy(&bits, &f, 4);
   uint32_t sign = (bits >> 16) & 0x8000u;

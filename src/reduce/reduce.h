@@ -15,6 +15,9 @@ void reduceBuffers(DataType dtype, ReduceOp op, void* out, const void* a, const 
 // float16/bfloat16 accumulate in float32 and round once.
 void reduceMany(DataType dtype, ReduceOp op, void* out, const void* const* inputs, int n, size_t count);
 
+// The instruction set the kernels run with: "avx512", "avx2" or "generic".
+const char* simdLevel();
+
 // buf[i] *= factor. Integers are scaled in double and truncated toward zero.
 void scaleBuffer(DataType dtype, void* buf, size_t n, double factor);
 

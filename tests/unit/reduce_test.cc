@@ -1,0 +1,93 @@
+// The reduction kernels of the instruction set CHORUS_SIMD selects (ctest runs
+// this file once per level), against float64 references.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <random>
+
+#include "harness.h"
+#include "reduce/reduce.h"
+
+namespace chorus::testing {
+namespace {
+
+TEST(Kernels, RunTheRequestedInstructionSet) {
+  const char* want = std::getenv("CHORUS_SIMD");
+  if (!want || std::string(want) == "auto") GTEST_SKIP() << "no level requested";
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  std::string expect = want;
+  if (expect == "avx512" && !avx512) GTEST_SKIP() << "CPU lacks AVX-512";
+  if (expect == "avx2" && !avx2) GTEST_SKIP() << "CPU lacks AVX2";
+  EXPECT_EQ(std::string(simdLevel()), expect);
+}
+
+TEST(Kernels, ReduceManyMatchesFloat64) {
+  std::mt19937 gen(7);
+  std::uniform_int_distribution<int> small(-8, 8);
+  for (DataType dt : kAllDtypes) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct}) {
+      for (int n : {1, 2, 3, 5}) {
+        const int64_t count = 2053;  // several blocks and an odd tail
+        std::vector<HostBuffer> ins;
+        std::vector<const void*> ptrs;
+        for (int j = 0; j < n; ++j) {
+          ins.emplace_back(dt, Shape{count});
+          for (int64_t i = 0; i < count; ++i) {
+            double v = dt == DataType::kBool ? (small(gen) > 0) : op == ReduceOp::kProduct ? 1 + (i + j) % 2 : small(gen);
+            if (dt == DataType::kUInt8) v = std::abs(v);
+            ins.back().set(i, v);
+          }
+        }
+        for (auto& b : ins) ptrs.push_back(b.tensor().data);
+        HostBuffer out(dt, {count});
+        reduceMany(dt, op, out.tensor().data, ptrs.data(), n, count);
+        for (int64_t i = 0; i < count; ++i) {
+          double want = ins[0].get(i);
+          for (int j = 1; j < n; ++j) {
+            double v = ins[j].get(i);
+            if (dt == DataType::kBool) {
+              want = (op == ReduceOp::kMin || op == ReduceOp::kProduct) ? (want && v) : (want || v);
+            } else if (op == ReduceOp::kSum) {
+              want += v;
+            } else if (op == ReduceOp::kMin) {
+              want = std::min(want, v);
+            } else if (op == ReduceOp::kMax) {
+              want = std::max(want, v);
+            } else {
+              want *= v;
+            }
+          }
+          ASSERT_NEAR(out.get(i), want, tolerance(dt, want)) << dtypeName(dt) << " " << reduceOpName(op) << " n=" << n;
+        }
+      }
+    }
+  }
+}
+
+TEST(Kernels, ReduceManyMayWriteIntoAnInput) {
+  HostBuffer a(DataType::kFloat16, {1000}), b(DataType::kFloat16, {1000});
+  for (int i = 0; i < 1000; ++i) {
+    a.set(i, i % 17);
+    b.set(i, 0.5);
+  }
+  const void* ptrs[2] = {a.tensor().data, b.tensor().data};
+  reduceMany(DataType::kFloat16, ReduceOp::kSum, b.tensor().data, ptrs, 2, 1000);
+  for (int i = 0; i < 1000; ++i) ASSERT_EQ(b.get(i), i % 17 + 0.5);
+}
+
+TEST(Kernels, ScaleAndPairwiseReduce) {
+  HostBuffer x(DataType::kBFloat16, {300}), y(DataType::kBFloat16, {300});
+  for (int i = 0; i < 300; ++i) {
+    x.set(i, i % 5);
+    y.set(i, 2);
+  }
+  reduceBuffers(DataType::kBFloat16, ReduceOp::kMax, x.tensor().data, x.tensor().data, y.tensor().data, 300);
+  scaleBuffer(DataType::kBFloat16, x.tensor().data, 300, 0.5);
+  for (int i = 0; i < 300; ++i) ASSERT_EQ(x.get(i), std::max(i % 5, 2) * 0.5);
+}
+
+}  // namespace
+}  // namespace chorus::testing
