@@ -17,6 +17,10 @@ void splitRange(size_t m, int n, int r, size_t* lo, size_t* hi) {
 }
 }  // namespace
 
+// Per chunk: each rank publishes only the parts the others reduce, reduces its
+// own part from its private input and the others' slots, then copies the
+// others' results out. Every element is reduced by exactly one rank, in rank
+// order, so every rank ends up with the same bits.
 void ShmCommunicator::allreduce(void* buf, size_t count, DataType dtype, ReduceOp op) {
   const int n = size(), me = rank();
   if (count == 0 || n == 1) return;
@@ -24,25 +28,25 @@ void ShmCommunicator::allreduce(void* buf, size_t count, DataType dtype, ReduceO
   const size_t chunk = seg_->slotBytes() / es;
   char* data = static_cast<char*>(buf);
   inputs_.resize(n);
+  std::vector<size_t> lo(n), hi(n);
   for (size_t off = 0; off < count; off += chunk) {
     const size_t m = std::min(chunk, count - off);
+    for (int j = 0; j < n; ++j) splitRange(m, n, j, &lo[j], &hi[j]);
     const int bank = nextBank();
-    std::memcpy(seg_->slot(bank, me), data + off * es, m * es);
-    seg_->barrier();  // every rank's chunk is in place
-    size_t lo, hi;
-    splitRange(m, n, me, &lo, &hi);
-    if (hi > lo) {
-      // Each element is reduced by exactly one rank, in rank order, so every
-      // rank ends up with the same bits.
-      for (int j = 0; j < n; ++j) inputs_[j] = seg_->slot(bank, j) + lo * es;
-      reduceMany(dtype, op, seg_->slot(bank, me) + lo * es, inputs_.data(), n, hi - lo);
+    char* mine = seg_->slot(bank, me);
+    for (int j = 0; j < n; ++j)
+      if (j != me && hi[j] > lo[j]) std::memcpy(mine + lo[j] * es, data + (off + lo[j]) * es, (hi[j] - lo[j]) * es);
+    seg_->barrier();  // every rank's parts are published
+    if (hi[me] > lo[me]) {
+      for (int j = 0; j < n; ++j)
+        inputs_[j] = j == me ? data + (off + lo[me]) * es : seg_->slot(bank, j) + lo[me] * es;
+      reduceMany(dtype, op, mine + lo[me] * es, inputs_.data(), n, hi[me] - lo[me]);
+      std::memcpy(data + (off + lo[me]) * es, mine + lo[me] * es, (hi[me] - lo[me]) * es);
     }
-    seg_->barrier();  // every rank's share is reduced
-    for (int j = 0; j < n; ++j) {
-      size_t jlo, jhi;
-      splitRange(m, n, j, &jlo, &jhi);
-      if (jhi > jlo) std::memcpy(data + (off + jlo) * es, seg_->slot(bank, j) + jlo * es, (jhi - jlo) * es);
-    }
+    seg_->barrier();  // every rank's part is reduced
+    for (int j = 0; j < n; ++j)
+      if (j != me && hi[j] > lo[j])
+        std::memcpy(data + (off + lo[j]) * es, seg_->slot(bank, j) + lo[j] * es, (hi[j] - lo[j]) * es);
   }
 }
 
