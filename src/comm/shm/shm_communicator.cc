@@ -155,12 +155,14 @@ void ShmCommunicator::reducescatter(void* buf, void* out, const std::vector<size
     const int bank = nextBank();
     char* mine = seg_->slot(bank, me);
     for (int j = 0; j < n; ++j)
-      if (pos < counts[j])
+      if (j != me && pos < counts[j])
         std::memcpy(mine + j * subElems * es, data + (off[j] + pos) * es, std::min(subElems, counts[j] - pos) * es);
     seg_->barrier();
     if (pos < counts[me]) {
       const size_t m = std::min(subElems, counts[me] - pos);
-      for (int j = 0; j < n; ++j) inputs_[j] = seg_->slot(bank, j) + me * subElems * es;
+      // My own piece comes straight from my buffer; the others' from their slots.
+      for (int j = 0; j < n; ++j)
+        inputs_[j] = j == me ? data + (off[me] + pos) * es : seg_->slot(bank, j) + me * subElems * es;
       reduceMany(dtype, op, static_cast<char*>(out) + pos * es, inputs_.data(), n, m);
     }
   }

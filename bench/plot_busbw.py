@@ -1,0 +1,50 @@
+"""Draws bus bandwidth against message size, one line per path, from chorus-bench --json rows.
+
+    chorusrun -np 2 chorus-bench --op allreduce -b 8 -e 256M -f 4 --compare tcp,mpi --json rows.json
+    python3 bench/plot_busbw.py rows.json docs/allreduce_busbw.png
+"""
+import argparse
+import json
+from collections import defaultdict
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("json", help="rows written by chorus-bench --json")
+    parser.add_argument("png", help="output image")
+    args = parser.parse_args()
+    with open(args.json) as f:
+        rows = json.load(f)
+    ops = sorted({r["op"] for r in rows})
+    fig, axes = plt.subplots(1, len(ops), figsize=(6 * len(ops), 4.5), squeeze=False)
+    for ax, op in zip(axes[0], ops):
+        lines = defaultdict(list)
+        for r in rows:
+            if r["op"] == op and r["bytes"] > 0:
+                lines[r["path"]].append((r["bytes"], r["busbw_gbs"]))
+        for path, pts in sorted(lines.items()):
+            pts.sort()
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=path)
+        floor = sorted((r["bytes"], 2 * r["bytes"] / r["floor_time_us"] / 1e3 * (r["ranks"] - 1) / r["ranks"])
+                       for r in rows if r["op"] == op and r.get("floor_time_us"))
+        if floor and op == "allreduce":
+            ax.plot([p[0] for p in floor], [p[1] for p in floor], linestyle="--", color="gray",
+                    label="memory floor")
+        ranks = rows[0]["ranks"]
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("message size (bytes)")
+        ax.set_ylabel("bus bandwidth (GB/s)")
+        ax.set_title(f"{op}, {ranks} ranks, {rows[0]['dtype']}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(args.png, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
