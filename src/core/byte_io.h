@@ -14,16 +14,15 @@ class ByteWriter {
   template <typename T>
   void put(T v) {
     static_assert(std::is_trivially_copyable_v<T>);
-    const char* p = reinterpret_cast<const char*>(&v);
-    buf_.insert(buf_.end(), p, p + sizeof(T));
+    append(&v, sizeof(T));
   }
   void putString(const std::string& s) {
     put<uint32_t>(static_cast<uint32_t>(s.size()));
-    buf_.insert(buf_.end(), s.begin(), s.end());
+    append(s.data(), s.size());
   }
   void putBytes(const std::vector<char>& b) {
     put<uint32_t>(static_cast<uint32_t>(b.size()));
-    buf_.insert(buf_.end(), b.begin(), b.end());
+    append(b.data(), b.size());
   }
   template <typename T>
   void putVector(const std::vector<T>& v) {
@@ -33,6 +32,12 @@ class ByteWriter {
   std::vector<char>& data() { return buf_; }
 
  private:
+  void append(const void* p, size_t n) {
+    const size_t old = buf_.size();
+    buf_.resize(old + n);
+    if (n) std::memcpy(buf_.data() + old, p, n);
+  }
+
   std::vector<char> buf_;
 };
 

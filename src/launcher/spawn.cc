@@ -37,7 +37,10 @@ struct Rank {
 };
 
 void writeTagged(const Stream& s, const std::string& line, char end = '\n') {
-  std::string out = "[" + std::to_string(s.rank) + "]" + (s.isErr ? "<stderr>:" : "<stdout>:") + line + end;
+  std::string out;
+  out.reserve(line.size() + 24);
+  out.append("[").append(std::to_string(s.rank)).append(s.isErr ? "]<stderr>:" : "]<stdout>:");
+  out.append(line).push_back(end);
   FILE* f = s.isErr ? stderr : stdout;
   std::fwrite(out.data(), 1, out.size(), f);
   std::fflush(f);
@@ -103,9 +106,9 @@ int removeJobSegments(const std::string& jobId) {
   int removed = 0;
   if (DIR* d = opendir("/dev/shm")) {
     while (dirent* e = readdir(d)) {
-      if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0 &&
-          shm_unlink(("/" + std::string(e->d_name)).c_str()) == 0)
-        ++removed;
+      std::string path = "/";
+      path.append(e->d_name);
+      if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0 && shm_unlink(path.c_str()) == 0) ++removed;
     }
     closedir(d);
   }

@@ -18,13 +18,6 @@ torch::Tensor staged(const torch::Tensor& t) {
   return s.contiguous();
 }
 
-// Copies an output chorus allocated into a torch tensor on `like`'s device.
-torch::Tensor fromOutput(const Tensor& out, const torch::Tensor& like) {
-  auto result = torch::empty(out.shape, like.options().device(torch::kCPU));
-  if (out.bytes()) std::memcpy(result.data_ptr(), out.data, out.bytes());
-  return like.device().is_cpu() ? result : result.to(like.device());
-}
-
 // Outputs whose size is known only after negotiation are allocated as torch tensors.
 Allocator torchAllocator(const torch::Tensor& like, torch::Tensor* slot) {
   return [like, slot](const Shape& shape, DataType) -> void* {

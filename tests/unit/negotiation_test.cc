@@ -138,13 +138,16 @@ TEST(Negotiation, HigherPriorityRunsFirstAmongReadyOps) {
     HostBuffer gate(DataType::kFloat32, {1});
     std::vector<HostBuffer> in(3, HostBuffer(DataType::kFloat32, {1}));
     const std::vector<std::pair<std::string, int>> ops = {{"low", 0}, {"high", 10}, {"mid", 5}};
-    std::promise<void> allQueued;
+    std::promise<void> allQueued, gateEntered;
     auto queued = allQueued.get_future().share();
+    auto entered = gateEntered.get_future();
     Allocator gateAlloc = nullptr;
     if (c.rank == 1) {
-      // Rank 1's controller holds on inside the gate op until all three ops are
-      // queued, so they become ready everywhere in one cycle.
-      gateAlloc = [queued, &storage](const Shape&, DataType) -> void* {
+      // Rank 1's controller holds on inside the gate op (so this cycle's queue is
+      // already drained) until all three ops are queued: they then become ready
+      // everywhere in one later cycle.
+      gateAlloc = [queued, &storage, &gateEntered](const Shape&, DataType) -> void* {
+        gateEntered.set_value();
         queued.wait();
         return storage[0].data();
       };
@@ -152,6 +155,7 @@ TEST(Negotiation, HigherPriorityRunsFirstAmongReadyOps) {
     OpOptions g;
     g.name = "gate";
     Work gw = c.rt.allgatherAsync(gate.tensor(), g, gateAlloc);
+    if (c.rank == 1) entered.wait();
     std::vector<Work> works;
     for (size_t k = 0; k < ops.size(); ++k) {
       OpOptions o;
