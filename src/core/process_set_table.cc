@@ -7,7 +7,6 @@
 
 namespace chorus {
 
-namespace {
 std::string listString(const std::vector<int>& v) {
   std::ostringstream os;
   os << "[";
@@ -15,7 +14,6 @@ std::string listString(const std::vector<int>& v) {
   os << "]";
   return os.str();
 }
-}  // namespace
 
 std::vector<int> validateRanks(const std::vector<int>& ranks, int worldSize) {
   if (ranks.empty()) throw InvalidArgument("a process set needs at least one rank");

@@ -3,12 +3,16 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "chorus/process_set.h"
 #include "core/controller.h"
 
 namespace chorus {
+
+// "[0, 1, 2]", for messages.
+std::string listString(const std::vector<int>& ranks);
 
 // Sorts and checks a rank list; throws InvalidArgument naming the problem.
 std::vector<int> validateRanks(const std::vector<int>& ranks, int worldSize);

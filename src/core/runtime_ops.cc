@@ -1,5 +1,6 @@
 // The collectives: validate the caller's tensors, build requests, enqueue.
 #include <chrono>
+#include <functional>
 #include <numeric>
 
 #include "chorus/error.h"
@@ -42,6 +43,51 @@ void checkReduceOp(ReduceOp op, const std::string& what, bool sumOrAverageOnly) 
     throw InvalidArgument(what + ": unknown reduce op");
   if (sumOrAverageOnly && op != ReduceOp::kSum && op != ReduceOp::kAverage)
     throw InvalidArgument(what + ": reducescatter supports Sum and Average, not " + reduceOpName(op));
+}
+
+// One request per tensor of a (possibly grouped) call, submitted together.
+// fill() sets the op-specific fields of each request.
+Work submitGroup(RuntimeImpl& impl, OpType type, const char* kind, const char* groupedKind,
+                 const std::vector<Tensor>& inputs, const std::vector<Tensor>* outputs, const OpOptions& opts,
+                 const std::function<void(Request&)>& fill, const Allocator& alloc) {
+  impl.requireInit();
+  impl.sets.controllerFor(opts.processSet, impl.rank);
+  if (outputs && outputs->size() != inputs.size()) {
+    throw InvalidArgument(std::string(groupedKind) + ": " + std::to_string(inputs.size()) + " inputs but " +
+                          std::to_string(outputs->size()) + " outputs");
+  }
+  const bool grouped = inputs.size() > 1;
+  const std::string base = impl.resolveName(opts, grouped ? groupedKind : kind);
+  auto work = std::make_shared<WorkState>(inputs.size());
+  std::vector<Entry> entries;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const std::string name = grouped ? base + "." + std::to_string(i) : base;
+    const std::string what = std::string(kind) + " '" + name + "'";
+    checkTensor(inputs[i], what + " input");
+    if (outputs) {
+      checkSameLayout(inputs[i], (*outputs)[i], what);
+      work->outputs[i] = (*outputs)[i];
+    } else if (inputs[i].shape.empty() && type != OpType::kAllgather) {
+      throw InvalidArgument(what + ": input needs at least one dimension");
+    }
+    Request q;
+    q.type = type;
+    q.name = name;
+    q.dtype = inputs[i].dtype;
+    q.shape = inputs[i].shape;
+    q.priority = opts.priority;
+    if (grouped) {
+      q.group = base;
+      q.groupSize = static_cast<int32_t>(inputs.size());
+    }
+    fill(q);
+    entries.push_back(makeEntry(std::move(q), inputs[i], outputs ? (*outputs)[i] : Tensor{}, work, i, alloc));
+  }
+  if (entries.empty()) {
+    work->complete(nullptr);
+    return Work(work);
+  }
+  return impl.submit(opts.processSet, std::move(entries), work);
 }
 
 }  // namespace
@@ -91,42 +137,14 @@ void RuntimeImpl::synchronize() {
 
 Work Runtime::groupedAllreduceAsync(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
                                     const AllreduceOptions& opts) {
-  impl_->requireInit();
-  if (inputs.size() != outputs.size()) {
-    throw InvalidArgument("grouped_allreduce: " + std::to_string(inputs.size()) + " inputs but " +
-                          std::to_string(outputs.size()) + " outputs");
-  }
   checkReduceOp(opts.op, "allreduce", false);
-  impl_->sets.controllerFor(opts.processSet, impl_->rank);
-  const bool grouped = inputs.size() > 1;
-  std::string base = impl_->resolveName(opts, grouped ? "grouped_allreduce" : "allreduce");
-  auto work = std::make_shared<WorkState>(inputs.size());
-  std::vector<Entry> entries;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const std::string name = grouped ? base + "." + std::to_string(i) : base;
-    checkTensor(inputs[i], "allreduce '" + name + "' input");
-    checkSameLayout(inputs[i], outputs[i], "allreduce '" + name + "'");
-    Request q;
-    q.type = OpType::kAllreduce;
-    q.name = name;
-    q.dtype = inputs[i].dtype;
-    q.shape = inputs[i].shape;
-    q.op = opts.op;
-    q.prescale = opts.prescaleFactor;
-    q.postscale = opts.postscaleFactor;
-    q.priority = opts.priority;
-    if (grouped) {
-      q.group = base;
-      q.groupSize = static_cast<int32_t>(inputs.size());
-    }
-    work->outputs[i] = outputs[i];
-    entries.push_back(makeEntry(std::move(q), inputs[i], outputs[i], work, i));
-  }
-  if (entries.empty()) {
-    work->complete(nullptr);
-    return Work(work);
-  }
-  return impl_->submit(opts.processSet, std::move(entries), work);
+  return submitGroup(*impl_, OpType::kAllreduce, "allreduce", "grouped_allreduce", inputs, &outputs, opts,
+                     [&](Request& q) {
+                       q.op = opts.op;
+                       q.prescale = opts.prescaleFactor;
+                       q.postscale = opts.postscaleFactor;
+                     },
+                     nullptr);
 }
 
 Work Runtime::allreduceAsync(const Tensor& input, const Tensor& output, const AllreduceOptions& opts) {
@@ -134,32 +152,8 @@ Work Runtime::allreduceAsync(const Tensor& input, const Tensor& output, const Al
 }
 
 Work Runtime::groupedAllgatherAsync(const std::vector<Tensor>& inputs, const OpOptions& opts, Allocator alloc) {
-  impl_->requireInit();
-  impl_->sets.controllerFor(opts.processSet, impl_->rank);
-  const bool grouped = inputs.size() > 1;
-  std::string base = impl_->resolveName(opts, grouped ? "grouped_allgather" : "allgather");
-  auto work = std::make_shared<WorkState>(inputs.size());
-  std::vector<Entry> entries;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const std::string name = grouped ? base + "." + std::to_string(i) : base;
-    checkTensor(inputs[i], "allgather '" + name + "' input");
-    Request q;
-    q.type = OpType::kAllgather;
-    q.name = name;
-    q.dtype = inputs[i].dtype;
-    q.shape = inputs[i].shape;
-    q.priority = opts.priority;
-    if (grouped) {
-      q.group = base;
-      q.groupSize = static_cast<int32_t>(inputs.size());
-    }
-    entries.push_back(makeEntry(std::move(q), inputs[i], Tensor{}, work, i, alloc));
-  }
-  if (entries.empty()) {
-    work->complete(nullptr);
-    return Work(work);
-  }
-  return impl_->submit(opts.processSet, std::move(entries), work);
+  return submitGroup(*impl_, OpType::kAllgather, "allgather", "grouped_allgather", inputs, nullptr, opts,
+                     [](Request&) {}, alloc);
 }
 
 Work Runtime::allgatherAsync(const Tensor& input, const OpOptions& opts, Allocator alloc) {
@@ -236,38 +230,15 @@ Work Runtime::alltoallAsync(const Tensor& input, const std::vector<int64_t>& spl
 
 Work Runtime::groupedReducescatterAsync(const std::vector<Tensor>& inputs, const ReducescatterOptions& opts,
                                         Allocator alloc) {
-  impl_->requireInit();
-  impl_->sets.controllerFor(opts.processSet, impl_->rank);
   checkReduceOp(opts.op, "reducescatter", true);
-  const bool grouped = inputs.size() > 1;
-  std::string base = impl_->resolveName(opts, grouped ? "grouped_reducescatter" : "reducescatter");
-  auto work = std::make_shared<WorkState>(inputs.size());
-  std::vector<Entry> entries;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const std::string name = grouped ? base + "." + std::to_string(i) : base;
-    checkTensor(inputs[i], "reducescatter '" + name + "' input");
-    if (inputs[i].shape.empty())
-      throw InvalidArgument("reducescatter '" + name + "': input needs at least one dimension");
-    Request q;
-    q.type = OpType::kReducescatter;
-    q.name = name;
-    q.dtype = inputs[i].dtype;
-    q.shape = inputs[i].shape;
-    q.op = opts.op;
-    q.prescale = opts.prescaleFactor;
-    q.postscale = opts.postscaleFactor;
-    q.priority = opts.priority;
-    if (grouped) {
-      q.group = base;
-      q.groupSize = static_cast<int32_t>(inputs.size());
-    }
-    entries.push_back(makeEntry(std::move(q), inputs[i], Tensor{}, work, i, alloc));
-  }
-  if (entries.empty()) {
-    work->complete(nullptr);
-    return Work(work);
-  }
-  return impl_->submit(opts.processSet, std::move(entries), work);
+  return submitGroup(*impl_, OpType::kReducescatter, "reducescatter", "grouped_reducescatter", inputs, nullptr,
+                     opts,
+                     [&](Request& q) {
+                       q.op = opts.op;
+                       q.prescale = opts.prescaleFactor;
+                       q.postscale = opts.postscaleFactor;
+                     },
+                     alloc);
 }
 
 Work Runtime::reducescatterAsync(const Tensor& input, const ReducescatterOptions& opts, Allocator alloc) {
