@@ -45,6 +45,11 @@ struct Config {
   double stallShutdownSeconds = 0.0;  // 0: never shut down on a stall
   LogLevel logLevel = LogLevel::kWarning;
 
+  // MPI: -2 not requested (but detected when mpirun started the process and
+  // chorusrun did not), -1 MPI_COMM_WORLD, else a Fortran communicator handle
+  // (MPI_Comm_c2f; mpi4py's comm.py2f()) that chorus is restricted to.
+  int64_t mpiCommHandle = -2;
+
   // Process sets given at init (static), and whether add/remove is allowed.
   std::vector<std::vector<int>> processSets;
   bool dynamicProcessSets = false;

@@ -30,7 +30,8 @@ const std::vector<SettingInfo>& settingsTable() {
       {"CHORUS_BIND_ADDR", "", "127.0.0.1", "Address the TCP data transport listens on."},
       {"CHORUS_IFACE", "HOROVOD_GLOO_IFACE", "", "Network interface for the TCP data transport."},
       {"CHORUS_CPU_OPERATIONS", "HOROVOD_CPU_OPERATIONS", "auto",
-       "Data path: auto (shared memory within a host, TCP across hosts), shm, or tcp (Gloo)."},
+       "Data path: auto (shared memory within a host, TCP across hosts), shm, tcp (Gloo), or mpi "
+       "(needs a job started by mpirun and MPI_THREAD_MULTIPLE)."},
       {"CHORUS_SHM_SLOT_BYTES", "", "1048576",
        "Bytes each rank moves per round of a shared-memory collective."},
       {"CHORUS_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLREDUCE", "auto",
@@ -132,8 +133,8 @@ void Config::applyEnv() {
   if (readSetting("CHORUS_IFACE", &v)) iface = v;
   if (readSetting("CHORUS_CPU_OPERATIONS", &v)) cpuOperations = v;
   if (cpuOperations == "gloo") cpuOperations = "tcp";
-  if (cpuOperations != "auto" && cpuOperations != "shm" && cpuOperations != "tcp") {
-    throw InvalidArgument("CHORUS_CPU_OPERATIONS='" + cpuOperations + "' is not one of auto, shm, tcp, gloo");
+  if (cpuOperations != "auto" && cpuOperations != "shm" && cpuOperations != "tcp" && cpuOperations != "mpi") {
+    throw InvalidArgument("CHORUS_CPU_OPERATIONS='" + cpuOperations + "' is not one of auto, shm, tcp, gloo, mpi");
   }
   readNumber("CHORUS_SHM_SLOT_BYTES", &shmSlotBytes);
   readNumber("CHORUS_HIERARCHICAL_ALLREDUCE", &hierarchicalAllreduce);

@@ -5,6 +5,8 @@
 #include <map>
 #include <sstream>
 
+#include <unistd.h>
+
 #include "chorus/error.h"
 #include "core/logging.h"
 #include "core/runtime_impl.h"
@@ -39,6 +41,11 @@ void RuntimeImpl::init(Config cfg) {
   if (initialized) throw InvalidArgument("chorus is already initialized; call shutdown() first");
   cfg.applyEnv();
   setLogLevel(cfg.logLevel);
+  if (cfg.mpiCommHandle >= -1 || (cfg.rank < 0 && launchedByMpi())) {
+    bootstrapFromMpi(cfg);
+  } else if (cfg.cpuOperations == "mpi") {
+    throw InvalidArgument("CHORUS_CPU_OPERATIONS=mpi needs the job to be started by mpirun");
+  }
   if (cfg.rank < 0 || cfg.size <= 0) {
     throw InvalidArgument(
         "rank and size are unknown: start the program with chorusrun (or set CHORUS_RANK and "
@@ -71,7 +78,10 @@ void RuntimeImpl::init(Config cfg) {
     for (int i = 0; i < size; ++i) all[i] = i;
     exchangeHosts();
     computeTopology();
-    auto global = makeCommunicator(device, *store, prefix + "ps0/", rank, hosts, commOptions());
+    std::unique_ptr<Communicator> global = mpi_ && config.cpuOperations == "mpi"
+                                               ? mpi_->split(all)
+                                               : makeCommunicator(device, *store, prefix + "ps0/", rank, hosts,
+                                                                  commOptions());
     checkStaticSetsAgree(*global);
     ProcessSet globalSet(kGlobalProcessSetId, all, rank);
     auto gc = std::make_shared<Controller>(kGlobalProcessSetId, all, rank, std::move(global), config);
@@ -95,12 +105,40 @@ void RuntimeImpl::init(Config cfg) {
 }
 
 std::shared_ptr<Controller> RuntimeImpl::makeController(const ProcessSet& ps) {
+  if (mpi_ && config.cpuOperations == "mpi") {  // every rank takes part in the split
+    auto comm = mpi_->split(ps.ranks());
+    return comm ? std::make_shared<Controller>(ps.id(), ps.ranks(), rank, std::move(comm), config) : nullptr;
+  }
   if (!ps.included()) return nullptr;
   std::vector<std::string> memberHosts;
   for (int r : ps.ranks()) memberHosts.push_back(hosts[r]);
   auto comm = makeCommunicator(device, *store, prefix + "ps" + std::to_string(ps.id()) + "/", ps.rank(),
                                memberHosts, commOptions());
   return std::make_shared<Controller>(ps.id(), ps.ranks(), rank, std::move(comm), config);
+}
+
+void RuntimeImpl::bootstrapFromMpi(Config& cfg) {
+  mpi_ = openMpiWorld(cfg.mpiCommHandle < -1 ? -1 : cfg.mpiCommHandle, cfg.cpuOperations == "mpi");
+  cfg.rank = mpi_->rank();
+  cfg.size = mpi_->size();
+  if (cfg.store) return;
+  // Rank 0 serves the rendezvous store; MPI carries its address and secret.
+  std::string info;
+  if (cfg.rank == 0) {
+    const std::string secret = generateSecret();
+    storeServer_ = startTcpStoreServer("0.0.0.0", 0, secret);
+    char host[256] = {0};
+    gethostname(host, sizeof(host) - 1);
+    info = std::string(host) + "\n" + std::to_string(storeServer_->port()) + "\n" + secret;
+  }
+  info = mpi_->broadcastString(info, 0);
+  std::istringstream in(info);
+  std::string port;
+  std::getline(in, cfg.rendezvousAddr);
+  std::getline(in, port);
+  std::getline(in, cfg.secret);
+  cfg.rendezvousPort = std::stoi(port);
+  if (cfg.jobId == "nojob") cfg.jobId = "mpi-" + cfg.secret.substr(0, 12);
 }
 
 void RuntimeImpl::exchangeHosts() {
@@ -223,6 +261,8 @@ void RuntimeImpl::shutdown() {
   controllers.clear();
   device.reset();
   store.reset();
+  storeServer_.reset();
+  mpi_.reset();
   {
     std::lock_guard<std::mutex> lock(mu_);
     counters_.clear();

@@ -7,6 +7,7 @@
 #include "chorus/runtime.h"
 #include "chorus/store.h"
 #include "comm/communicator.h"
+#include "comm/mpi/mpi_world.h"
 #include "core/entry.h"
 #include "core/process_set_table.h"
 
@@ -41,11 +42,15 @@ class RuntimeImpl {
   void exchangeHosts();
   void computeTopology();
   void checkStaticSetsAgree(Communicator& global);
+  void bootstrapFromMpi(Config& cfg);
   std::shared_ptr<Controller> makeController(const ProcessSet& ps);
   // Every rank states `what`; throws on every rank if any two differ.
   void agree(const std::string& op, const std::string& what);
   CommOptions commOptions() const;
 
+  // Set when the job runs under mpirun: MPI bootstraps the store (rank 0 serves it).
+  std::unique_ptr<MpiWorld> mpi_;
+  std::unique_ptr<TcpStoreServer> storeServer_;
   std::mutex mu_;
   std::map<std::string, int64_t> counters_;
   std::list<std::weak_ptr<WorkState>> outstanding_;

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -175,6 +176,122 @@ int leakBeforeAttach() {
   return 0;
 }
 
+// The collective matrix as one program, for runs under chorusrun and mpirun alike.
+int matrix() {
+  Config cfg;
+  cfg.dynamicProcessSets = true;
+  init(cfg);
+  Runtime& rt = defaultRuntime();
+  const int r = rt.rank(), n = rt.size();
+  auto fail = [&](const std::string& what) {
+    std::fprintf(stderr, "rank %d: %s\n", r, what.c_str());
+    return 1;
+  };
+  const DataType dts[] = {DataType::kUInt8, DataType::kInt8, DataType::kInt32, DataType::kInt64, DataType::kFloat16,
+                          DataType::kBFloat16, DataType::kFloat32, DataType::kFloat64};
+  for (DataType dt : dts) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct}) {
+      for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{1031}}) {
+        // value(rank, i) in a small range every dtype holds exactly
+        auto value = [&](int rk, int64_t i) -> double {
+          return op == ReduceOp::kProduct ? 1 + (i + rk) % 2 : (i * 3 + rk * 5) % 7;
+        };
+        std::vector<double> in(count), expect(count);
+        std::vector<char> buf(std::max<int64_t>(count, 1) * dtypeSize(dt));
+        Tensor t{buf.data(), dt, {count}};
+        for (int64_t i = 0; i < count; ++i) {
+          double acc = value(0, i);
+          for (int k = 1; k < n; ++k) {
+            double v = value(k, i);
+            acc = op == ReduceOp::kSum ? acc + v : op == ReduceOp::kMin ? std::min(acc, v)
+                : op == ReduceOp::kMax ? std::max(acc, v) : acc * v;
+          }
+          expect[i] = acc;
+          double v = value(r, i);
+          switch (dt) {
+            case DataType::kUInt8: reinterpret_cast<uint8_t*>(buf.data())[i] = static_cast<uint8_t>(v); break;
+            case DataType::kInt8: reinterpret_cast<int8_t*>(buf.data())[i] = static_cast<int8_t>(v); break;
+            case DataType::kInt32: reinterpret_cast<int32_t*>(buf.data())[i] = static_cast<int32_t>(v); break;
+            case DataType::kInt64: reinterpret_cast<int64_t*>(buf.data())[i] = static_cast<int64_t>(v); break;
+            case DataType::kFloat16: reinterpret_cast<uint16_t*>(buf.data())[i] = static_cast<uint16_t>(0x3c00); break;
+            case DataType::kBFloat16: reinterpret_cast<uint16_t*>(buf.data())[i] = static_cast<uint16_t>(0x3f80); break;
+            case DataType::kFloat32: reinterpret_cast<float*>(buf.data())[i] = static_cast<float>(v); break;
+            case DataType::kFloat64: reinterpret_cast<double*>(buf.data())[i] = v; break;
+            default: break;
+          }
+          if (dt == DataType::kFloat16 || dt == DataType::kBFloat16)  // every rank sends 1.0
+            expect[i] = op == ReduceOp::kSum ? n : 1.0;
+        }
+        AllreduceOptions o;
+        o.op = op;
+        o.name = std::string("m.") + dtypeName(dt) + reduceOpName(op) + std::to_string(count);
+        rt.allreduce(t, t, o);
+        for (int64_t i = 0; i < count; ++i) {
+          double got = 0;
+          switch (dt) {
+            case DataType::kUInt8: got = reinterpret_cast<uint8_t*>(buf.data())[i]; break;
+            case DataType::kInt8: got = reinterpret_cast<int8_t*>(buf.data())[i]; break;
+            case DataType::kInt32: got = reinterpret_cast<int32_t*>(buf.data())[i]; break;
+            case DataType::kInt64: got = static_cast<double>(reinterpret_cast<int64_t*>(buf.data())[i]); break;
+            case DataType::kFloat16: {
+              uint16_t h = reinterpret_cast<uint16_t*>(buf.data())[i];  // small integers only: exact
+              got = h == 0x3c00 ? 1 : h == 0x4000 ? 2 : h == 0x4200 ? 3 : h == 0x4400 ? 4 : -1;
+              break;
+            }
+            case DataType::kBFloat16: {
+              uint16_t h = reinterpret_cast<uint16_t*>(buf.data())[i];
+              got = h == 0x3f80 ? 1 : h == 0x4000 ? 2 : h == 0x4040 ? 3 : h == 0x4080 ? 4 : -1;
+              break;
+            }
+            case DataType::kFloat32: got = reinterpret_cast<float*>(buf.data())[i]; break;
+            case DataType::kFloat64: got = reinterpret_cast<double*>(buf.data())[i]; break;
+            default: break;
+          }
+          if (got != expect[i]) return fail(std::string("allreduce ") + o.name + " element " + std::to_string(i));
+        }
+      }
+    }
+  }
+  // allgather with uneven rows, broadcast, alltoall, reducescatter on float64
+  std::vector<double> mine(r + 1, r);
+  Work g = rt.allgather(Tensor{mine.data(), DataType::kFloat64, {r + 1}});
+  const double* gd = static_cast<const double*>(g.output().data);
+  for (int k = 0, pos = 0; k < n; ++k)
+    for (int j = 0; j <= k; ++j, ++pos)
+      if (gd[pos] != k) return fail("allgather");
+  double b = r * 10.0;
+  rt.broadcast(Tensor{&b, DataType::kFloat64, {1}}, n - 1);
+  if (b != (n - 1) * 10.0) return fail("broadcast");
+  std::vector<double> send(n);
+  for (int k = 0; k < n; ++k) send[k] = 100 * r + k;
+  Work a = rt.alltoall(Tensor{send.data(), DataType::kFloat64, {n}}, {});
+  for (int k = 0; k < n; ++k)
+    if (static_cast<const double*>(a.output().data)[k] != 100 * k + r) return fail("alltoall");
+  std::vector<double> rs(2 * n + 1, 1.0);
+  ReducescatterOptions ro;
+  ro.op = ReduceOp::kSum;
+  Work w = rt.reducescatter(Tensor{rs.data(), DataType::kFloat64, {2 * n + 1}}, ro);
+  if (w.output().shape[0] != 2 + (r < 1 ? 1 : 0) || static_cast<const double*>(w.output().data)[0] != n)
+    return fail("reducescatter");
+  // a dynamic process set of the even ranks
+  std::vector<int> evens;
+  for (int k = 0; k < n; k += 2) evens.push_back(k);
+  ProcessSet ps = rt.addProcessSet(evens);
+  if (ps.included()) {
+    double v = 1;
+    AllreduceOptions o;
+    o.op = ReduceOp::kSum;
+    o.processSet = ps.id();
+    rt.allreduce(Tensor{&v, DataType::kFloat64, {1}}, Tensor{&v, DataType::kFloat64, {1}}, o);
+    if (v != static_cast<double>(evens.size())) return fail("process set allreduce");
+  }
+  rt.removeProcessSet(ps.id());
+  rt.barrier();
+  say("rank " + std::to_string(r) + " of " + std::to_string(n) + ": matrix ok");
+  shutdown();
+  return 0;
+}
+
 }  // namespace
 
 
@@ -191,6 +308,7 @@ int main(int argc, char** argv) {
     if (s == "two_sets") return twoSets();
     if (s == "bad_secret") return badSecret();
     if (s == "leak_before_attach") return leakBeforeAttach();
+    if (s == "matrix") return matrix();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "rank error: %s\n", e.what());
     return 3;
