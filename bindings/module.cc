@@ -90,18 +90,21 @@ PYBIND11_MODULE(_core, m) {
       .def("received_splits", &PyWork::receivedSplits)
       .def("join_result", &PyWork::joinResult);
 
-  m.def("init", [](const std::vector<std::vector<int>>& processSets, bool dynamic) {
+  m.def("init", [](const std::vector<std::vector<int>>& processSets, bool dynamic, int64_t mpiComm) {
     Config c;
     c.processSets = processSets;
     c.dynamicProcessSets = dynamic;
+    c.mpiCommHandle = mpiComm;
     py::gil_scoped_release release;
     rt().init(c);
-  }, py::arg("process_sets") = std::vector<std::vector<int>>{}, py::arg("dynamic") = false);
+  }, py::arg("process_sets") = std::vector<std::vector<int>>{}, py::arg("dynamic") = false,
+     py::arg("mpi_comm") = int64_t{-2});
   m.def("shutdown", [] {
     py::gil_scoped_release release;
     rt().shutdown();
   });
   m.def("is_initialized", [] { return rt().isInitialized(); });
+  m.def("mpi_built", [] { return mpiBuilt(); });
   m.def("rank", [] { return rt().rank(); });
   m.def("size", [] { return rt().size(); });
   m.def("local_rank", [] { return rt().localRank(); });

@@ -45,6 +45,9 @@ struct ProcessSetStats {
 
 class RuntimeImpl;
 
+// Whether this build has the MPI backend (jobs under mpirun, MPI communicators).
+bool mpiBuilt();
+
 class Runtime {
  public:
   Runtime();

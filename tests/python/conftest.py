@@ -7,19 +7,26 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUILD = os.environ.get("CHORUS_BUILD_DIR", os.path.join(REPO, "build"))
 WORKERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers")
+sys.path.insert(0, os.path.join(BUILD, "python"))  # for checks made in the test process itself
 
 
 class Ranks:
     """Runs a Python script on N ranks under chorusrun."""
 
-    def __call__(self, n, script, *args, env=None, timeout=240, keep_going=False):
+    def __call__(self, n, script, *args, env=None, timeout=240, keep_going=False, mpirun=False):
         full_env = dict(os.environ)
         full_env["PYTHONPATH"] = os.path.join(BUILD, "python") + os.pathsep + full_env.get("PYTHONPATH", "")
         full_env.setdefault("OMP_NUM_THREADS", "1")
         if env:
             full_env.update(env)
         path = script if os.path.isabs(script) else os.path.join(WORKERS, script)
-        cmd = [os.path.join(BUILD, "chorusrun"), "-np", str(n)]
+        if mpirun:
+            cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(n),
+                   "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS"]
+            for key in (env or {}):
+                cmd += ["-x", key]
+        else:
+            cmd = [os.path.join(BUILD, "chorusrun"), "-np", str(n)]
         if keep_going:
             cmd.append("--keep-going")
         cmd += [sys.executable, path, *args]
@@ -36,3 +43,13 @@ def ranks():
 def ok(proc):
     assert proc.returncode == 0, proc.stdout
     return proc.stdout
+
+
+def have_mpi():
+    import shutil
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return False
+    import chorus._core as core
+    return shutil.which("mpirun") is not None and core.mpi_built()

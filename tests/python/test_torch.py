@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from conftest import ok
+from conftest import have_mpi, ok
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])
@@ -60,3 +60,19 @@ def test_digits_main_job(ranks, tmp_path):
 def test_seed_examples(ranks, script, n):
     out = ok(ranks(n, script))
     assert out.count("ok") >= n, out
+
+
+mpi = pytest.mark.skipif(not have_mpi(), reason="needs Open MPI, mpi4py and an MPI build")
+
+
+@mpi
+def test_seed_mpi_example_under_mpirun(ranks):
+    out = ok(ranks(4, "seed_mpi.py", mpirun=True))
+    assert out.count("seed mpi ok") == 4
+
+
+@mpi
+@pytest.mark.parametrize("data_path", ["auto", "mpi"])
+def test_collectives_under_mpirun(ranks, data_path):
+    out = ok(ranks(3, "collectives.py", mpirun=True, env={"CHORUS_CPU_OPERATIONS": data_path}))
+    assert out.count("collectives ok") == 3

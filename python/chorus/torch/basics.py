@@ -7,16 +7,19 @@ _initialized_sets = []  # ProcessSet objects registered at init or added later
 class ProcessSet:
     """A subset of the ranks that runs its own collectives.
 
-    Build one from a list of global ranks before init() and pass it to
-    init(process_sets=[...]), or add it at run time with add_process_set().
+    Build one from a list of global ranks, or from an MPI communicator (mpi4py),
+    before init() and pass it to init(process_sets=[...]), or add it at run time
+    with add_process_set().
     """
 
     def __init__(self, ranks_or_comm):
         self.process_set_id = None
-        if hasattr(ranks_or_comm, "Get_group") or hasattr(ranks_or_comm, "Split"):
-            raise ValueError(
-                "ProcessSet(comm) with an MPI communicator needs chorus's MPI integration; "
-                "pass a list of ranks instead")
+        self._comm = None
+        if _is_mpi_comm(ranks_or_comm):
+            self._comm = ranks_or_comm
+            self.ranks = []
+            self._given = []
+            return
         ranks = [int(r) for r in ranks_or_comm]
         self.ranks = sorted(ranks)
         self._given = ranks
@@ -57,6 +60,30 @@ class ProcessSet:
         return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
 
 
+def _is_mpi_comm(obj):
+    return hasattr(obj, "py2f") and hasattr(obj, "Get_group")
+
+
+def _ranks_in(comm, init_comm):
+    """The ranks, relative to init_comm, of comm's members."""
+    from mpi4py import MPI
+    return sorted(MPI.Group.Translate_ranks(comm.Get_group(), list(range(comm.Get_size())),
+                                            init_comm.Get_group()))
+
+
+def _comm_of(comm):
+    """init's comm: an mpi4py communicator, or a list of MPI_COMM_WORLD ranks (as Horovod takes)."""
+    if _is_mpi_comm(comm):
+        return comm
+    from mpi4py import MPI
+    ranks = [int(r) for r in comm]
+    world = MPI.COMM_WORLD
+    sub = world.Create_group(world.Get_group().Incl(ranks))
+    if sub == MPI.COMM_NULL:
+        raise ValueError(f"this process (MPI_COMM_WORLD rank {world.rank}) is not in init's comm {ranks}")
+    return sub
+
+
 global_process_set = ProcessSet([])
 global_process_set.process_set_id = 0
 
@@ -64,12 +91,12 @@ global_process_set.process_set_id = 0
 def init(comm=None, process_sets=None):
     """Starts chorus on this rank (as horovod.torch.init).
 
-    process_sets: None, a list of ProcessSet objects (static sets), or "dynamic"
-    to allow add_process_set()/remove_process_set() at run time.
+    comm: None (ranks from chorusrun or mpirun), an mpi4py communicator, or a list
+    of MPI_COMM_WORLD ranks to restrict chorus to. process_sets: None, a list of
+    ProcessSet objects (static sets; sets built from MPI communicators may differ
+    between ranks, as a Split gives each rank its own), or "dynamic" to allow
+    add_process_set()/remove_process_set() at run time.
     """
-    if comm is not None:
-        raise ValueError("init(comm=...) with an MPI communicator needs chorus's MPI integration; "
-                         "start the job with chorusrun and call init() without comm")
     dynamic = False
     static = []
     if process_sets == "dynamic":
@@ -79,11 +106,30 @@ def init(comm=None, process_sets=None):
         for ps in static:
             if not isinstance(ps, ProcessSet):
                 raise ValueError(f"process_sets must hold ProcessSet objects, got {type(ps).__name__}")
-    _core.init([ps._given for ps in static], dynamic)
+    mpi_handle = -2
+    init_comm = None
+    if comm is not None:
+        init_comm = _comm_of(comm)
+        mpi_handle = init_comm.py2f()
+    if any(ps._comm is not None for ps in static):
+        if init_comm is None:
+            from mpi4py import MPI
+            init_comm = MPI.COMM_WORLD
+        for ps in static:
+            if ps._comm is not None:
+                ps._given = _ranks_in(ps._comm, init_comm)
+        # Each rank knows only the sets its own communicators describe: register
+        # the union, the same on every rank.
+        every = init_comm.allgather([sorted(ps._given) for ps in static])
+        union = sorted({tuple(r) for lists in every for r in lists})
+        rank_lists = [list(r) for r in union]
+    else:
+        rank_lists = [ps._given for ps in static]
+    _core.init(rank_lists, dynamic, mpi_handle)
     global_process_set._bind(0)
     _initialized_sets.clear()
-    for i, ps in enumerate(static):
-        ps._bind(i + 1)
+    for ps in static:
+        ps._bind(1 + [sorted(r) for r in rank_lists].index(sorted(ps._given)))
         _initialized_sets.append(ps)
 
 
@@ -112,7 +158,7 @@ def mpi_threads_supported():
 
 
 def mpi_enabled():
-    return False
+    return _core.mpi_built()
 
 
 def gloo_enabled():
