@@ -29,6 +29,8 @@ struct Config {
   // Data path between ranks: "auto" (shared memory when every rank of a set is on
   // one host, TCP otherwise), "shm", or "tcp" (Gloo; "gloo" is accepted too).
   std::string cpuOperations = "auto";
+  // Where negotiation runs: "auto" (over the data path), "mpi", or "tcp"/"gloo".
+  std::string controller = "auto";
   int64_t shmSlotBytes = 1 << 20;
   // Sets spanning hosts: -1 auto (when a host has several of the set's ranks), 0 off, 1 on.
   int hierarchicalAllreduce = -1;

@@ -32,6 +32,8 @@ const std::vector<SettingInfo>& settingsTable() {
       {"CHORUS_CPU_OPERATIONS", "HOROVOD_CPU_OPERATIONS", "auto",
        "Data path: auto (shared memory within a host, TCP across hosts), shm, tcp (Gloo), or mpi "
        "(needs a job started by mpirun and MPI_THREAD_MULTIPLE)."},
+      {"CHORUS_CONTROLLER", "HOROVOD_CONTROLLER", "auto",
+       "Where negotiation runs: auto (over the data path), mpi (needs mpirun), or tcp/gloo."},
       {"CHORUS_SHM_SLOT_BYTES", "", "1048576",
        "Bytes each rank moves per round of a shared-memory collective."},
       {"CHORUS_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLREDUCE", "auto",
@@ -135,6 +137,11 @@ void Config::applyEnv() {
   if (cpuOperations == "gloo") cpuOperations = "tcp";
   if (cpuOperations != "auto" && cpuOperations != "shm" && cpuOperations != "tcp" && cpuOperations != "mpi") {
     throw InvalidArgument("CHORUS_CPU_OPERATIONS='" + cpuOperations + "' is not one of auto, shm, tcp, gloo, mpi");
+  }
+  if (readSetting("CHORUS_CONTROLLER", &v)) controller = v;
+  if (controller == "gloo") controller = "tcp";
+  if (controller != "auto" && controller != "mpi" && controller != "tcp") {
+    throw InvalidArgument("CHORUS_CONTROLLER='" + controller + "' is not one of auto, mpi, tcp, gloo");
   }
   readNumber("CHORUS_SHM_SLOT_BYTES", &shmSlotBytes);
   readNumber("CHORUS_HIERARCHICAL_ALLREDUCE", &hierarchicalAllreduce);

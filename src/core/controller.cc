@@ -29,11 +29,13 @@ constexpr uint64_t kFlagStallShutdown = 2;
 }  // namespace
 
 Controller::Controller(int32_t setId, std::vector<int> globalRanks, int globalRank,
-                       std::unique_ptr<Communicator> comm, const Config& config)
+                       std::unique_ptr<Communicator> comm, const Config& config,
+                       std::unique_ptr<Communicator> control)
     : setId_(setId),
       globalRanks_(globalRanks),
       globalRank_(globalRank),
       comm_(std::move(comm)),
+      control_(std::move(control)),
       config_(config),
       coordinator_(std::move(globalRanks)),
       cache_(config.cacheCapacity),
@@ -108,7 +110,7 @@ void Controller::loop() {
     // A new request starts the next cycle at once (low latency), except that over
     // an expensive transport a busy cycle is followed by the full cycle time, so
     // that a burst of requests (a backward pass) fuses into few collectives.
-    const bool hold = lastCycleBusy_ && comm_->batchesRequests();
+    const bool hold = lastCycleBusy_ && ctl().batchesRequests();
     std::unique_lock<std::mutex> lock(mu_);
     wake_.wait_until(lock, start + cycleTime,
                      [&] { return shutdownRequested_.load() || (!hold && !incoming_.empty()); });
@@ -139,7 +141,7 @@ void Controller::cycle() {
     std::lock_guard<std::mutex> lock(mu_);
     fresh.swap(incoming_);
   }
-  const int n = comm_->size();
+  const int n = ctl().size();
   const int capacity = cache_.capacity();
   const int W = (capacity + 63) / 64;
   // Layout, all OR-reduced: [flags][request bytes per rank][invalid bits][~hit bits].
@@ -180,10 +182,10 @@ void Controller::cycle() {
   }
   ByteWriter mine;
   if (!uncached.empty()) writeRequests(uncached, mine);
-  words[1 + comm_->rank()] = mine.data().size();
+  words[1 + ctl().rank()] = mine.data().size();
   words[0] = (shutdownRequested_ ? kFlagShutdown : 0) | (stallShutdown_ ? kFlagStallShutdown : 0);
 
-  comm_->allreduceBitsOr(words.data(), words.size());
+  ctl().allreduceBitsOr(words.data(), words.size());
 
   if (words[0] & kFlagShutdown) {
     throw StopSignal{std::make_exception_ptr(
@@ -225,7 +227,7 @@ void Controller::cycle() {
   for (int r = 0; r < n; ++r) total += sizes[r] = static_cast<size_t>(words[1 + r]);
   if (total > 0) {
     std::vector<char> all(total);
-    comm_->allgatherv(mine.data().data(), all.data(), sizes);
+    ctl().allgatherv(mine.data().data(), all.data(), sizes);
     size_t off = 0;
     for (int r = 0; r < n; ++r) {
       if (sizes[r] > 0) {

@@ -23,8 +23,10 @@ namespace chorus {
 
 class Controller {
  public:
+  // control: where negotiation runs (null: over the data communicator).
   Controller(int32_t setId, std::vector<int> globalRanks, int globalRank,
-             std::unique_ptr<Communicator> comm, const Config& config);
+             std::unique_ptr<Communicator> comm, const Config& config,
+             std::unique_ptr<Communicator> control = nullptr);
   ~Controller();
 
   void start();
@@ -48,6 +50,8 @@ class Controller {
   const std::vector<int> globalRanks_;
   const int globalRank_;
   std::unique_ptr<Communicator> comm_;
+  std::unique_ptr<Communicator> control_;
+  Communicator& ctl() { return control_ ? *control_ : *comm_; }
   const Config config_;
   Coordinator coordinator_;
   ResponseCache cache_;

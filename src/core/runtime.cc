@@ -43,8 +43,9 @@ void RuntimeImpl::init(Config cfg) {
   setLogLevel(cfg.logLevel);
   if (cfg.mpiCommHandle >= -1 || (cfg.rank < 0 && launchedByMpi())) {
     bootstrapFromMpi(cfg);
-  } else if (cfg.cpuOperations == "mpi") {
-    throw InvalidArgument("CHORUS_CPU_OPERATIONS=mpi needs the job to be started by mpirun");
+  } else if (cfg.cpuOperations == "mpi" || cfg.controller == "mpi") {
+    throw InvalidArgument(std::string(cfg.cpuOperations == "mpi" ? "CHORUS_CPU_OPERATIONS" : "CHORUS_CONTROLLER") +
+                          "=mpi needs the job to be started by mpirun");
   }
   if (cfg.rank < 0 || cfg.size <= 0) {
     throw InvalidArgument(
@@ -84,7 +85,8 @@ void RuntimeImpl::init(Config cfg) {
                                                                   commOptions());
     checkStaticSetsAgree(*global);
     ProcessSet globalSet(kGlobalProcessSetId, all, rank);
-    auto gc = std::make_shared<Controller>(kGlobalProcessSetId, all, rank, std::move(global), config);
+    auto gc = std::make_shared<Controller>(kGlobalProcessSetId, all, rank, std::move(global), config,
+                                           makeControl(globalSet));
     sets.add(globalSet, gc);
     started.push_back(gc);
     nextSetId_ = 1;
@@ -104,21 +106,33 @@ void RuntimeImpl::init(Config cfg) {
   initialized = true;
 }
 
+std::unique_ptr<Communicator> RuntimeImpl::makeControl(const ProcessSet& ps) {
+  if (config.controller == "mpi") return mpi_->split(ps.ranks());
+  if (config.controller == "tcp" && ps.included()) {
+    return makeTcpCommunicator(device, *store, prefix + "ctl" + std::to_string(ps.id()) + "/", ps.rank(), ps.size(),
+                               commOptions());
+  }
+  return nullptr;
+}
+
 std::shared_ptr<Controller> RuntimeImpl::makeController(const ProcessSet& ps) {
+  auto control = makeControl(ps);
   if (mpi_ && config.cpuOperations == "mpi") {  // every rank takes part in the split
     auto comm = mpi_->split(ps.ranks());
-    return comm ? std::make_shared<Controller>(ps.id(), ps.ranks(), rank, std::move(comm), config) : nullptr;
+    return comm ? std::make_shared<Controller>(ps.id(), ps.ranks(), rank, std::move(comm), config, std::move(control))
+                : nullptr;
   }
   if (!ps.included()) return nullptr;
   std::vector<std::string> memberHosts;
   for (int r : ps.ranks()) memberHosts.push_back(hosts[r]);
   auto comm = makeCommunicator(device, *store, prefix + "ps" + std::to_string(ps.id()) + "/", ps.rank(),
                                memberHosts, commOptions());
-  return std::make_shared<Controller>(ps.id(), ps.ranks(), rank, std::move(comm), config);
+  return std::make_shared<Controller>(ps.id(), ps.ranks(), rank, std::move(comm), config, std::move(control));
 }
 
 void RuntimeImpl::bootstrapFromMpi(Config& cfg) {
-  mpi_ = openMpiWorld(cfg.mpiCommHandle < -1 ? -1 : cfg.mpiCommHandle, cfg.cpuOperations == "mpi");
+  mpi_ = openMpiWorld(cfg.mpiCommHandle < -1 ? -1 : cfg.mpiCommHandle,
+                      cfg.cpuOperations == "mpi" || cfg.controller == "mpi");
   cfg.rank = mpi_->rank();
   cfg.size = mpi_->size();
   if (cfg.store) return;

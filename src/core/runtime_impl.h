@@ -43,6 +43,9 @@ class RuntimeImpl {
   void computeTopology();
   void checkStaticSetsAgree(Communicator& global);
   void bootstrapFromMpi(Config& cfg);
+  // The negotiation communicator of a set when CHORUS_CONTROLLER asks for one
+  // apart from the data path (every rank calls it: an MPI split is collective).
+  std::unique_ptr<Communicator> makeControl(const ProcessSet& ps);
   std::shared_ptr<Controller> makeController(const ProcessSet& ps);
   // Every rank states `what`; throws on every rank if any two differ.
   void agree(const std::string& op, const std::string& what);

@@ -40,7 +40,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv, argv + argc);
   const std::vector<std::string> takesValue = {"-np", "-n", "--np", "--num-proc", "-H", "--hosts",
                                                "--hostfile", "--start-timeout", "--store-bind",
-                                               "--store-port", "--secret", "--job-id"};
+                                               "--store-port", "--secret", "--job-id", "--mpi-args"};
   for (size_t i = 1; i < args.size(); ++i) {
     if (args[i] == "--" || args[i].empty() || args[i][0] != '-') break;  // the command starts here
     const bool hasValue = std::find(takesValue.begin(), takesValue.end(), args[i]) != takesValue.end();
@@ -53,7 +53,8 @@ int main(int argc, char** argv) {
   CLI::App app{"chorusrun: start a chorus job (horovodrun's flags where they apply)"};
   app.prefix_command();  // everything after the options is the command
   int np = 0;
-  std::string hosts, hostfile, bind = "127.0.0.1", secret, jobId;
+  std::string hosts, hostfile, bind = "127.0.0.1", secret, jobId, mpiArgs;
+  bool useMpi = false;
   double startTimeout = 30;
   bool verbose = false, keepGoing = false, serve = false, printSettings = false;
   int port = 0;
@@ -68,6 +69,8 @@ int main(int argc, char** argv) {
   app.add_option("--store-bind", bind, "address the store listens on (default 127.0.0.1)");
   app.add_option("--store-port", port, "port of the store (default: any free port)");
   app.add_option("--secret", secret, "job secret for --serve-store (default: random)");
+  app.add_flag("--mpi", useMpi, "start the ranks with mpirun (hosts from -H or --hostfile)");
+  app.add_option("--mpi-args", mpiArgs, "extra arguments for mpirun, e.g. \"-x NCCL_DEBUG=INFO\"");
   app.add_option("--job-id", jobId, "job identity (default: chorusrun's pid and a random tag)");
   app.add_flag("--print-settings", printSettings, "print the table of CHORUS_* settings (markdown)");
   try {
@@ -94,6 +97,10 @@ int main(int argc, char** argv) {
     std::vector<chorus::launcher::HostSlots> hostList;
     if (!hosts.empty()) hostList = chorus::launcher::parseHostList(hosts);
     if (!hostfile.empty()) hostList = chorus::launcher::parseHostfile(hostfile);
+    if (useMpi) {
+      if (np <= 0) throw std::invalid_argument("give the number of ranks with -np N");
+      return chorus::launcher::runWithMpirun(np, hosts, hostfile, mpiArgs, command, verbose);
+    }
     int slots = 0;
     for (const auto& h : hostList) {
       if (!chorus::launcher::isLocalHost(h.host)) {

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <sstream>
 #include <string>
 
 extern char** environ;
@@ -100,6 +101,46 @@ pid_t spawnRank(const LocalJob& job, int rank, int outFd, int errFd) {
 }
 
 }  // namespace
+
+int runWithMpirun(int np, const std::string& hosts, const std::string& hostfile, const std::string& mpiArgs,
+                  const std::vector<std::string>& command, bool verbose) {
+  std::vector<std::string> args = {"mpirun", "-np", std::to_string(np), "--tag-output", "--bind-to", "none",
+                                   "--map-by", "slot"};
+  if (getuid() == 0) args.push_back("--allow-run-as-root");
+  if (!hosts.empty()) args.insert(args.end(), {"-H", hosts});
+  if (!hostfile.empty()) args.insert(args.end(), {"--hostfile", hostfile});
+  // Pass chorus's settings and the paths the ranks need on every host.
+  for (char** e = environ; *e; ++e) {
+    std::string kv = *e;
+    std::string key = kv.substr(0, kv.find('='));
+    if (key.rfind("CHORUS_", 0) == 0 || key.rfind("HOROVOD_", 0) == 0 || key == "PATH" || key == "LD_LIBRARY_PATH" ||
+        key == "PYTHONPATH")
+      args.insert(args.end(), {"-x", key});
+  }
+  std::istringstream extra(mpiArgs);
+  for (std::string a; extra >> a;) args.push_back(a);
+  args.insert(args.end(), command.begin(), command.end());
+  if (verbose) {
+    std::string line = "chorusrun: running";
+    for (const auto& a : args) line += " " + a;
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+  pid_t pid = fork();
+  if (pid == 0) {
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execvp(argv[0], argv.data());
+    std::fprintf(stderr, "chorusrun: cannot run mpirun: %s (install Open MPI: openmpi-bin)\n", std::strerror(errno));
+    _exit(127);
+  }
+  // mpirun forwards Ctrl-C to the ranks itself; chorusrun just waits.
+  signal(SIGINT, SIG_IGN);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return exitCodeOf(status);
+}
 
 int removeJobSegments(const std::string& jobId) {
   const std::string prefix = "chorus-" + jobId + "-";

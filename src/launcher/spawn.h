@@ -19,6 +19,11 @@ struct LocalJob {
 // first failure's exit code (128+signal for a signal). Ctrl-C stops every rank.
 int runLocalJob(const LocalJob& job);
 
+// Hands the job to mpirun: the ranks then learn their ranks and hosts from MPI
+// and meet through a store that rank 0 serves. Returns mpirun's exit code.
+int runWithMpirun(int np, const std::string& hosts, const std::string& hostfile, const std::string& mpiArgs,
+                  const std::vector<std::string>& command, bool verbose);
+
 // Unlinks /dev/shm/chorus-<jobId>-*; returns how many were removed.
 int removeJobSegments(const std::string& jobId);
 

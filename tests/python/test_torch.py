@@ -76,3 +76,9 @@ def test_seed_mpi_example_under_mpirun(ranks):
 def test_collectives_under_mpirun(ranks, data_path):
     out = ok(ranks(3, "collectives.py", mpirun=True, env={"CHORUS_CPU_OPERATIONS": data_path}))
     assert out.count("collectives ok") == 3
+
+
+@mpi
+def test_dynamic_sets_from_split_communicators(ranks):
+    out = ok(ranks(4, "mpi_dynamic.py", mpirun=True))
+    assert out.count("mpi dynamic ok") == 4

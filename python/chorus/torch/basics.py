@@ -2,6 +2,7 @@
 from chorus import _core
 
 _initialized_sets = []  # ProcessSet objects registered at init or added later
+_init_comm = None  # the mpi4py communicator init() was given, if any
 
 
 class ProcessSet:
@@ -106,11 +107,13 @@ def init(comm=None, process_sets=None):
         for ps in static:
             if not isinstance(ps, ProcessSet):
                 raise ValueError(f"process_sets must hold ProcessSet objects, got {type(ps).__name__}")
+    global _init_comm
     mpi_handle = -2
     init_comm = None
     if comm is not None:
         init_comm = _comm_of(comm)
         mpi_handle = init_comm.py2f()
+    _init_comm = init_comm
     if any(ps._comm is not None for ps in static):
         if init_comm is None:
             from mpi4py import MPI
@@ -166,23 +169,46 @@ def gloo_enabled():
 
 
 def add_process_set(process_set):
-    """Adds a process set at run time; collective over all ranks (init(process_sets="dynamic"))."""
+    """Adds a process set at run time; collective over all ranks (init(process_sets="dynamic")).
+
+    From an MPI communicator, each rank may describe a different set (a Split):
+    every described set is added, the same on every rank, and this rank's object
+    is bound to its own."""
     ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
     if ps.process_set_id is not None:
         raise ValueError(f"{ps} is already registered")
+    if ps._comm is not None:
+        from chorus.torch.functions import allgather_object
+        from mpi4py import MPI
+        mine = _ranks_in(ps._comm, _init_comm or MPI.COMM_WORLD)
+        added = []
+        for ranks in sorted({tuple(r) for r in allgather_object(mine, name="add_process_set")}):
+            target = ps if list(ranks) == mine else ProcessSet(list(ranks))
+            target._given = list(ranks)
+            target._bind(_core.add_process_set(list(ranks)))
+            _initialized_sets.append(target)
+            added.append(target)
+        for target in added:  # removed together, as they were added
+            target._siblings = added
+        return ps
     ps._bind(_core.add_process_set(ps._given))
     _initialized_sets.append(ps)
     return ps
 
 
 def remove_process_set(process_set):
-    """Removes a process set added at run time; collective over all ranks. Returns True."""
+    """Removes a process set added at run time; collective over all ranks. Returns True.
+
+    A set added from an MPI communicator is removed with the sets the other ranks'
+    communicators described in the same add_process_set call."""
     if process_set.process_set_id is None:
         raise ValueError(f"{process_set} is not registered")
-    _core.remove_process_set(process_set.process_set_id)
-    process_set.process_set_id = None
-    if process_set in _initialized_sets:
-        _initialized_sets.remove(process_set)
+    # Sets added from one MPI communicator differ between ranks; all of them go.
+    for ps in getattr(process_set, "_siblings", [process_set]):
+        _core.remove_process_set(ps.process_set_id)
+        ps.process_set_id = None
+        if ps in _initialized_sets:
+            _initialized_sets.remove(ps)
     return True
 
 
