@@ -41,6 +41,7 @@ class Communicator {
 
 struct CommOptions {
   std::string cpuOperations = "auto";
+  bool shmDisable = false;
   int64_t shmSlotBytes = 1 << 20;
   int hierarchicalAllreduce = -1;
   int hierarchicalAllgather = -1;
@@ -55,12 +56,19 @@ struct CommOptions {
 // same storePrefix; rank/size are within the group.
 class TransportDevice;
 std::shared_ptr<TransportDevice> makeTransportDevice(const CommOptions& opts);
+// With cpuOperations "mpi": MPI communicators over the group (flat) and over one
+// leader per host (cross, on leaders only), made beforehand by every rank.
+struct MpiLinks {
+  std::unique_ptr<Communicator> flat, cross;
+};
+
 // Picks the data path for a group from its members' host names and the
-// cpuOperations setting: shared memory when all share one host, else TCP.
+// settings: shared memory within a host (unless shmDisable), and between hosts
+// TCP, or MPI when cpuOperations is "mpi".
 std::unique_ptr<Communicator> makeCommunicator(const std::shared_ptr<TransportDevice>& device, Store& store,
                                                const std::string& storePrefix, int rank,
                                                const std::vector<std::string>& memberHosts,
-                                               const CommOptions& opts);
+                                               const CommOptions& opts, MpiLinks mpi = {});
 std::unique_ptr<Communicator> makeTcpCommunicator(const std::shared_ptr<TransportDevice>& device,
                                                   Store& store, const std::string& storePrefix,
                                                   int rank, int size, const CommOptions& opts);

@@ -11,7 +11,7 @@ namespace chorus {
 std::unique_ptr<Communicator> makeCommunicator(const std::shared_ptr<TransportDevice>& device, Store& store,
                                                const std::string& storePrefix, int rank,
                                                const std::vector<std::string>& memberHosts,
-                                               const CommOptions& opts) {
+                                               const CommOptions& opts, MpiLinks mpi) {
   const int size = static_cast<int>(memberHosts.size());
   const bool oneHost =
       std::all_of(memberHosts.begin(), memberHosts.end(), [&](const std::string& h) { return h == memberHosts[0]; });
@@ -25,7 +25,9 @@ std::unique_ptr<Communicator> makeCommunicator(const std::shared_ptr<TransportDe
                                             ms(opts.timeoutSeconds));
     return std::make_unique<ShmCommunicator>(std::move(seg));
   };
+  const bool viaMpi = opts.cpuOperations == "mpi";
   if (opts.cpuOperations == "tcp") return makeTcpCommunicator(device, store, storePrefix, rank, size, opts);
+  if (viaMpi && (opts.shmDisable || size == 1)) return std::move(mpi.flat);
   if (oneHost) return makeShm(storePrefix, rank, size);
 
   // Spanning hosts: group the members by host, in order of each host's first rank.
@@ -46,7 +48,9 @@ std::unique_ptr<Communicator> makeCommunicator(const std::shared_ptr<TransportDe
   for (const auto& h : layout.hostRanks) crowded |= h.size() > 1;
   const bool hierAllreduce = opts.hierarchicalAllreduce < 0 ? crowded : opts.hierarchicalAllreduce > 0;
   const bool hierAllgather = opts.hierarchicalAllgather < 0 ? crowded : opts.hierarchicalAllgather > 0;
-  if (!hierAllreduce && !hierAllgather) return makeTcpCommunicator(device, store, storePrefix, rank, size, opts);
+  if (!hierAllreduce && !hierAllgather) {
+    return viaMpi ? std::move(mpi.flat) : makeTcpCommunicator(device, store, storePrefix, rank, size, opts);
+  }
 
   const auto& mine = layout.hostRanks[layout.host];
   const int localRank = static_cast<int>(std::find(mine.begin(), mine.end(), rank) - mine.begin());
@@ -54,10 +58,11 @@ std::unique_ptr<Communicator> makeCommunicator(const std::shared_ptr<TransportDe
                        static_cast<int>(mine.size()));
   std::unique_ptr<Communicator> cross;
   if (localRank == 0) {
-    cross = makeTcpCommunicator(device, store, storePrefix + "cross/", layout.host,
-                                static_cast<int>(layout.hostRanks.size()), opts);
+    cross = viaMpi ? std::move(mpi.cross)
+                   : makeTcpCommunicator(device, store, storePrefix + "cross/", layout.host,
+                                         static_cast<int>(layout.hostRanks.size()), opts);
   }
-  auto flat = makeTcpCommunicator(device, store, storePrefix + "flat/", rank, size, opts);
+  auto flat = viaMpi ? std::move(mpi.flat) : makeTcpCommunicator(device, store, storePrefix + "flat/", rank, size, opts);
   return std::make_unique<HierarchicalCommunicator>(std::move(layout), std::move(local), std::move(cross),
                                                     std::move(flat), hierAllreduce, hierAllgather);
 }

@@ -31,9 +31,11 @@ const std::vector<SettingInfo>& settingsTable() {
       {"CHORUS_IFACE", "HOROVOD_GLOO_IFACE", "", "Network interface for the TCP data transport."},
       {"CHORUS_CPU_OPERATIONS", "HOROVOD_CPU_OPERATIONS", "auto",
        "Data path: auto (shared memory within a host, TCP across hosts), shm, tcp (Gloo), or mpi "
-       "(needs a job started by mpirun and MPI_THREAD_MULTIPLE)."},
+       "(shared memory within a host, MPI across hosts; needs mpirun and MPI_THREAD_MULTIPLE)."},
       {"CHORUS_CONTROLLER", "HOROVOD_CONTROLLER", "auto",
        "Where negotiation runs: auto (over the data path), mpi (needs mpirun), or tcp/gloo."},
+      {"CHORUS_SHM_DISABLE", "", "0",
+       "1: no shared memory within a host (with CHORUS_CPU_OPERATIONS=mpi, MPI carries everything)."},
       {"CHORUS_SHM_SLOT_BYTES", "", "1048576",
        "Bytes each rank moves per round of a shared-memory collective."},
       {"CHORUS_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLREDUCE", "auto",
@@ -143,6 +145,7 @@ void Config::applyEnv() {
   if (controller != "auto" && controller != "mpi" && controller != "tcp") {
     throw InvalidArgument("CHORUS_CONTROLLER='" + controller + "' is not one of auto, mpi, tcp, gloo");
   }
+  if (readSetting("CHORUS_SHM_DISABLE", &v)) shmDisable = (v == "1" || v == "true");
   readNumber("CHORUS_SHM_SLOT_BYTES", &shmSlotBytes);
   readNumber("CHORUS_HIERARCHICAL_ALLREDUCE", &hierarchicalAllreduce);
   readNumber("CHORUS_HIERARCHICAL_ALLGATHER", &hierarchicalAllgather);

@@ -22,6 +22,7 @@ std::chrono::milliseconds ms(double seconds) {
 CommOptions RuntimeImpl::commOptions() const {
   CommOptions o;
   o.cpuOperations = config.cpuOperations;
+  o.shmDisable = config.shmDisable;
   o.shmSlotBytes = config.shmSlotBytes;
   o.hierarchicalAllreduce = config.hierarchicalAllreduce;
   o.hierarchicalAllgather = config.hierarchicalAllgather;
@@ -79,14 +80,12 @@ void RuntimeImpl::init(Config cfg) {
     for (int i = 0; i < size; ++i) all[i] = i;
     exchangeHosts();
     computeTopology();
-    std::unique_ptr<Communicator> global = mpi_ && config.cpuOperations == "mpi"
-                                               ? mpi_->split(all)
-                                               : makeCommunicator(device, *store, prefix + "ps0/", rank, hosts,
-                                                                  commOptions());
-    checkStaticSetsAgree(*global);
     ProcessSet globalSet(kGlobalProcessSetId, all, rank);
+    auto control = makeControl(globalSet);
+    auto global = makeDataComm(globalSet);
+    checkStaticSetsAgree(*global);
     auto gc = std::make_shared<Controller>(kGlobalProcessSetId, all, rank, std::move(global), config,
-                                           makeControl(globalSet));
+                                           std::move(control));
     sets.add(globalSet, gc);
     started.push_back(gc);
     nextSetId_ = 1;
@@ -115,18 +114,31 @@ std::unique_ptr<Communicator> RuntimeImpl::makeControl(const ProcessSet& ps) {
   return nullptr;
 }
 
-std::shared_ptr<Controller> RuntimeImpl::makeController(const ProcessSet& ps) {
-  auto control = makeControl(ps);
-  if (mpi_ && config.cpuOperations == "mpi") {  // every rank takes part in the split
-    auto comm = mpi_->split(ps.ranks());
-    return comm ? std::make_shared<Controller>(ps.id(), ps.ranks(), rank, std::move(comm), config, std::move(control))
-                : nullptr;
+std::unique_ptr<Communicator> RuntimeImpl::makeDataComm(const ProcessSet& ps) {
+  MpiLinks links;
+  if (config.cpuOperations == "mpi") {  // MPI splits are collective: every rank makes them
+    std::vector<int> leaders;
+    std::vector<std::string> seen;
+    for (int r : ps.ranks()) {
+      if (std::find(seen.begin(), seen.end(), hosts[r]) == seen.end()) {
+        seen.push_back(hosts[r]);
+        leaders.push_back(r);
+      }
+    }
+    links.flat = mpi_->split(ps.ranks());
+    links.cross = mpi_->split(leaders);
   }
   if (!ps.included()) return nullptr;
   std::vector<std::string> memberHosts;
   for (int r : ps.ranks()) memberHosts.push_back(hosts[r]);
-  auto comm = makeCommunicator(device, *store, prefix + "ps" + std::to_string(ps.id()) + "/", ps.rank(),
-                               memberHosts, commOptions());
+  return makeCommunicator(device, *store, prefix + "ps" + std::to_string(ps.id()) + "/", ps.rank(), memberHosts,
+                          commOptions(), std::move(links));
+}
+
+std::shared_ptr<Controller> RuntimeImpl::makeController(const ProcessSet& ps) {
+  auto control = makeControl(ps);
+  auto comm = makeDataComm(ps);
+  if (!comm) return nullptr;
   return std::make_shared<Controller>(ps.id(), ps.ranks(), rank, std::move(comm), config, std::move(control));
 }
 

@@ -46,6 +46,8 @@ class RuntimeImpl {
   // The negotiation communicator of a set when CHORUS_CONTROLLER asks for one
   // apart from the data path (every rank calls it: an MPI split is collective).
   std::unique_ptr<Communicator> makeControl(const ProcessSet& ps);
+  // The data communicator of a set (null on non-members; every rank calls it).
+  std::unique_ptr<Communicator> makeDataComm(const ProcessSet& ps);
   std::shared_ptr<Controller> makeController(const ProcessSet& ps);
   // Every rank states `what`; throws on every rank if any two differ.
   void agree(const std::string& op, const std::string& what);
