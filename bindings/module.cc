@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include "chorus/chorus.h"
+#include "zero/cpu_adam.h"
 
 namespace py = pybind11;
 using namespace chorus;
@@ -184,6 +185,19 @@ PYBIND11_MODULE(_core, m) {
         });
   m.def("barrier_async", [](int32_t processSet) { return PyWork{rt().barrierAsync(processSet)}; });
   m.def("join_async", [](int32_t processSet) { return PyWork{rt().joinAsync(processSet)}; });
+  m.def("cpu_adam_step",
+        [](uintptr_t params, uintptr_t grads, uintptr_t expAvg, uintptr_t expAvgSq, size_t n, float lr, float beta1,
+           float beta2, float eps, float weightDecay, int64_t step, bool adamw, uintptr_t low, int lowDtype) {
+          zero::AdamHyper h{lr, beta1, beta2, eps, weightDecay, adamw, step};
+          py::gil_scoped_release release;
+          zero::cpuAdamStep(h, reinterpret_cast<float*>(params), reinterpret_cast<const float*>(grads),
+                            reinterpret_cast<float*>(expAvg), reinterpret_cast<float*>(expAvgSq), n,
+                            reinterpret_cast<void*>(low), static_cast<DataType>(lowDtype));
+        },
+        py::arg("params"), py::arg("grads"), py::arg("exp_avg"), py::arg("exp_avg_sq"), py::arg("n"), py::arg("lr"),
+        py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"), py::arg("step"),
+        py::arg("adamw"), py::arg("low") = 0, py::arg("low_dtype") = static_cast<int>(DataType::kBFloat16));
+  m.def("adam_simd_level", [] { return std::string(zero::adamSimdLevel()); });
   m.def("synchronize", [] {
     py::gil_scoped_release release;
     rt().synchronize();

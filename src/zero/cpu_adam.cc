@@ -1,0 +1,55 @@
+#include "zero/cpu_adam.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
+namespace chorus::zero {
+
+#define CHORUS_DECLARE_ADAM(ns)                                                                         \
+  namespace ns {                                                                                        \
+  void adamBlock(const AdamHyper&, float*, const float*, float*, float*, size_t, void*, DataType);      \
+  }
+CHORUS_DECLARE_ADAM(adam_generic)
+CHORUS_DECLARE_ADAM(adam_avx2)
+CHORUS_DECLARE_ADAM(adam_avx512)
+
+namespace {
+using Block = void (*)(const AdamHyper&, float*, const float*, float*, float*, size_t, void*, DataType);
+struct Kernel {
+  const char* name;
+  Block block;
+};
+
+const Kernel& kernel() {
+  static const Kernel k = [] {
+    __builtin_cpu_init();
+    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+    std::string want = std::getenv("CHORUS_SIMD") ? std::getenv("CHORUS_SIMD") : "auto";
+    if (want == "generic") return Kernel{"generic", adam_generic::adamBlock};
+    if (want == "avx2" || !avx512) return avx2 ? Kernel{"avx2", adam_avx2::adamBlock} : Kernel{"generic", adam_generic::adamBlock};
+    return Kernel{"avx512", adam_avx512::adamBlock};
+  }();
+  return k;
+}
+}  // namespace
+
+const char* adamSimdLevel() { return kernel().name; }
+
+void cpuAdamStep(const AdamHyper& h, float* params, const float* grads, float* expAvg, float* expAvgSq, size_t n,
+                 void* lowPrecision, DataType lowDtype) {
+  // Blocks small enough to stay in cache between the passes of one block.
+  constexpr size_t kBlock = 1 << 14;
+  const Block block = kernel().block;
+  const int64_t blocks = static_cast<int64_t>((n + kBlock - 1) / kBlock);
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const size_t off = static_cast<size_t>(b) * kBlock;
+    const size_t len = std::min(kBlock, n - off);
+    void* low = lowPrecision ? static_cast<uint16_t*>(lowPrecision) + off : nullptr;
+    block(h, params + off, grads + off, expAvg + off, expAvgSq + off, len, low, lowDtype);
+  }
+}
+
+}  // namespace chorus::zero
