@@ -1,0 +1,236 @@
+#include "zero/ds_config.h"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "chorus/error.h"
+
+namespace chorus::zero {
+
+namespace {
+
+using nlohmann::json;
+
+size_t editDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string join(const std::string& path, const std::string& key) { return path.empty() ? key : path + "." + key; }
+
+void checkKeys(const json& obj, const std::string& path, const std::vector<std::string>& allowed) {
+  if (!obj.is_object()) throw InvalidArgument("DeepSpeed config: '" + path + "' must be an object");
+  for (const auto& [key, value] : obj.items()) {
+    if (std::find(allowed.begin(), allowed.end(), key) != allowed.end()) continue;
+    const std::string* best = &allowed.front();
+    for (const auto& a : allowed)
+      if (editDistance(key, a) < editDistance(key, *best)) best = &a;
+    throw InvalidArgument("DeepSpeed config: unknown key '" + join(path, key) + "'; did you mean '" + *best + "'?");
+  }
+}
+
+template <typename T>
+T get(const json& obj, const std::string& key, const std::string& path, T fallback) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return fallback;
+  try {
+    if constexpr (std::is_same_v<T, bool>) {
+      if (!it->is_boolean()) throw std::invalid_argument("not a boolean");
+    } else if constexpr (std::is_integral_v<T>) {
+      if (!it->is_number_integer()) throw std::invalid_argument("not an integer");
+    } else if constexpr (std::is_floating_point_v<T>) {
+      if (!it->is_number()) throw std::invalid_argument("not a number");
+    } else {
+      if (!it->is_string()) throw std::invalid_argument("not a string");
+    }
+    return it->get<T>();
+  } catch (const std::exception&) {
+    throw InvalidArgument("DeepSpeed config: '" + join(path, key) + "' has the wrong type (" + it->dump() + ")");
+  }
+}
+
+int64_t positive(const json& obj, const std::string& key, const std::string& path) {
+  int64_t v = get<int64_t>(obj, key, path, 0);
+  if (obj.contains(key) && v <= 0) throw InvalidArgument("DeepSpeed config: '" + join(path, key) + "' must be > 0");
+  return v;
+}
+
+void resolveBatch(DsConfig& c, int world) {
+  const int64_t tb = c.trainBatchSize, mb = c.microBatch, ga = c.gradAccum;
+  const std::string w = std::to_string(world);
+  if (tb && mb && ga) {
+    if (tb != mb * ga * world) {
+      throw InvalidArgument("DeepSpeed config: train_batch_size must equal train_micro_batch_size_per_gpu * "
+                            "gradient_accumulation_steps * world size, but " + std::to_string(tb) + " != " +
+                            std::to_string(mb) + " * " + std::to_string(ga) + " * " + w);
+    }
+  } else if (tb && mb) {
+    if (tb % (mb * world)) {
+      throw InvalidArgument("DeepSpeed config: train_batch_size " + std::to_string(tb) + " is not divisible by " +
+                            "train_micro_batch_size_per_gpu * world size = " + std::to_string(mb * world));
+    }
+    c.gradAccum = tb / (mb * world);
+  } else if (tb && ga) {
+    if (tb % (ga * world)) {
+      throw InvalidArgument("DeepSpeed config: train_batch_size " + std::to_string(tb) + " is not divisible by " +
+                            "gradient_accumulation_steps * world size = " + std::to_string(ga * world));
+    }
+    c.microBatch = tb / (ga * world);
+  } else if (tb) {
+    if (tb % world) {
+      throw InvalidArgument("DeepSpeed config: train_batch_size " + std::to_string(tb) + " is not divisible by " +
+                            w + " (the world size)");
+    }
+    c.gradAccum = 1;
+    c.microBatch = tb / world;
+  } else if (mb) {
+    c.gradAccum = ga ? ga : 1;
+    c.trainBatchSize = mb * c.gradAccum * world;
+  } else {
+    throw InvalidArgument("DeepSpeed config: train_batch_size or train_micro_batch_size_per_gpu is required");
+  }
+}
+
+}  // namespace
+
+DsConfig DsConfig::parse(const std::string& text, int world) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw InvalidArgument(std::string("DeepSpeed config is not valid JSON: ") + e.what());
+  }
+  checkKeys(j, "", {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "optimizer",
+                    "scheduler", "gradient_clipping", "fp16", "bf16", "zero_optimization", "steps_per_print",
+                    "wall_clock_breakdown", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer",
+                    "prescale_gradients", "gradient_predivide_factor"});
+  DsConfig c;
+  c.trainBatchSize = positive(j, "train_batch_size", "");
+  c.microBatch = positive(j, "train_micro_batch_size_per_gpu", "");
+  c.gradAccum = positive(j, "gradient_accumulation_steps", "");
+  resolveBatch(c, world);
+  c.gradientClipping = get<double>(j, "gradient_clipping", "", 0.0);
+  c.forceDsCpuOptimizer = get<bool>(j, "zero_force_ds_cpu_optimizer", "", true);
+
+  if (j.contains("optimizer")) {
+    const json& o = j["optimizer"];
+    checkKeys(o, "optimizer", {"type", "params"});
+    if (!o.contains("type")) throw InvalidArgument("DeepSpeed config: 'optimizer.type' is required");
+    c.optimizer.present = true;
+    std::string t = get<std::string>(o, "type", "optimizer", "");
+    std::transform(t.begin(), t.end(), t.begin(), ::tolower);
+    if (t != "adam" && t != "adamw" && t != "sgd") {
+      throw InvalidArgument("DeepSpeed config: 'optimizer.type' " + t + " is not one of Adam, AdamW, SGD");
+    }
+    c.optimizer.type = t;
+    if (o.contains("params")) {
+      const json& p = o["params"];
+      checkKeys(p, "optimizer.params", {"lr", "betas", "eps", "weight_decay", "momentum", "nesterov", "dampening",
+                                         "amsgrad", "torch_adam", "adam_w_mode", "bias_correction"});
+      c.optimizer.lr = get<float>(p, "lr", "optimizer.params", c.optimizer.lr);
+      c.optimizer.eps = get<float>(p, "eps", "optimizer.params", c.optimizer.eps);
+      c.optimizer.weightDecay = get<float>(p, "weight_decay", "optimizer.params", 0.0f);
+      c.optimizer.momentum = get<float>(p, "momentum", "optimizer.params", 0.0f);
+      if (p.contains("betas")) {
+        const json& b = p["betas"];
+        if (!b.is_array() || b.size() != 2 || !b[0].is_number() || !b[1].is_number())
+          throw InvalidArgument("DeepSpeed config: 'optimizer.params.betas' must be two numbers");
+        c.optimizer.beta1 = b[0].get<float>();
+        c.optimizer.beta2 = b[1].get<float>();
+      }
+    }
+  }
+
+  if (j.contains("scheduler")) {
+    const json& s = j["scheduler"];
+    checkKeys(s, "scheduler", {"type", "params"});
+    if (!s.contains("type")) throw InvalidArgument("DeepSpeed config: 'scheduler.type' is required");
+    c.scheduler.present = true;
+    c.scheduler.type = get<std::string>(s, "type", "scheduler", "");
+    if (c.scheduler.type != "WarmupLR" && c.scheduler.type != "WarmupDecayLR")
+      throw InvalidArgument("DeepSpeed config: 'scheduler.type' " + c.scheduler.type + " is not WarmupLR or WarmupDecayLR");
+    if (s.contains("params")) {
+      const json& p = s["params"];
+      checkKeys(p, "scheduler.params", {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type",
+                                         "total_num_steps", "last_batch_iteration"});
+      c.scheduler.warmupMinLr = get<double>(p, "warmup_min_lr", "scheduler.params", 0.0);
+      c.scheduler.warmupMaxLr = get<double>(p, "warmup_max_lr", "scheduler.params", 1e-3);
+      c.scheduler.warmupNumSteps = get<int64_t>(p, "warmup_num_steps", "scheduler.params", 1000);
+      c.scheduler.warmupType = get<std::string>(p, "warmup_type", "scheduler.params", "log");
+      c.scheduler.totalNumSteps = get<int64_t>(p, "total_num_steps", "scheduler.params", 0);
+    }
+    if (c.scheduler.type == "WarmupDecayLR" && c.scheduler.totalNumSteps <= 0)
+      throw InvalidArgument("DeepSpeed config: 'scheduler.params.total_num_steps' is required for WarmupDecayLR");
+  }
+
+  if (j.contains("fp16")) {
+    const json& f = j["fp16"];
+    checkKeys(f, "fp16", {"enabled", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
+                          "min_loss_scale", "consecutive_hysteresis", "auto_cast"});
+    c.fp16.enabled = get<bool>(f, "enabled", "fp16", false);
+    const double ls = get<double>(f, "loss_scale", "fp16", 0.0);
+    c.fp16.scaler.dynamic = ls == 0.0;
+    c.fp16.scaler.staticScale = ls == 0.0 ? 1.0 : ls;
+    c.fp16.scaler.initialScalePower = get<int>(f, "initial_scale_power", "fp16", 16);
+    c.fp16.scaler.window = get<int64_t>(f, "loss_scale_window", "fp16", 1000);
+    c.fp16.scaler.hysteresis = get<int>(f, "hysteresis", "fp16", 2);
+    c.fp16.scaler.minScale = get<double>(f, "min_loss_scale", "fp16", 1.0);
+    c.fp16.scaler.consecutiveHysteresis = get<bool>(f, "consecutive_hysteresis", "fp16", false);
+  }
+  if (j.contains("bf16")) {
+    checkKeys(j["bf16"], "bf16", {"enabled"});
+    c.bf16 = get<bool>(j["bf16"], "enabled", "bf16", false);
+  }
+  if (c.fp16.enabled && c.bf16) throw InvalidArgument("DeepSpeed config: fp16 and bf16 cannot both be enabled");
+
+  if (j.contains("zero_optimization")) {
+    const json& z = j["zero_optimization"];
+    const std::string zp = "zero_optimization";
+    checkKeys(z, zp, {"stage", "reduce_bucket_size", "allgather_bucket_size", "overlap_comm", "contiguous_gradients",
+                      "reduce_scatter", "allgather_partitions", "offload_optimizer", "offload_param",
+                      "stage3_param_persistence_threshold", "stage3_prefetch_bucket_size",
+                      "stage3_max_live_parameters", "stage3_max_reuse_distance",
+                      "stage3_gather_16bit_weights_on_model_save", "sub_group_size", "round_robin_gradients"});
+    c.zero.stage = get<int>(z, "stage", zp, 0);
+    if (c.zero.stage < 0 || c.zero.stage > 3) throw InvalidArgument("DeepSpeed config: 'zero_optimization.stage' must be 0-3");
+    auto bytes = [&](const char* key, int64_t fallback) {
+      auto it = z.find(key);
+      if (it == z.end()) return fallback;
+      if (!it->is_number()) throw InvalidArgument("DeepSpeed config: '" + join(zp, key) + "' must be a number");
+      return static_cast<int64_t>(it->get<double>());
+    };
+    c.zero.reduceBucketSize = bytes("reduce_bucket_size", c.zero.reduceBucketSize);
+    c.zero.allgatherBucketSize = bytes("allgather_bucket_size", c.zero.allgatherBucketSize);
+    c.zero.paramPersistenceThreshold = bytes("stage3_param_persistence_threshold", c.zero.paramPersistenceThreshold);
+    c.zero.prefetchBucketSize = bytes("stage3_prefetch_bucket_size", c.zero.prefetchBucketSize);
+    c.zero.maxLiveParameters = bytes("stage3_max_live_parameters", c.zero.maxLiveParameters);
+    c.zero.overlapComm = get<bool>(z, "overlap_comm", zp, false);
+    c.zero.contiguousGradients = get<bool>(z, "contiguous_gradients", zp, true);
+    auto device = [&](const char* section, std::string* out, bool* pin) {
+      if (!z.contains(section)) return;
+      const json& o = z[section];
+      const std::string path = join(zp, section);
+      checkKeys(o, path, {"device", "pin_memory", "buffer_count", "buffer_size", "max_in_cpu", "fast_init",
+                          "nvme_path"});
+      *out = get<std::string>(o, "device", path, "none");
+      if (*out != "none" && *out != "cpu")
+        throw InvalidArgument("DeepSpeed config: '" + path + ".device' " + *out + " is not none or cpu");
+      if (pin) *pin = get<bool>(o, "pin_memory", path, false);
+    };
+    device("offload_optimizer", &c.zero.offloadOptimizer, &c.zero.pinMemory);
+    device("offload_param", &c.zero.offloadParam, nullptr);
+    if (c.zero.offloadParam == "cpu" && c.zero.stage != 3)
+      throw InvalidArgument("DeepSpeed config: offload_param needs zero_optimization.stage 3");
+  }
+  return c;
+}
+
+}  // namespace chorus::zero

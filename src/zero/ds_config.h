@@ -1,0 +1,61 @@
+#pragma once
+// DeepSpeed's JSON configuration, checked: unknown keys get the nearest valid
+// key in the message, inconsistent batch sizes get their numbers, missing
+// required values are named.
+#include <cstdint>
+#include <string>
+
+#include "zero/loss_scaler.h"
+
+namespace chorus::zero {
+
+struct DsConfig {
+  int64_t trainBatchSize = 0;
+  int64_t microBatch = 0;
+  int64_t gradAccum = 0;
+
+  struct Optimizer {
+    bool present = false;
+    std::string type;  // lower case: adam, adamw, sgd
+    float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weightDecay = 0.0f;
+    float momentum = 0.0f;
+  } optimizer;
+
+  struct Scheduler {
+    bool present = false;
+    std::string type;  // WarmupLR or WarmupDecayLR
+    double warmupMinLr = 0, warmupMaxLr = 1e-3;
+    int64_t warmupNumSteps = 1000, totalNumSteps = 0;
+    std::string warmupType = "log";
+  } scheduler;
+
+  double gradientClipping = 0.0;
+
+  struct Fp16 {
+    bool enabled = false;
+    LossScalerConfig scaler;
+  } fp16;
+  bool bf16 = false;
+
+  struct Zero {
+    int stage = 0;
+    int64_t reduceBucketSize = 500'000'000;
+    int64_t allgatherBucketSize = 500'000'000;
+    bool overlapComm = false;
+    bool contiguousGradients = true;
+    std::string offloadOptimizer = "none";  // none | cpu
+    bool pinMemory = false;
+    std::string offloadParam = "none";
+    int64_t paramPersistenceThreshold = 100'000;
+    int64_t prefetchBucketSize = 50'000'000;
+    int64_t maxLiveParameters = 1'000'000'000;
+  } zero;
+
+  bool forceDsCpuOptimizer = true;
+
+  // json: the text of a config (a file's contents or a dict dumped by Python).
+  // worldSize: the data-parallel size that the batch sizes divide among.
+  static DsConfig parse(const std::string& json, int worldSize);
+};
+
+}  // namespace chorus::zero
