@@ -130,3 +130,39 @@ TEST(DsConfig, PrecisionAndRequiredValues) {
 
 }  // namespace
 }  // namespace chorus::zero
+
+#include <random>
+
+#include "zero/partition.h"
+
+namespace chorus::zero {
+namespace {
+
+TEST(PartitionPlan, EveryElementOwnedOnceInEqualAlignedPartitions) {
+  std::mt19937 gen(3);
+  for (int world : {1, 2, 3, 4, 7}) {
+    for (int trial = 0; trial < 20; ++trial) {
+      std::vector<size_t> sizes(1 + gen() % 12);
+      for (auto& s : sizes) s = gen() % 5 == 0 ? 0 : 1 + gen() % 1000;
+      PartitionPlan plan(sizes, world, 16);
+      ASSERT_EQ(plan.partitionElems() % 16, 0u);
+      ASSERT_GE(plan.totalElems(), plan.realElems());
+      ASSERT_LT(plan.totalElems() - plan.realElems(), static_cast<size_t>(16 * world + world));
+      std::vector<std::vector<int>> seen(sizes.size());
+      for (size_t t = 0; t < sizes.size(); ++t) seen[t].assign(sizes[t], 0);
+      for (int r = 0; r < world; ++r) {
+        for (const auto& s : plan.segmentsOf(r)) {
+          ASSERT_EQ(plan.ownerOf(s.flatOffset), r);
+          ASSERT_EQ(plan.ownerOf(s.flatOffset + s.count - 1), r);
+          ASSERT_EQ(s.flatOffset, plan.flatOffset(s.tensor) + s.tensorOffset);
+          for (size_t i = 0; i < s.count; ++i) ++seen[s.tensor][s.tensorOffset + i];
+        }
+      }
+      for (const auto& v : seen)
+        for (int c : v) ASSERT_EQ(c, 1);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace chorus::zero
