@@ -9,6 +9,9 @@
 namespace chorus {
 
 namespace {
+// From this size on, allgather and broadcast read peers' memory directly.
+constexpr size_t kSingleCopyBytes = 256 << 10;
+
 // Element range [lo, hi) of rank r when m elements are split among n ranks.
 void splitRange(size_t m, int n, int r, size_t* lo, size_t* hi) {
   const size_t base = m / n, extra = m % n;
@@ -72,6 +75,21 @@ void ShmCommunicator::allgatherv(const void* in, void* out, const std::vector<si
   std::vector<size_t> offset(n + 1, 0);
   for (int j = 0; j < n; ++j) offset[j + 1] = offset[j] + bytes[j];
   const size_t most = *std::max_element(bytes.begin(), bytes.end());
+  if (seg_->singleCopy() && most >= kSingleCopyBytes) {
+    // Everyone reads the others' inputs straight from their memory: one copy.
+    seg_->publish(in, bytes[me]);
+    seg_->barrier();
+    char* dst = static_cast<char*>(out);
+    for (int j = 0; j < n; ++j) {
+      if (j == me) {
+        if (dst + offset[me] != in && bytes[me]) std::memcpy(dst + offset[me], in, bytes[me]);
+      } else if (bytes[j]) {
+        seg_->readPublished(j, 0, dst + offset[j], bytes[j]);
+      }
+    }
+    seg_->barrier();  // nobody reads my input any more
+    return;
+  }
   const size_t S = seg_->slotBytes();
   char* dst = static_cast<char*>(out);
   for (size_t pos = 0; pos < most; pos += S) {
@@ -89,6 +107,13 @@ void ShmCommunicator::allgatherv(const void* in, void* out, const std::vector<si
 
 void ShmCommunicator::broadcast(void* buf, size_t bytes, int root) {
   if (size() == 1 || bytes == 0) return;
+  if (seg_->singleCopy() && bytes >= kSingleCopyBytes) {
+    if (rank() == root) seg_->publish(buf, bytes);
+    seg_->barrier();
+    if (rank() != root) seg_->readPublished(root, 0, buf, bytes);
+    seg_->barrier();
+    return;
+  }
   const size_t S = seg_->slotBytes();
   char* data = static_cast<char*>(buf);
   for (size_t pos = 0; pos < bytes; pos += S) {

@@ -4,11 +4,14 @@
 #include <linux/futex.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/uio.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <climits>
+#include <cstdlib>
+#include <string>
 #include <cstring>
 #include <new>
 #include <random>
@@ -48,6 +51,9 @@ struct ShmSegment::Header {
   alignas(64) std::atomic<uint32_t> generation;
   alignas(64) std::atomic<uint32_t> sleepers;
   alignas(64) int32_t pids[kMaxRanks];
+  uint64_t published[kMaxRanks];       // address of each rank's published buffer
+  uint64_t publishedBytes[kMaxRanks];
+  uint8_t canRead[kMaxRanks];          // start-up probe: could read the next rank's memory
 };
 
 ShmSegment::ShmSegment(Store& store, const std::string& key, const std::string& jobId, int rank, int size,
@@ -109,6 +115,44 @@ ShmSegment::ShmSegment(Store& store, const std::string& key, const std::string& 
   spinLimit_ = static_cast<unsigned>(size) <= cores ? 20000 : 50;
   // Everyone attached (and the name is gone) before the first collective.
   barrier();
+  // Probe cross-memory attach once: each rank reads the next rank's pid word.
+  publish(&header_->pids[rank_], sizeof(int32_t));
+  barrier();
+  int32_t probe = 0;
+  try {
+    readPublished((rank_ + 1) % size_, 0, &probe, sizeof(probe));
+    header_->canRead[rank_] = probe == header_->pids[(rank_ + 1) % size_];
+  } catch (const Error&) {
+    header_->canRead[rank_] = 0;
+  }
+  barrier();
+  singleCopy_ = true;
+  for (int r = 0; r < size_; ++r) singleCopy_ = singleCopy_ && header_->canRead[r];
+  if (std::getenv("CHORUS_SHM_SINGLE_COPY") && std::string(std::getenv("CHORUS_SHM_SINGLE_COPY")) == "0")
+    singleCopy_ = false;
+  barrier();
+}
+
+void ShmSegment::publish(const void* ptr, size_t bytes) {
+  header_->published[rank_] = reinterpret_cast<uint64_t>(ptr);
+  header_->publishedBytes[rank_] = bytes;
+}
+
+void ShmSegment::readPublished(int r, size_t offset, void* dst, size_t len) {
+  char* out = static_cast<char*>(dst);
+  uint64_t from = header_->published[r] + offset;
+  while (len > 0) {
+    iovec local{out, len};
+    iovec remote{reinterpret_cast<void*>(from), len};
+    ssize_t got = process_vm_readv(header_->pids[r], &local, 1, &remote, 1, 0);
+    if (got <= 0) {
+      throw PeerFailure("peer failure: cannot read rank " + std::to_string(r) + "'s memory: " +
+                        std::strerror(errno));
+    }
+    out += got;
+    from += static_cast<uint64_t>(got);
+    len -= static_cast<size_t>(got);
+  }
 }
 
 ShmSegment::~ShmSegment() {

@@ -31,6 +31,14 @@ class ShmSegment {
   // futex. Throws PeerFailure when a peer died or failed, Timeout after the timeout.
   void barrier();
 
+  // Single-copy transfers (cross-memory attach): a rank publishes a buffer of its
+  // own memory, and the others read it straight into theirs. Enabled when every
+  // rank could read every other's memory at start-up (same user, no ptrace ban).
+  bool singleCopy() const { return singleCopy_; }
+  void publish(const void* ptr, size_t bytes);
+  // Reads len bytes at offset of rank r's published buffer into dst. Throws PeerFailure.
+  void readPublished(int r, size_t offset, void* dst, size_t len);
+
  private:
   struct Header;
   void waitForGeneration(uint32_t gen);
@@ -46,6 +54,7 @@ class ShmSegment {
   std::string name_;
   std::chrono::milliseconds timeout_;
   int spinLimit_;
+  bool singleCopy_ = false;
 };
 
 }  // namespace chorus
