@@ -42,6 +42,7 @@ class Communicator {
 struct CommOptions {
   std::string cpuOperations = "auto";
   bool shmDisable = false;
+  bool shmSingleCopy = true;
   int64_t shmSlotBytes = 1 << 20;
   int hierarchicalAllreduce = -1;
   int hierarchicalAllgather = -1;

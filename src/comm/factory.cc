@@ -22,7 +22,7 @@ std::unique_ptr<Communicator> makeCommunicator(const std::shared_ptr<TransportDe
   auto makeShm = [&](const std::string& prefix, int r, int n) -> std::unique_ptr<Communicator> {
     auto seg = std::make_unique<ShmSegment>(store, prefix + "shm", opts.jobId, r, n,
                                             static_cast<size_t>(opts.shmSlotBytes), ms(opts.connectTimeoutSeconds),
-                                            ms(opts.timeoutSeconds));
+                                            ms(opts.timeoutSeconds), opts.shmSingleCopy);
     return std::make_unique<ShmCommunicator>(std::move(seg));
   };
   const bool viaMpi = opts.cpuOperations == "mpi";

@@ -36,6 +36,9 @@ const std::vector<SettingInfo>& settingsTable() {
        "Where negotiation runs: auto (over the data path), mpi (needs mpirun), or tcp/gloo."},
       {"CHORUS_SHM_DISABLE", "", "0",
        "1: no shared memory within a host (with CHORUS_CPU_OPERATIONS=mpi, MPI carries everything)."},
+      {"CHORUS_SHM_SINGLE_COPY", "", "1",
+       "1: large allgathers and broadcasts within a host read the other ranks' memory directly "
+       "(cross-memory attach) when the system allows it; 0: always through the shared segment."},
       {"CHORUS_SHM_SLOT_BYTES", "", "1048576",
        "Bytes each rank moves per round of a shared-memory collective."},
       {"CHORUS_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLREDUCE", "auto",
@@ -146,6 +149,7 @@ void Config::applyEnv() {
     throw InvalidArgument("CHORUS_CONTROLLER='" + controller + "' is not one of auto, mpi, tcp, gloo");
   }
   if (readSetting("CHORUS_SHM_DISABLE", &v)) shmDisable = (v == "1" || v == "true");
+  if (readSetting("CHORUS_SHM_SINGLE_COPY", &v)) shmSingleCopy = !(v == "0" || v == "false");
   readNumber("CHORUS_SHM_SLOT_BYTES", &shmSlotBytes);
   readNumber("CHORUS_HIERARCHICAL_ALLREDUCE", &hierarchicalAllreduce);
   readNumber("CHORUS_HIERARCHICAL_ALLGATHER", &hierarchicalAllgather);

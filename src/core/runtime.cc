@@ -23,6 +23,7 @@ CommOptions RuntimeImpl::commOptions() const {
   CommOptions o;
   o.cpuOperations = config.cpuOperations;
   o.shmDisable = config.shmDisable;
+  o.shmSingleCopy = config.shmSingleCopy;
   o.shmSlotBytes = config.shmSlotBytes;
   o.hierarchicalAllreduce = config.hierarchicalAllreduce;
   o.hierarchicalAllgather = config.hierarchicalAllgather;

@@ -25,6 +25,12 @@ class Collectives : public ::testing::TestWithParam<std::tuple<int, std::string>
         c.hierarchicalAllreduce = c.hierarchicalAllgather = 1;
       };
     }
+    if (t == "shm_staged") {  // shared memory without the single-copy paths
+      return [](Config& c) {
+        c.cpuOperations = "shm";
+        c.shmSingleCopy = false;
+      };
+    }
     return [t](Config& c) { c.cpuOperations = t; };
   }
 };
@@ -258,8 +264,31 @@ TEST_P(Collectives, BarrierAndJoin) {
   }, transport());
 }
 
+// Large enough for the single-copy paths (cross-memory attach) of shared memory.
+TEST_P(Collectives, LargeAllgatherAndBroadcast) {
+  const int n = ranks();
+  runRanksOk(n, [&](RankContext& c) {
+    const int64_t rows = 40000 + 7 * c.rank;  // 320 KB and more of float64 per rank, uneven
+    HostBuffer in(DataType::kFloat64, {rows});
+    for (int64_t i = 0; i < rows; ++i) in.set(i, c.rank * 1e6 + i);
+    Work w = c.rt.allgather(in.tensor());
+    int64_t off = 0;
+    for (int r = 0; r < n; ++r) {
+      const int64_t theirs = 40000 + 7 * r;
+      for (int64_t i = 0; i < theirs; i += 997) ASSERT_EQ(readAs(w.output().data, DataType::kFloat64, off + i), r * 1e6 + i);
+      ASSERT_EQ(readAs(w.output().data, DataType::kFloat64, off + theirs - 1), r * 1e6 + theirs - 1);
+      off += theirs;
+    }
+    ASSERT_EQ(w.output().shape[0], off);
+    HostBuffer b(DataType::kFloat32, {100003});
+    for (int64_t i = 0; i < 100003; ++i) b.set(i, c.rank + i % 100);
+    c.rt.broadcast(b.tensor(), n - 1);
+    for (int64_t i = 0; i < 100003; i += 101) ASSERT_EQ(b.get(i), n - 1 + i % 100);
+  }, transport());
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, Collectives,
-                         ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Values("shm", "tcp", "hier")),
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Values("shm", "shm_staged", "tcp", "hier")),
                          [](const auto& info) {
                            return std::to_string(std::get<0>(info.param)) + "ranks_" + std::get<1>(info.param);
                          });

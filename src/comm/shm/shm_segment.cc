@@ -58,7 +58,7 @@ struct ShmSegment::Header {
 
 ShmSegment::ShmSegment(Store& store, const std::string& key, const std::string& jobId, int rank, int size,
                        size_t slotBytes, std::chrono::milliseconds connectTimeout,
-                       std::chrono::milliseconds timeout)
+                       std::chrono::milliseconds timeout, bool allowSingleCopy)
     : rank_(rank), size_(size), slotBytes_(slotBytes), timeout_(timeout) {
   if (size > kMaxRanks) throw InvalidArgument("shared memory supports at most 1024 ranks per host");
   const size_t headerBytes = (sizeof(Header) + 4095) & ~size_t{4095};
@@ -126,10 +126,8 @@ ShmSegment::ShmSegment(Store& store, const std::string& key, const std::string& 
     header_->canRead[rank_] = 0;
   }
   barrier();
-  singleCopy_ = true;
+  singleCopy_ = allowSingleCopy;
   for (int r = 0; r < size_; ++r) singleCopy_ = singleCopy_ && header_->canRead[r];
-  if (std::getenv("CHORUS_SHM_SINGLE_COPY") && std::string(std::getenv("CHORUS_SHM_SINGLE_COPY")) == "0")
-    singleCopy_ = false;
   barrier();
 }
 

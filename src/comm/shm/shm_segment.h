@@ -17,7 +17,8 @@ class ShmSegment {
   // `key`; the others attach. The last to attach unlinks the name, so nothing is
   // left in /dev/shm once every rank holds a mapping.
   ShmSegment(Store& store, const std::string& key, const std::string& jobId, int rank, int size,
-             size_t slotBytes, std::chrono::milliseconds connectTimeout, std::chrono::milliseconds timeout);
+             size_t slotBytes, std::chrono::milliseconds connectTimeout, std::chrono::milliseconds timeout,
+             bool allowSingleCopy = true);
   ~ShmSegment();
   ShmSegment(const ShmSegment&) = delete;
   ShmSegment& operator=(const ShmSegment&) = delete;
