@@ -122,7 +122,6 @@ void Controller::failAll(std::exception_ptr err) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!failure_) failure_ = err;
     err = failure_;
-    stopped_ = true;
     for (auto& e : incoming_) entries_.emplace(e.req.name, std::move(e));
     incoming_.clear();
   }

@@ -62,7 +62,6 @@ class Controller {
   std::vector<Entry> incoming_;
   std::map<std::string, bool> namesInFlight_;  // guarded by mu_
   std::exception_ptr failure_;                 // guarded by mu_
-  bool stopped_ = false;                       // guarded by mu_
   std::atomic<bool> shutdownRequested_{false};
   std::thread thread_;
   std::atomic<int64_t> cycles_{0};
