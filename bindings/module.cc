@@ -41,6 +41,26 @@ struct PyWork {
 
 Runtime& rt() { return defaultRuntime(); }
 
+template <typename O = OpOptions>
+O opOptions(const std::string& name, int32_t processSet, int32_t priority) {
+  O o;
+  o.name = name;
+  o.processSet = processSet;
+  o.priority = priority;
+  return o;
+}
+
+// Allreduce and reducescatter options share these fields.
+template <typename O>
+O reduceOptions(const std::string& name, int op, double prescale, double postscale, int32_t processSet,
+                int32_t priority) {
+  O o = opOptions<O>(name, processSet, priority);
+  o.op = static_cast<ReduceOp>(op);
+  o.prescaleFactor = prescale;
+  o.postscaleFactor = postscale;
+  return o;
+}
+
 std::vector<Tensor> views(const std::vector<uintptr_t>& ptrs, const std::vector<int>& dtypes,
                           const std::vector<std::vector<int64_t>>& shapes) {
   std::vector<Tensor> out;
@@ -133,54 +153,33 @@ PYBIND11_MODULE(_core, m) {
         [](const std::vector<uintptr_t>& in, const std::vector<uintptr_t>& out, const std::vector<int>& dtypes,
            const std::vector<std::vector<int64_t>>& shapes, const std::string& name, int op, double prescale,
            double postscale, int32_t processSet, int32_t priority) {
-          AllreduceOptions o;
-          o.name = name;
-          o.op = static_cast<ReduceOp>(op);
-          o.prescaleFactor = prescale;
-          o.postscaleFactor = postscale;
-          o.processSet = processSet;
-          o.priority = priority;
+          auto o = reduceOptions<AllreduceOptions>(name, op, prescale, postscale, processSet, priority);
           return PyWork{rt().groupedAllreduceAsync(views(in, dtypes, shapes), views(out, dtypes, shapes), o)};
         });
   m.def("grouped_allgather_async",
         [](const std::vector<uintptr_t>& in, const std::vector<int>& dtypes,
            const std::vector<std::vector<int64_t>>& shapes, const std::string& name, int32_t processSet,
            int32_t priority) {
-          OpOptions o;
-          o.name = name;
-          o.processSet = processSet;
-          o.priority = priority;
+          auto o = opOptions(name, processSet, priority);
           return PyWork{rt().groupedAllgatherAsync(views(in, dtypes, shapes), o)};
         });
   m.def("broadcast_async",
         [](uintptr_t in, uintptr_t out, int dtype, const std::vector<int64_t>& shape, int root,
            const std::string& name, int32_t processSet, int32_t priority) {
-          OpOptions o;
-          o.name = name;
-          o.processSet = processSet;
-          o.priority = priority;
+          auto o = opOptions(name, processSet, priority);
           return PyWork{rt().broadcastAsync(view(in, dtype, shape), view(out, dtype, shape), root, o)};
         });
   m.def("alltoall_async",
         [](uintptr_t in, int dtype, const std::vector<int64_t>& shape, const std::vector<int64_t>& splits,
            const std::string& name, int32_t processSet, int32_t priority) {
-          OpOptions o;
-          o.name = name;
-          o.processSet = processSet;
-          o.priority = priority;
+          auto o = opOptions(name, processSet, priority);
           return PyWork{rt().alltoallAsync(view(in, dtype, shape), splits, o)};
         });
   m.def("grouped_reducescatter_async",
         [](const std::vector<uintptr_t>& in, const std::vector<int>& dtypes,
            const std::vector<std::vector<int64_t>>& shapes, const std::string& name, int op, double prescale,
            double postscale, int32_t processSet, int32_t priority) {
-          ReducescatterOptions o;
-          o.name = name;
-          o.op = static_cast<ReduceOp>(op);
-          o.prescaleFactor = prescale;
-          o.postscaleFactor = postscale;
-          o.processSet = processSet;
-          o.priority = priority;
+          auto o = reduceOptions<ReducescatterOptions>(name, op, prescale, postscale, processSet, priority);
           return PyWork{rt().groupedReducescatterAsync(views(in, dtypes, shapes), o)};
         });
   m.def("barrier_async", [](int32_t processSet) { return PyWork{rt().barrierAsync(processSet)}; });

@@ -137,10 +137,10 @@ def _name(name):
 
 # ---- allreduce ----
 
-def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_factor,
-                             process_set, priority, copy_back):
+def _grouped_allreduce_async(tensors, name, op, prescale_factor, postscale_factor, process_set, priority,
+                             inplace):
     staged = [_stage(t) for t in tensors]
-    outs = staged if outputs is None else outputs
+    outs = staged if inplace else [torch.empty_like(s) for s in staged]
     codes = [_dtype_code(t, "allreduce") for t in staged]
     work = _core.grouped_allreduce_async(
         [t.data_ptr() for t in staged], [o.data_ptr() for o in outs], codes,
@@ -150,7 +150,7 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postsc
     def finish():
         results = []
         for t, s, o in zip(tensors, staged, outs):
-            if copy_back:
+            if inplace:
                 if _is_copy(s, t):
                     t.data.copy_(s)
                 results.append(t)
@@ -164,10 +164,8 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
                     postscale_factor=1.0, process_set=global_process_set, priority=0):
     """Starts an allreduce into a new tensor; returns a handle for synchronize()."""
     op = _resolve_op(op, average, "allreduce")
-    staged = _stage(tensor)
-    out = torch.empty_like(staged)
-    h = _grouped_allreduce_async([tensor], [out], name, op, prescale_factor, postscale_factor,
-                                 process_set, priority, copy_back=False)
+    h = _grouped_allreduce_async([tensor], name, op, prescale_factor, postscale_factor, process_set,
+                                 priority, inplace=False)
     _handles[h].finish = _first(_handles[h].finish)
     return h
 
@@ -176,8 +174,8 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
                      postscale_factor=1.0, process_set=global_process_set, priority=0):
     """Starts an in-place allreduce; returns a handle for synchronize()."""
     op = _resolve_op(op, average, "allreduce")
-    h = _grouped_allreduce_async([tensor], None, name, op, prescale_factor, postscale_factor,
-                                 process_set, priority, copy_back=True)
+    h = _grouped_allreduce_async([tensor], name, op, prescale_factor, postscale_factor, process_set,
+                                 priority, inplace=True)
     _handles[h].finish = _first(_handles[h].finish)
     return h
 
@@ -189,16 +187,15 @@ def _first(finish):
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=global_process_set, priority=0):
     op = _resolve_op(op, average, "grouped_allreduce")
-    outs = [torch.empty_like(_stage(t)) for t in tensors]
-    return _grouped_allreduce_async(list(tensors), outs, name, op, prescale_factor,
-                                    postscale_factor, process_set, priority, copy_back=False)
+    return _grouped_allreduce_async(list(tensors), name, op, prescale_factor, postscale_factor,
+                                    process_set, priority, inplace=False)
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set, priority=0):
     op = _resolve_op(op, average, "grouped_allreduce")
-    return _grouped_allreduce_async(list(tensors), None, name, op, prescale_factor,
-                                    postscale_factor, process_set, priority, copy_back=True)
+    return _grouped_allreduce_async(list(tensors), name, op, prescale_factor, postscale_factor,
+                                    process_set, priority, inplace=True)
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
