@@ -11,6 +11,8 @@
 namespace py = pybind11;
 using namespace chorus;
 
+void bindZero(py::module_& m);
+
 namespace {
 
 Tensor view(uintptr_t ptr, int dtype, const std::vector<int64_t>& shape) {
@@ -201,4 +203,5 @@ PYBIND11_MODULE(_core, m) {
     py::gil_scoped_release release;
     rt().synchronize();
   });
+  bindZero(m);
 }

@@ -17,6 +17,7 @@ struct AdamHyper {
   float weightDecay = 0.0f;
   bool adamw = false;  // decoupled weight decay (AdamW) instead of L2 (Adam)
   int64_t step = 1;    // 1 for the first update (bias correction)
+  float gradScale = 1.0f;  // gradients are multiplied by it first (loss-scale and clipping)
 };
 
 // Updates n parameters in place. When lowPrecision is given, also writes the

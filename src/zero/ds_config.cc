@@ -227,8 +227,6 @@ DsConfig DsConfig::parse(const std::string& text, int world) {
     };
     device("offload_optimizer", &c.zero.offloadOptimizer, &c.zero.pinMemory);
     device("offload_param", &c.zero.offloadParam, nullptr);
-    if (c.zero.offloadParam == "cpu" && c.zero.stage != 3)
-      throw InvalidArgument("DeepSpeed config: offload_param needs zero_optimization.stage 3");
   }
   return c;
 }

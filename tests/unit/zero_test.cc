@@ -138,30 +138,62 @@ TEST(DsConfig, PrecisionAndRequiredValues) {
 namespace chorus::zero {
 namespace {
 
-TEST(PartitionPlan, EveryElementOwnedOnceInEqualAlignedPartitions) {
+TEST(PartitionPlan, EveryElementOwnedOnceInEqualAlignedSlices) {
   std::mt19937 gen(3);
-  for (int world : {1, 2, 3, 4, 7}) {
-    for (int trial = 0; trial < 20; ++trial) {
-      std::vector<size_t> sizes(1 + gen() % 12);
-      for (auto& s : sizes) s = gen() % 5 == 0 ? 0 : 1 + gen() % 1000;
-      PartitionPlan plan(sizes, world, 16);
-      ASSERT_EQ(plan.partitionElems() % 16, 0u);
-      ASSERT_GE(plan.totalElems(), plan.realElems());
-      ASSERT_LT(plan.totalElems() - plan.realElems(), static_cast<size_t>(16 * world + world));
-      std::vector<std::vector<int>> seen(sizes.size());
-      for (size_t t = 0; t < sizes.size(); ++t) seen[t].assign(sizes[t], 0);
-      for (int r = 0; r < world; ++r) {
-        for (const auto& s : plan.segmentsOf(r)) {
-          ASSERT_EQ(plan.ownerOf(s.flatOffset), r);
-          ASSERT_EQ(plan.ownerOf(s.flatOffset + s.count - 1), r);
-          ASSERT_EQ(s.flatOffset, plan.flatOffset(s.tensor) + s.tensorOffset);
-          for (size_t i = 0; i < s.count; ++i) ++seen[s.tensor][s.tensorOffset + i];
+  for (Layout layout : {Layout::kContiguous, Layout::kPerParam}) {
+    for (int world : {1, 2, 3, 4, 7}) {
+      for (int trial = 0; trial < 20; ++trial) {
+        std::vector<size_t> sizes(1 + gen() % 12);
+        for (auto& s : sizes) s = gen() % 5 == 0 ? 0 : 1 + gen() % 1000;
+        const size_t bucket = 1 + gen() % 3000;
+        PartitionPlan plan(sizes, world, layout, bucket, 16);
+        size_t part = 0;
+        for (const auto& u : plan.units()) {
+          ASSERT_EQ(u.slice % 16, 0u);
+          ASSERT_EQ(u.partOffset, part);
+          part += u.slice;
+          size_t elems = 0;
+          for (size_t p : u.params) elems += sizes[p];
+          // A unit exceeds the bucket only when it holds a single parameter.
+          if (u.params.size() > 1) ASSERT_LE(elems, bucket);
+          ASSERT_GE(u.slice * world, elems);
         }
+        ASSERT_EQ(plan.partitionElems(), part);
+        std::vector<std::vector<int>> seen(sizes.size());
+        for (size_t t = 0; t < sizes.size(); ++t) seen[t].assign(sizes[t], 0);
+        for (int r = 0; r < world; ++r) {
+          size_t last = 0;
+          for (const auto& p : plan.pieces(r)) {
+            ASSERT_GE(p.partOffset, last);  // partition order, no overlap
+            last = p.partOffset + p.count;
+            ASSERT_LE(last, plan.partitionElems());
+            const Unit& u = plan.units()[plan.unitOf(p.param)];
+            ASSERT_GE(p.partOffset, u.partOffset);
+            ASSERT_LE(p.partOffset + p.count, u.partOffset + u.slice);
+            for (size_t i = 0; i < p.count; ++i) ++seen[p.param][p.paramOffset + i];
+          }
+        }
+        for (const auto& v : seen)
+          for (int c : v) ASSERT_EQ(c, 1);
       }
-      for (const auto& v : seen)
-        for (int c : v) ASSERT_EQ(c, 1);
     }
   }
+}
+
+TEST(PartitionPlan, UnitsRunBackToFrontAndStageThreeSplitsEachParameter) {
+  PartitionPlan c({10, 20, 30}, 2, Layout::kContiguous, 50, 4);
+  ASSERT_EQ(c.units().size(), 2u);
+  EXPECT_EQ(c.units()[0].params, (std::vector<size_t>{2, 1}));  // gradients arrive last parameter first
+  EXPECT_EQ(c.units()[1].params, (std::vector<size_t>{0}));
+  EXPECT_EQ(c.units()[0].slice, 28u);  // 50 elements over 2 ranks, aligned to 4
+  PartitionPlan p({10, 3}, 2, Layout::kPerParam, 1000, 4);
+  EXPECT_EQ(p.paramSlice(0), 8u);
+  EXPECT_EQ(p.paramSlice(1), 4u);
+  auto r1 = p.pieces(1);  // parameter 1 fits in rank 0s slice; rank 1 has the tail of parameter 0
+  ASSERT_EQ(r1.size(), 1u);
+  EXPECT_EQ(r1[0].param, 0u);
+  EXPECT_EQ(r1[0].paramOffset, 8u);
+  EXPECT_EQ(r1[0].count, 2u);
 }
 
 }  // namespace

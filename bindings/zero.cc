@@ -1,0 +1,234 @@
+// chorus._core's ZeRO part: the engine, the DeepSpeed config parser, checkpoint
+// files and the learning-rate schedules. Engine memory is lent to Python as
+// numpy arrays whose base keeps the owner (engine or gathered buffer) alive.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "chorus/chorus.h"
+#include "zero/cpu_adam.h"
+#include "zero/engine.h"
+#include "zero/lr_schedule.h"
+#include "zero/shard_file.h"
+
+namespace py = pybind11;
+using namespace chorus;
+using zero::Engine;
+
+namespace {
+
+template <typename Owner>
+py::array lend(std::shared_ptr<Owner> owner, void* data, size_t bytes) {
+  auto* holder = new std::shared_ptr<Owner>(std::move(owner));
+  py::capsule base(holder, [](void* p) { delete static_cast<std::shared_ptr<Owner>*>(p); });
+  return py::array_t<uint8_t>({static_cast<py::ssize_t>(bytes)}, {1}, static_cast<uint8_t*>(data), base);
+}
+
+py::dict configDict(const zero::DsConfig& c) {
+  py::dict d;
+  d["train_batch_size"] = c.trainBatchSize;
+  d["train_micro_batch_size_per_gpu"] = c.microBatch;
+  d["gradient_accumulation_steps"] = c.gradAccum;
+  d["gradient_clipping"] = c.gradientClipping;
+  d["fp16"] = c.fp16.enabled;
+  d["bf16"] = c.bf16;
+  d["stage"] = c.zero.stage;
+  d["offload_optimizer"] = c.zero.offloadOptimizer;
+  d["offload_param"] = c.zero.offloadParam;
+  d["pin_memory"] = c.zero.pinMemory;
+  d["zero_force_ds_cpu_optimizer"] = c.forceDsCpuOptimizer;
+  d["prefetch_bucket_size"] = c.zero.prefetchBucketSize;
+  d["max_live_parameters"] = c.zero.maxLiveParameters;
+  d["param_persistence_threshold"] = c.zero.paramPersistenceThreshold;
+  d["reduce_bucket_size"] = c.zero.reduceBucketSize;
+  if (c.optimizer.present) {
+    py::dict o;
+    o["type"] = c.optimizer.type;
+    o["lr"] = c.optimizer.lr;
+    o["betas"] = py::make_tuple(c.optimizer.beta1, c.optimizer.beta2);
+    o["eps"] = c.optimizer.eps;
+    o["weight_decay"] = c.optimizer.weightDecay;
+    o["momentum"] = c.optimizer.momentum;
+    d["optimizer"] = o;
+  } else {
+    d["optimizer"] = py::none();
+  }
+  if (c.scheduler.present) {
+    py::dict s;
+    s["type"] = c.scheduler.type;
+    s["warmup_min_lr"] = c.scheduler.warmupMinLr;
+    s["warmup_max_lr"] = c.scheduler.warmupMaxLr;
+    s["warmup_num_steps"] = c.scheduler.warmupNumSteps;
+    s["warmup_type"] = c.scheduler.warmupType;
+    s["total_num_steps"] = c.scheduler.totalNumSteps;
+    d["scheduler"] = s;
+  } else {
+    d["scheduler"] = py::none();
+  }
+  return d;
+}
+
+zero::GroupHyper groupHyper(const py::dict& g) {
+  zero::GroupHyper h;
+  auto num = [&](const char* k, float fallback) { return g.contains(k) ? g[k].cast<float>() : fallback; };
+  h.lr = num("lr", h.lr);
+  if (g.contains("betas")) {
+    auto b = g["betas"].cast<std::pair<float, float>>();
+    h.beta1 = b.first;
+    h.beta2 = b.second;
+  }
+  h.eps = num("eps", h.eps);
+  h.weightDecay = num("weight_decay", 0.0f);
+  h.momentum = num("momentum", 0.0f);
+  h.dampening = num("dampening", 0.0f);
+  h.nesterov = g.contains("nesterov") && g["nesterov"].cast<bool>();
+  return h;
+}
+
+}  // namespace
+
+void bindZero(py::module_& m) {
+  m.def("ds_config_parse", [](const std::string& json, int world) {
+    return configDict(zero::DsConfig::parse(json, world));
+  });
+  m.def("scheduled_lr", [](const std::string& json, int world, int64_t iteration) {
+    return zero::scheduledLr(zero::DsConfig::parse(json, world).scheduler, iteration);
+  });
+  m.def("write_file_atomic", [](const std::string& path, const py::bytes& data) {
+    std::string s = data;
+    py::gil_scoped_release release;
+    zero::writeFileAtomic(path, s);
+  });
+  m.def("write_checkpoint_file", [](const std::string& path, const std::string& meta, const py::dict& blobs) {
+    zero::ShardFile f;
+    f.meta = meta;
+    for (auto [k, v] : blobs) f.blobs[k.cast<std::string>()] = v.cast<std::string>();
+    py::gil_scoped_release release;
+    f.write(path);
+  });
+  m.def("read_checkpoint_file", [](const std::string& path) {
+    zero::ShardFile f;
+    {
+      py::gil_scoped_release release;
+      f = zero::ShardFile::read(path);
+    }
+    py::dict blobs;
+    for (const auto& [k, v] : f.blobs) blobs[py::str(k)] = py::bytes(v);
+    return py::make_tuple(f.meta, blobs);
+  });
+
+  py::class_<Engine, std::shared_ptr<Engine>>(m, "ZeroEngine")
+      .def(py::init([](const std::string& configJson, int32_t processSet, int dtype, const std::vector<size_t>& numels,
+                       const std::vector<int>& groupOf, const std::string& optimizer) {
+             zero::EngineSpec spec;
+             const int world = static_cast<int>(defaultRuntime().processSet(processSet).ranks().size());
+             spec.config = zero::DsConfig::parse(configJson, world);
+             spec.processSet = processSet;
+             spec.dtype = static_cast<DataType>(dtype);
+             spec.numels = numels;
+             spec.groupOf = groupOf;
+             if (optimizer == "adam") spec.optimizer = zero::OptimKind::kAdam;
+             else if (optimizer == "adamw") spec.optimizer = zero::OptimKind::kAdamW;
+             else if (optimizer == "sgd") spec.optimizer = zero::OptimKind::kSgd;
+             else throw InvalidArgument("ZeRO engine: optimizer '" + optimizer + "' is not adam, adamw or sgd");
+             return std::make_shared<Engine>(defaultRuntime(), std::move(spec));
+           }),
+           py::arg("config_json"), py::arg("process_set"), py::arg("dtype"), py::arg("numels"), py::arg("group_of"),
+           py::arg("optimizer"))
+      .def_property_readonly("stage", &Engine::stage)
+      .def_property_readonly("world", &Engine::world)
+      .def_property_readonly("rank", &Engine::rank)
+      .def_property_readonly("loss_scale", &Engine::lossScale)
+      .def_property_readonly("optimizer_steps", &Engine::optimizerSteps)
+      .def_property_readonly("placement", &Engine::placement)
+      .def_property_readonly("live_bytes", &Engine::liveBytes)
+      .def_property_readonly("writes_shard", &Engine::writesShard)
+      .def("param_storage", [](std::shared_ptr<Engine> e, size_t i) {
+        void* p = e->paramStorage(i);
+        const size_t bytes = e->plan().numel(i) * dtypeSize(e->dtype());
+        return lend(e, p, bytes);
+      })
+      .def("load_param", [](Engine& e, size_t i, uintptr_t src) { e.loadParam(i, reinterpret_cast<const void*>(src)); })
+      .def("finish_init", [](Engine& e) {
+        py::gil_scoped_release release;
+        e.finishInit();
+      })
+      .def("grad_ready", [](Engine& e, size_t i, uintptr_t grad) {
+        py::gil_scoped_release release;
+        e.gradReady(i, reinterpret_cast<const void*>(grad));
+      })
+      .def("end_backward", [](Engine& e) {
+        py::gil_scoped_release release;
+        e.endBackward();
+      })
+      .def("step", [](Engine& e, const py::list& groups) {
+        std::vector<zero::GroupHyper> hs;
+        for (auto g : groups) hs.push_back(groupHyper(g.cast<py::dict>()));
+        zero::StepResult r;
+        {
+          py::gil_scoped_release release;
+          r = e.step(hs);
+        }
+        return py::make_tuple(r.skipped, r.gradNorm, r.lossScale);
+      })
+      .def("step_external", [](Engine& e) {
+        zero::StepResult r;
+        {
+          py::gil_scoped_release release;
+          r = e.stepExternal();
+        }
+        return py::make_tuple(r.skipped, r.gradNorm, r.lossScale);
+      })
+      .def("publish_external", [](Engine& e) {
+        py::gil_scoped_release release;
+        e.publishExternal();
+      })
+      .def("master_view", [](std::shared_ptr<Engine> e) {
+        return py::array_t<float>({static_cast<py::ssize_t>(e->partitionElems())}, {4}, e->master(),
+                                  py::capsule(new std::shared_ptr<Engine>(e), [](void* p) {
+                                    delete static_cast<std::shared_ptr<Engine>*>(p);
+                                  }));
+      })
+      .def("external_grad_view", [](std::shared_ptr<Engine> e) {
+        return py::array_t<float>({static_cast<py::ssize_t>(e->partitionElems())}, {4}, e->externalGrad(),
+                                  py::capsule(new std::shared_ptr<Engine>(e), [](void* p) {
+                                    delete static_cast<std::shared_ptr<Engine>*>(p);
+                                  }));
+      })
+      .def("runs", &Engine::runs)
+      .def("gather_async", [](Engine& e, const std::vector<size_t>& params) {
+        py::gil_scoped_release release;
+        e.gatherAsync(params);
+      })
+      .def("gathered", [](Engine& e, size_t i) {
+        std::shared_ptr<zero::Buffer> b;
+        {
+          py::gil_scoped_release release;
+          b = e.gathered(i);
+        }
+        return lend(b, b->bytes(), e.plan().numel(i) * dtypeSize(e.dtype()));
+      })
+      .def("release", [](Engine& e, size_t i) {
+        py::gil_scoped_release release;
+        e.release(i);
+      })
+      .def("persistent", &Engine::persistent)
+      .def("memory", [](const Engine& e) {
+        const auto r = e.memory();
+        py::dict d;
+        d["params"] = r.params;
+        d["grads"] = r.grads;
+        d["optimizer"] = r.optimizer;
+        d["fixed_buffers"] = r.fixedBuffers;
+        d["psi"] = r.psi;
+        return d;
+      })
+      .def("save_shard", [](const Engine& e, const std::string& path, const std::string& extra) {
+        py::gil_scoped_release release;
+        e.saveShard(path, extra);
+      })
+      .def("load_shards", [](Engine& e, const std::vector<std::string>& paths) {
+        py::gil_scoped_release release;
+        e.loadShards(paths);
+      });
+}

@@ -1,0 +1,48 @@
+"""DeepSpeed-compatible training on chorus: ``import chorus.deepspeed as deepspeed``.
+
+ZeRO stages 0-3, fp16/bf16 with dynamic loss scaling, gradient accumulation, CPU
+offload with chorus's SIMD CPU Adam, and sharded checkpoints. The engine's core
+(partitioning, collectives, optimizer) is C++; this package hooks it into torch.
+"""
+import chorus.torch as _hvd
+from chorus.deepspeed import config as _config
+from chorus.deepspeed.engine import DeepSpeedEngine
+from chorus.deepspeed.scheduler import WarmupDecayLR, WarmupLR
+
+__version__ = "0.1.0"
+__all__ = ["initialize", "init_distributed", "add_config_arguments", "DeepSpeedEngine", "WarmupLR", "WarmupDecayLR"]
+
+
+def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_port=None, verbose=True,
+                     timeout=None, init_method=None, dist_init_required=None, config=None, rank=-1,
+                     world_size=-1):
+    """Starts chorus's runtime (under chorusrun) unless it is running already."""
+    if not _hvd.is_initialized():
+        _hvd.init()
+
+
+def add_config_arguments(parser):
+    group = parser.add_argument_group("DeepSpeed", "DeepSpeed configurations")
+    group.add_argument("--deepspeed", default=False, action="store_true", help="enable DeepSpeed")
+    group.add_argument("--deepspeed_config", default=None, type=str, help="DeepSpeed json configuration file")
+    return parser
+
+
+def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None,
+               lr_scheduler=None, mpu=None, dist_init_required=None, collate_fn=None, config=None,
+               config_params=None, process_set=None):
+    """Returns (engine, optimizer, training_dataloader, lr_scheduler) as DeepSpeed does.
+    process_set: the data-parallel chorus ProcessSet (default: every rank)."""
+    if model is None:
+        raise ValueError("deepspeed.initialize: model is required")
+    if mpu is not None:
+        raise ValueError("deepspeed.initialize: model parallelism (mpu) is not supported by chorus's engine; "
+                         "pass the data-parallel group as process_set=")
+    init_distributed()
+    text = _config.load_config(config, config_params, args)
+    engine = DeepSpeedEngine(model, optimizer, model_parameters, text, process_set,
+                             lr_scheduler if not callable(lr_scheduler) or hasattr(lr_scheduler, "step") else None)
+    if callable(lr_scheduler) and not hasattr(lr_scheduler, "step"):
+        engine.lr_scheduler = lr_scheduler(engine.optimizer)
+    loader = engine.deepspeed_io(training_data, collate_fn=collate_fn) if training_data is not None else None
+    return engine, engine.optimizer, loader, engine.lr_scheduler

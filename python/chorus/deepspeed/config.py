@@ -1,0 +1,37 @@
+"""DeepSpeed's JSON config: loaded from a path or a dict, checked by the C++ parser."""
+import json
+import os
+
+from chorus import _core
+
+
+def load_config(config=None, config_params=None, args=None):
+    """The config as JSON text, from whichever of the DeepSpeed ways it was given."""
+    given = [c for c in (config, config_params) if c is not None]
+    if len(given) > 1:
+        raise ValueError("deepspeed.initialize: pass the config once, as config= or config_params=, not both")
+    source = given[0] if given else None
+    if source is None and args is not None:
+        source = getattr(args, "deepspeed_config", None) or getattr(args, "deepscale_config", None)
+    if source is None:
+        raise ValueError("deepspeed.initialize: no config; pass config= (a dict or a JSON file path), "
+                         "config_params=, or args.deepspeed_config")
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        if not os.path.exists(path):
+            raise ValueError(f"deepspeed.initialize: config file '{path}' does not exist")
+        with open(path) as f:
+            text = f.read()
+        try:
+            json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"DeepSpeed config '{path}' is not valid JSON: {e}") from None
+        return text
+    if isinstance(source, dict):
+        return json.dumps(source)
+    raise ValueError(f"deepspeed.initialize: config must be a dict or a path, not {type(source).__name__}")
+
+
+def parse(text, world):
+    """The resolved config (batch sizes completed) as a dict; ValueError on bad input."""
+    return _core.ds_config_parse(text, world)

@@ -1,0 +1,259 @@
+"""DeepSpeedEngine: wraps a torch module and hooks it into chorus's C++ ZeRO engine
+(partitioning, collectives, loss scaling, clipping and the optimizer all run there)."""
+import os
+import warnings
+
+import torch
+
+from chorus import _core
+import chorus.torch as hvd
+from chorus.deepspeed import checkpoint, config as ds_config, stage3
+from chorus.deepspeed.optimizer import ZeroOptimizer, translate
+from chorus.deepspeed.scheduler import WarmupDecayLR, WarmupLR
+from chorus.torch.mpi_ops import _dtype_code
+
+_ZERO_FORMULA = {0: lambda n: (16, 0), 1: lambda n: (4, 12 / n), 2: lambda n: (2, 14 / n), 3: lambda n: (0, 16 / n)}
+
+
+def _view(array, dtype, shape):
+    return torch.from_numpy(array).view(dtype).view(shape)
+
+
+class DeepSpeedEngine(torch.nn.Module):
+    def __init__(self, model, optimizer=None, model_parameters=None, config_text=None, process_set=None,
+                 lr_scheduler=None):
+        super().__init__()
+        if not isinstance(model, torch.nn.Module):
+            raise ValueError(f"deepspeed.initialize: model must be a torch.nn.Module, not {type(model).__name__}")
+        self.module = model
+        self.process_set = process_set if process_set is not None else hvd.global_process_set
+        if not self.process_set.included():
+            raise ValueError(f"deepspeed.initialize: this rank is not in the process set {self.process_set.ranks}")
+        self._config_text = config_text
+        cfg = ds_config.parse(config_text, self.process_set.size())
+        self.config = cfg
+        self.dtype = torch.float16 if cfg["fp16"] else torch.bfloat16 if cfg["bf16"] else torch.float32
+        if self.dtype != torch.float32:
+            model.to(self.dtype)
+        if cfg["stage"] < 3 and cfg["offload_param"] == "cpu":
+            warnings.warn(f"chorus: offload_param is used by ZeRO stage 3 only; ignored at stage {cfg['stage']}")
+
+        self._params, self._names = self._trainable(model, optimizer, model_parameters)
+        self._shapes = [tuple(p.shape) for p in self._params]
+        kind, groups, self._client = translate(optimizer, cfg["optimizer"], cfg["offload_optimizer"] == "cpu",
+                                               cfg["zero_force_ds_cpu_optimizer"])
+        group_of = self._group_of(groups)
+        self.core = _core.ZeroEngine(config_text, self.process_set.process_set_id, _dtype_code(self._params[0], "ZeRO"),
+                                     [p.numel() for p in self._params], group_of, kind or "adam")
+        self._attach_params()
+        self.optimizer = ZeroOptimizer(self, groups)
+        if self._client is not None:
+            self._bind_client()
+        self.lr_scheduler = lr_scheduler
+        if lr_scheduler is None and cfg["scheduler"] is not None:
+            cls = WarmupDecayLR if cfg["scheduler"]["type"] == "WarmupDecayLR" else WarmupLR
+            self.lr_scheduler = cls(self.optimizer, config_text, self.process_set.size())
+        self.global_steps = 0
+        self.global_samples = 0
+        self.micro_steps = 0
+        self.skipped_steps = 0
+        self._grad_norm = None
+        self._hook_grads()
+        self._stage3 = stage3.Stage3Hooks(self) if self.core.stage == 3 else None
+
+    # --- setup -------------------------------------------------------------------------------
+    @staticmethod
+    def _trainable(model, optimizer, model_parameters):
+        named = {}
+        for n, p in model.named_parameters():
+            if p.requires_grad and id(p) not in named:
+                named[id(p)] = (n, p)
+        chosen = None
+        if optimizer is not None:
+            chosen = [p for g in optimizer.param_groups for p in g["params"]]
+        elif model_parameters is not None:
+            chosen = []
+            for item in model_parameters:
+                chosen.extend(item["params"] if isinstance(item, dict) else [item])
+        if chosen is not None:
+            keep = {id(p) for p in chosen}
+            unknown = [p for p in chosen if id(p) not in named]
+            if unknown:
+                raise ValueError("deepspeed.initialize: the optimizer holds parameters that are not trainable "
+                                 "parameters of the model")
+            named = {k: v for k, v in named.items() if k in keep}
+        if not named:
+            raise ValueError("deepspeed.initialize: the model has no trainable parameters")
+        params = [p for _, p in named.values()]
+        for p in params:
+            if p.device.type != "cpu":
+                raise ValueError(f"chorus's ZeRO engine keeps parameters in host memory; "
+                                 f"parameter '{named[id(p)][0]}' is on {p.device}")
+        return params, [n for n, _ in named.values()]
+
+    def _group_of(self, groups):
+        where = {}
+        for gi, g in enumerate(groups):
+            for p in g.get("params", []):
+                where[id(p)] = gi
+        return [where.get(id(p), 0) for p in self._params]
+
+    def _attach_params(self):
+        core = self.core
+        for i, p in enumerate(self._params):
+            p.data = p.data.contiguous()
+            core.load_param(i, p.data_ptr())
+        core.finish_init()
+        for i, p in enumerate(self._params):
+            if core.stage < 3:
+                p.data = _view(core.param_storage(i), self.dtype, p.shape)
+
+    def _bind_client(self):
+        """An optimizer chorus cannot translate steps fp32 views of the partition."""
+        master = torch.from_numpy(self.core.master_view())
+        grads = torch.from_numpy(self.core.external_grad_view())
+        per_group = {}
+        for offset, length, group in self.core.runs():
+            t = master[offset:offset + length]
+            t.grad = grads[offset:offset + length]
+            per_group.setdefault(group, []).append(t)
+        for gi, g in enumerate(self._client.param_groups):
+            g["params"] = per_group.get(gi, [])
+        self._client.state.clear()
+
+    def _hook_grads(self):
+        self._accumulators = []
+        for i, p in enumerate(self._params):
+            acc = p.expand_as(p).grad_fn.next_functions[0][0]
+            acc.register_hook(self._make_hook(i, p))
+            self._accumulators.append(acc)
+
+    def _make_hook(self, i, p):
+        def hook(*_):
+            g = p.grad
+            if g is None:
+                return
+            if g.is_sparse:
+                g = g.to_dense()
+            g = g.contiguous()
+            self.core.grad_ready(i, g.data_ptr())
+            p.grad = None
+            if self._stage3 is not None:
+                self._stage3.grad_done(i)
+        return hook
+
+    # --- training ----------------------------------------------------------------------------
+    def _cast(self, x):
+        if torch.is_tensor(x):
+            return x.to(self.dtype) if x.is_floating_point() and x.dtype != self.dtype else x
+        if isinstance(x, (list, tuple)):
+            return type(x)(self._cast(v) for v in x)
+        if isinstance(x, dict):
+            return {k: self._cast(v) for k, v in x.items()}
+        return x
+
+    def forward(self, *inputs, **kwargs):
+        if self.dtype != torch.float32:
+            inputs, kwargs = self._cast(inputs), self._cast(kwargs)
+        return self.module(*inputs, **kwargs)
+
+    def gradient_accumulation_steps(self):
+        return self.config["gradient_accumulation_steps"]
+
+    def train_batch_size(self):
+        return self.config["train_batch_size"]
+
+    def train_micro_batch_size_per_gpu(self):
+        return self.config["train_micro_batch_size_per_gpu"]
+
+    def is_gradient_accumulation_boundary(self):
+        return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
+
+    def backward(self, loss, retain_graph=False):
+        if not torch.is_tensor(loss) or loss.numel() != 1:
+            raise ValueError("model_engine.backward expects the scalar loss tensor")
+        factor = self.core.loss_scale / self.gradient_accumulation_steps()
+        scaled = loss.float() * factor if factor != 1.0 else loss
+        scaled.backward(retain_graph=retain_graph)
+        self.core.end_backward()
+        if self._stage3 is not None:
+            self._stage3.end_backward()
+        return loss
+
+    def step(self, lr_kwargs=None):
+        boundary = self.is_gradient_accumulation_boundary()
+        self.micro_steps += 1
+        self.global_samples += self.train_micro_batch_size_per_gpu() * self.process_set.size()
+        if not boundary:
+            return
+        if self._client is None:
+            skipped, norm, _ = self.core.step(self.optimizer.hypers())
+        else:
+            skipped, norm, _ = self.core.step_external()
+            if not skipped:
+                self._client.step()
+                self.core.publish_external()
+        self.global_steps += 1
+        if skipped:
+            self.skipped_steps += 1
+        else:
+            self._grad_norm = norm
+            if self.lr_scheduler is not None:
+                self.lr_scheduler.step(**(lr_kwargs or {}))
+
+    def zero_grad(self):
+        """Gradients live in the engine and are cleared at each step."""
+
+    def get_lr(self):
+        return [g["lr"] for g in self.optimizer.param_groups]
+
+    def get_global_grad_norm(self):
+        return self._grad_norm
+
+    @property
+    def loss_scale(self):
+        return self.core.loss_scale
+
+    @property
+    def local_rank(self):
+        return hvd.local_rank()
+
+    @property
+    def device(self):
+        return torch.device("cpu")
+
+    def to(self, *args, **kwargs):
+        device = kwargs.get("device", args[0] if args else None)
+        if isinstance(device, (str, torch.device)) and torch.device(device).type != "cpu":
+            raise ValueError(f"chorus's ZeRO engine keeps the model in host memory; it cannot move to {device}")
+        return self
+
+    def cuda(self, device=None):
+        return self.to("cuda")
+
+    def cpu(self):
+        return self
+
+    def deepspeed_io(self, dataset, batch_size=None, collate_fn=None, shuffle=True):
+        sampler = torch.utils.data.distributed.DistributedSampler(
+            dataset, num_replicas=self.process_set.size(), rank=self.process_set.rank(), shuffle=shuffle)
+        return torch.utils.data.DataLoader(dataset, batch_size=batch_size or self.train_micro_batch_size_per_gpu(),
+                                           sampler=sampler, collate_fn=collate_fn)
+
+    # --- memory and checkpoints --------------------------------------------------------------
+    def memory_report(self):
+        """This rank's bytes of model states, beside the ZeRO paper's figure for mixed-precision Adam."""
+        m = dict(self.core.memory())
+        n = self.process_set.size()
+        fixed, per = _ZERO_FORMULA[self.core.stage](n)
+        m["model_states"] = m["params"] + m["grads"] + m["optimizer"]
+        m["formula"] = (fixed + per) * m["psi"]
+        m["placement"] = self.core.placement
+        return m
+
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True):
+        return checkpoint.save(self, save_dir, tag, client_state or {}, save_latest)
+
+    def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
+                        load_lr_scheduler_states=True, load_module_only=False):
+        return checkpoint.load(self, load_dir, tag, load_lr_scheduler_states)

@@ -1,0 +1,427 @@
+#include "zero/engine.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+
+#include "chorus/error.h"
+#include "reduce/reduce.h"
+#include "zero/optimizer_step.h"
+
+namespace chorus::zero {
+
+namespace {
+
+constexpr size_t kScratchElems = 1 << 16;
+std::atomic<int> engineCounter{0};
+
+LossScalerConfig scalerConfig(const DsConfig& c) {
+  if (c.fp16.enabled) return c.fp16.scaler;
+  LossScalerConfig off;
+  off.dynamic = false;
+  off.staticScale = 1.0;
+  return off;
+}
+
+}  // namespace
+
+Engine::Engine(Runtime& rt, EngineSpec spec)
+    : rt_(rt), spec_(std::move(spec)), stage_(spec_.config.zero.stage), scaler_(scalerConfig(spec_.config)) {
+  const ProcessSet ps = rt_.processSet(spec_.processSet);
+  if (!ps.included())
+    throw InvalidArgument("ZeRO engine: this rank is not in process set " + std::to_string(spec_.processSet));
+  world_ = ps.size();
+  rank_ = ps.rank();
+  if (spec_.dtype != DataType::kFloat32 && spec_.dtype != DataType::kBFloat16 && spec_.dtype != DataType::kFloat16)
+    throw InvalidArgument(std::string("ZeRO engine: parameters must be float32, bfloat16 or float16, not ") +
+                          dtypeName(spec_.dtype));
+  if (spec_.numels.empty()) throw InvalidArgument("ZeRO engine: the model has no trainable parameters");
+  if (spec_.groupOf.empty()) spec_.groupOf.assign(spec_.numels.size(), 0);
+  if (spec_.groupOf.size() != spec_.numels.size())
+    throw InvalidArgument("ZeRO engine: groupOf has " + std::to_string(spec_.groupOf.size()) + " entries for " +
+                          std::to_string(spec_.numels.size()) + " parameters");
+  name_ = "zero" + std::to_string(engineCounter++) + ".";
+
+  const auto& z = spec_.config.zero;
+  const size_t bucket = static_cast<size_t>(std::max<int64_t>(z.reduceBucketSize, 1));
+  plan_ = std::make_unique<PartitionPlan>(spec_.numels, stage_ == 0 ? 1 : world_,
+                                          stage_ == 3 ? Layout::kPerParam : Layout::kContiguous, bucket);
+  pieces_ = plan_->pieces(stage_ == 0 ? 0 : rank_);
+  const size_t part = plan_->partitionElems(), es = esize();
+  const bool pinOpt = z.offloadOptimizer == "cpu" && z.pinMemory;
+
+  if (stage_ < 3) {
+    size_t total = 0;
+    for (const auto& u : plan_->units()) {
+      unitBase_.push_back(total);
+      total += u.flatElems();
+    }
+    params_ = Buffer(total * es);
+    if (stage_ < 2) grads_ = Buffer(total * es);
+  } else {
+    paramPart_ = Buffer(part * es, pinOpt && z.offloadParam == "cpu");
+  }
+  if (stage_ >= 2) gradPart_ = Buffer(part * es);
+  masterIsParams_ = spec_.dtype == DataType::kFloat32 && (stage_ == 0 || stage_ == 3);
+  if (!masterIsParams_) master_ = Buffer(part * 4, pinOpt);
+  state1_ = Buffer(part * 4, pinOpt);
+  if (spec_.optimizer != OptimKind::kSgd) state2_ = Buffer(part * 4, pinOpt);
+  scratch_ = Buffer(kScratchElems * 4);
+
+  // Runs of the partition that share an optimizer group; padding joins the run before it.
+  for (size_t u = 0; u < plan_->units().size(); ++u) {
+    const Unit& unit = plan_->units()[u];
+    size_t runStart = 0;
+    int group = -1;
+    for (const auto& p : pieces_) {
+      if (p.partOffset < unit.partOffset || p.partOffset >= unit.partOffset + unit.slice) continue;
+      const int g = spec_.groupOf[p.param];
+      if (group == -1) {
+        group = g;
+      } else if (g != group) {
+        const size_t at = p.partOffset - unit.partOffset;
+        runs_.push_back({u, runStart, at - runStart, group});
+        runStart = at;
+        group = g;
+      }
+    }
+    runs_.push_back({u, runStart, unit.slice - runStart, std::max(group, 0)});
+  }
+
+  unitMissing_.resize(plan_->units().size());
+  unitBucket_.assign(plan_->units().size(), -1);
+  unitLaunched_.assign(plan_->units().size(), false);
+  resetMissing();
+  persistent_.assign(spec_.numels.size(), false);
+  if (stage_ == 3)
+    for (size_t i = 0; i < spec_.numels.size(); ++i)
+      persistent_[i] = static_cast<int64_t>(spec_.numels[i]) < z.paramPersistenceThreshold;
+  placement_ = std::string("cpu (") + (z.offloadOptimizer == "cpu" ? "optimizer offloaded" : "optimizer in place") +
+               (pinOpt ? (state1_.pinned() ? ", pinned" : ", pinning refused by RLIMIT_MEMLOCK") : "") + ")";
+}
+
+Engine::~Engine() {
+  // Ops in flight write into our buffers: let them finish (errors are moot now).
+  for (auto& b : pool_)
+    if (b.work) b.work->waitFor(std::chrono::milliseconds(60000));
+  for (auto& [i, g] : live_)
+    if (g.work) g.work->waitFor(std::chrono::milliseconds(60000));
+}
+
+std::string Engine::name(const char* what, size_t id) const { return name_ + what + "." + std::to_string(id); }
+
+void Engine::resetMissing() {
+  for (size_t u = 0; u < plan_->units().size(); ++u) {
+    unitMissing_[u] = plan_->units()[u].params.size();
+    unitLaunched_[u] = false;
+  }
+}
+
+float* Engine::masterPtr() const {
+  if (!masterIsParams_) return master_.as<float>();
+  return stage_ == 0 ? params_.as<float>() : paramPart_.as<float>();
+}
+
+char* Engine::gradSlice(size_t u) const {
+  const Unit& unit = plan_->units()[u];
+  if (stage_ == 0) return grads_.bytes() + unitBase_[u] * esize();
+  if (stage_ == 1) return grads_.bytes() + (unitBase_[u] + rank_ * unit.slice) * esize();
+  return gradPart_.bytes() + unit.partOffset * esize();
+}
+
+char* Engine::paramSlice(size_t u) const {
+  const Unit& unit = plan_->units()[u];
+  if (stage_ == 3) return paramPart_.bytes() + unit.partOffset * esize();
+  return params_.bytes() + (unitBase_[u] + (stage_ == 0 ? 0 : rank_) * unit.slice) * esize();
+}
+
+void* Engine::paramStorage(size_t i) {
+  if (stage_ == 3) throw InvalidArgument("ZeRO engine: stage 3 parameters have no full storage; gather them");
+  const size_t u = plan_->unitOf(i);
+  return unitParams(u) + plan_->units()[u].offsets[plan_->indexInUnit(i)] * esize();
+}
+
+void Engine::loadParam(size_t i, const void* src) {
+  const size_t n = spec_.numels.at(i), es = esize();
+  if (stage_ < 3) {
+    std::memmove(paramStorage(i), src, n * es);
+    return;
+  }
+  // Stage 3 keeps only slices: take the set's first rank's value now.
+  Buffer full(n * es);
+  std::memcpy(full.bytes(), src, n * es);
+  OpOptions o;
+  o.name = name("init", i);
+  o.processSet = spec_.processSet;
+  rt_.broadcast(Tensor{full.bytes(), spec_.dtype, {static_cast<int64_t>(n)}}, rt_.processSet(spec_.processSet).ranks()[0], o);
+  const size_t u = plan_->unitOf(i), j = plan_->indexInUnit(i);
+  const size_t s = plan_->units()[u].slices[j], begin = std::min(n, rank_ * s), end = std::min(n, (rank_ + 1) * s);
+  std::memcpy(paramPart_.bytes() + (plan_->units()[u].partOffset + plan_->units()[u].offsets[j]) * es,
+              full.bytes() + begin * es, (end - begin) * es);
+}
+
+void Engine::finishInit() {
+  if (stage_ < 3) {
+    std::vector<Work> works;
+    const int root = rt_.processSet(spec_.processSet).ranks()[0];
+    for (size_t u = 0; u < plan_->units().size(); ++u) {
+      OpOptions o;
+      o.name = name("bcast", u);
+      o.processSet = spec_.processSet;
+      Tensor t{unitParams(u), spec_.dtype, {static_cast<int64_t>(plan_->units()[u].flatElems())}};
+      works.push_back(rt_.broadcastAsync(t, t, root, o));
+    }
+    for (auto& w : works) w.wait();
+  }
+  if (!masterIsParams_)
+    for (size_t u = 0; u < plan_->units().size(); ++u) {
+      const Unit& unit = plan_->units()[u];
+      toFloat(master_.as<float>() + unit.partOffset, paramSlice(u), spec_.dtype, unit.slice);
+    }
+  regatherLive();
+}
+
+void Engine::gradReady(size_t i, const void* grad) {
+  const size_t u = plan_->unitOf(i), j = plan_->indexInUnit(i), n = spec_.numels.at(i), es = esize();
+  const Unit& unit = plan_->units()[u];
+  if (stage_ < 2) {
+    char* dst = unitGrads(u) + unit.offsets[j] * es;
+    reduceBuffers(spec_.dtype, ReduceOp::kSum, dst, dst, grad, n);
+    return;
+  }
+  if (unitLaunched_[u])
+    throw InvalidArgument("ZeRO engine: parameter " + std::to_string(i) +
+                          " got a second gradient in one backward after its bucket was reduced");
+  Bucket& b = pool_[acquireBucket(u)];
+  if (stage_ == 2) {
+    std::memcpy(b.data.bytes() + unit.offsets[j] * es, grad, n * es);
+  } else {
+    const size_t s = unit.slices[j];
+    for (size_t r = 0; r < static_cast<size_t>(world_); ++r) {
+      const size_t begin = std::min(n, r * s), end = std::min(n, (r + 1) * s);
+      if (end > begin)
+        std::memcpy(b.data.bytes() + (r * unit.slice + unit.offsets[j]) * es,
+                    static_cast<const char*>(grad) + begin * es, (end - begin) * es);
+    }
+  }
+  if (--unitMissing_[u] == 0) launchUnit(u);
+}
+
+int Engine::acquireBucket(size_t u) {
+  if (unitBucket_[u] >= 0) return unitBucket_[u];
+  // At most two buckets reduce while backward goes on; more would only add memory.
+  while (inFlight_.size() >= 2) completeOldest();
+  int free = -1;
+  for (size_t k = 0; k < pool_.size(); ++k)
+    if (pool_[k].unit == SIZE_MAX) free = static_cast<int>(k);
+  if (free < 0) {
+    pool_.push_back(Bucket{Buffer(plan_->maxUnitFlatElems() * esize()), SIZE_MAX, 0, nullptr});
+    free = static_cast<int>(pool_.size() - 1);
+  }
+  Bucket& b = pool_[free];
+  std::memset(b.data.bytes(), 0, plan_->units()[u].flatElems() * esize());
+  b.unit = u;
+  unitBucket_[u] = free;
+  return free;
+}
+
+void Engine::launchUnit(size_t u) {
+  const int k = acquireBucket(u);
+  Bucket& b = pool_[k];
+  ReducescatterOptions o;
+  o.name = name("rs", u);
+  o.processSet = spec_.processSet;
+  o.op = ReduceOp::kAverage;
+  Tensor in{b.data.bytes(), spec_.dtype, {static_cast<int64_t>(plan_->units()[u].flatElems())}};
+  b.work = std::make_unique<Work>(rt_.reducescatterAsync(in, o));
+  unitLaunched_[u] = true;
+  inFlight_.push_back(k);
+}
+
+void Engine::completeOldest() {
+  const int k = inFlight_.front();
+  inFlight_.pop_front();
+  Bucket& b = pool_[k];
+  const size_t u = b.unit;
+  b.unit = SIZE_MAX;
+  unitBucket_[u] = -1;
+  std::unique_ptr<Work> work = std::move(b.work);
+  work->wait();
+  char* dst = gradSlice(u);
+  reduceBuffers(spec_.dtype, ReduceOp::kSum, dst, dst, work->output(0).data, plan_->units()[u].slice);
+}
+
+void Engine::endBackward() {
+  if (stage_ < 2) return;
+  // Every unit is reduced every micro-batch, also one whose gradients never came
+  // on this rank (unused parameters): peers may have them.
+  for (size_t u = 0; u < plan_->units().size(); ++u)
+    if (!unitLaunched_[u]) launchUnit(u);
+  while (!inFlight_.empty()) completeOldest();
+  resetMissing();
+}
+
+void Engine::reduceAtBoundary() {
+  std::vector<std::pair<size_t, Work>> works;
+  for (size_t u = 0; u < plan_->units().size(); ++u) {
+    const Unit& unit = plan_->units()[u];
+    Tensor t{unitGrads(u), spec_.dtype, {static_cast<int64_t>(unit.flatElems())}};
+    if (stage_ == 0) {
+      AllreduceOptions o;
+      o.name = name("ar", u);
+      o.processSet = spec_.processSet;
+      o.op = ReduceOp::kAverage;
+      works.emplace_back(u, rt_.allreduceAsync(t, t, o));
+    } else {
+      ReducescatterOptions o;
+      o.name = name("rs", u);
+      o.processSet = spec_.processSet;
+      o.op = ReduceOp::kAverage;
+      works.emplace_back(u, rt_.reducescatterAsync(t, o));
+    }
+  }
+  for (auto& [u, w] : works) {
+    w.wait();
+    if (stage_ == 1) std::memcpy(gradSlice(u), w.output(0).data, plan_->units()[u].slice * esize());
+  }
+}
+
+StepResult Engine::prepareStep(float* gradScale) {
+  if (stage_ < 2) reduceAtBoundary();
+  else endBackward();
+  StepResult res;
+  res.lossScale = scaler_.scale();
+  const bool fp16 = spec_.config.fp16.enabled;
+  const double clip = spec_.config.gradientClipping;
+  double sumsq = 0.0;
+  if (fp16 || clip > 0.0) {
+    for (size_t u = 0; u < plan_->units().size(); ++u)
+      sumsq += sumSquares(gradSlice(u), spec_.dtype, plan_->units()[u].slice);
+    if (stage_ > 0) {
+      AllreduceOptions o;
+      o.name = name("norm", 0);
+      o.processSet = spec_.processSet;
+      o.op = ReduceOp::kSum;
+      Tensor t{&sumsq, DataType::kFloat64, {1}};
+      rt_.allreduce(t, t, o);
+    }
+  }
+  // An overflow on any rank shows in the summed norm, so every rank skips together.
+  const bool overflow = fp16 && !std::isfinite(sumsq);
+  res.skipped = scaler_.update(overflow);
+  if (res.skipped) {
+    grads_.zero();
+    gradPart_.zero();
+    return res;
+  }
+  res.gradNorm = std::sqrt(sumsq) / res.lossScale;
+  *gradScale = static_cast<float>(1.0 / res.lossScale);
+  if (clip > 0.0 && res.gradNorm > clip) *gradScale *= static_cast<float>(clip / (res.gradNorm + 1e-6));
+  ++optSteps_;
+  return res;
+}
+
+StepResult Engine::step(const std::vector<GroupHyper>& groups) {
+  int maxGroup = 0;
+  for (int g : spec_.groupOf) maxGroup = std::max(maxGroup, g);
+  if (groups.size() <= static_cast<size_t>(maxGroup))
+    throw InvalidArgument("ZeRO engine: step got " + std::to_string(groups.size()) + " parameter groups, the model has " +
+                          std::to_string(maxGroup + 1));
+  float gradScale = 1.0f;
+  StepResult res = prepareStep(&gradScale);
+  if (res.skipped) return res;
+  for (const auto& run : runs_) {
+    const Unit& unit = plan_->units()[run.unit];
+    const size_t at = unit.partOffset + run.offset, es = esize();
+    RunArgs a{masterPtr() + at,
+              state1_.as<float>() + at,
+              state2_.size() ? state2_.as<float>() + at : nullptr,
+              gradSlice(run.unit) + run.offset * es,
+              masterIsParams_ ? nullptr : paramSlice(run.unit) + run.offset * es,
+              spec_.dtype,
+              run.length,
+              gradScale,
+              optSteps_};
+    optimizerRun(spec_.optimizer, groups[run.group], a, scratch_.as<float>(), kScratchElems);
+  }
+  publishParams();
+  grads_.zero();
+  gradPart_.zero();
+  return res;
+}
+
+StepResult Engine::stepExternal() {
+  float gradScale = 1.0f;
+  StepResult res = prepareStep(&gradScale);
+  if (res.skipped) return res;
+  if (!externalGrad_.size()) externalGrad_ = Buffer(plan_->partitionElems() * 4);
+  for (size_t u = 0; u < plan_->units().size(); ++u) {
+    const Unit& unit = plan_->units()[u];
+    float* dst = externalGrad_.as<float>() + unit.partOffset;
+    toFloat(dst, gradSlice(u), spec_.dtype, unit.slice);
+    for (size_t k = 0; k < unit.slice; ++k) dst[k] *= gradScale;
+  }
+  return res;
+}
+
+void Engine::publishExternal() {
+  if (!masterIsParams_)
+    for (size_t u = 0; u < plan_->units().size(); ++u)
+      fromFloat(paramSlice(u), master_.as<float>() + plan_->units()[u].partOffset, spec_.dtype, plan_->units()[u].slice);
+  publishParams();
+  grads_.zero();
+  gradPart_.zero();
+}
+
+float* Engine::externalGrad() {
+  if (!externalGrad_.size()) externalGrad_ = Buffer(plan_->partitionElems() * 4);
+  return externalGrad_.as<float>();
+}
+
+std::vector<std::tuple<size_t, size_t, int>> Engine::runs() const {
+  std::vector<std::tuple<size_t, size_t, int>> out;
+  for (const auto& r : runs_) out.emplace_back(plan_->units()[r.unit].partOffset + r.offset, r.length, r.group);
+  return out;
+}
+
+void Engine::publishParams() {
+  if (stage_ == 3) {
+    regatherLive();
+    return;
+  }
+  if (stage_ == 0) return;
+  // Allgather each unit's slices straight into the module's storage; the input is
+  // a copy of this rank's slice so that it never aliases the output.
+  std::deque<std::pair<Buffer, Work>> flying;
+  for (size_t u = 0; u < plan_->units().size(); ++u) {
+    const Unit& unit = plan_->units()[u];
+    if (flying.size() >= 2) {
+      flying.front().second.wait();
+      flying.pop_front();
+    }
+    Buffer in(unit.slice * esize());
+    std::memcpy(in.bytes(), paramSlice(u), in.size());
+    OpOptions o;
+    o.name = name("ag", u);
+    o.processSet = spec_.processSet;
+    char* out = unitParams(u);
+    Work w = rt_.allgatherAsync(Tensor{in.bytes(), spec_.dtype, {static_cast<int64_t>(unit.slice)}}, o,
+                                [out](const Shape&, DataType) -> void* { return out; });
+    flying.emplace_back(std::move(in), std::move(w));
+  }
+  for (auto& f : flying) f.second.wait();
+}
+
+MemoryReport Engine::memory() const {
+  MemoryReport m;
+  for (size_t n : spec_.numels) m.psi += n;
+  m.params = params_.size() + paramPart_.size();
+  m.grads = grads_.size() + gradPart_.size();
+  m.optimizer = master_.size() + state1_.size() + state2_.size();
+  m.fixedBuffers = scratch_.size() + liveBytes_;
+  for (const auto& b : pool_) m.fixedBuffers += b.data.size();
+  return m;
+}
+
+}  // namespace chorus::zero

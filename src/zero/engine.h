@@ -1,0 +1,178 @@
+#pragma once
+// The ZeRO engine: owns the flat, partitioned training state of one model on one
+// rank and runs ZeRO's collectives through chorus's runtime. The Python layer only
+// hooks it into torch modules and autograd.
+//
+// Buffers (elements of the model dtype unless noted), per stage:
+//   params_   full parameters, one flat buffer per unit     stages 0-2 (the module's storage)
+//   paramPart_ the rank's slices of the parameters           stage 3
+//   grads_    full gradients, accumulated locally             stages 0-1
+//   gradPart_ the rank's reduced gradient slices              stages 2-3
+//   master_/state fp32 master weights and optimizer state, the rank's partition
+//             (stage 0: everything; an fp32 model's master is its parameters at stages 0 and 3)
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "chorus/runtime.h"
+#include "zero/buffer.h"
+#include "zero/ds_config.h"
+#include "zero/loss_scaler.h"
+#include "zero/partition.h"
+
+namespace chorus::zero {
+
+enum class OptimKind { kAdam, kAdamW, kSgd };
+
+// One optimizer parameter group's hyperparameters, read from Python each step
+// (so that schedulers and users that edit param_groups are obeyed).
+struct GroupHyper {
+  float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weightDecay = 0.0f;
+  float momentum = 0.0f, dampening = 0.0f;
+  bool nesterov = false;
+};
+
+struct StepResult {
+  bool skipped = false;   // overflow: no update on any rank
+  double gradNorm = 0.0;  // global norm of the unscaled gradients
+  double lossScale = 1.0; // the scale used for this step's gradients
+};
+
+// Bytes of model states this rank holds, and the fixed buffers beside them.
+struct MemoryReport {
+  size_t params = 0, grads = 0, optimizer = 0, fixedBuffers = 0, psi = 0;
+};
+
+struct EngineSpec {
+  DsConfig config;
+  int32_t processSet = kGlobalProcessSetId;
+  DataType dtype = DataType::kFloat32;  // the module's dtype: float32, bfloat16 or float16
+  std::vector<size_t> numels;           // the trainable parameters, in module order
+  std::vector<int> groupOf;             // optimizer group of each parameter
+  OptimKind optimizer = OptimKind::kAdam;
+};
+
+class Engine {
+ public:
+  Engine(Runtime& rt, EngineSpec spec);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  int stage() const { return stage_; }
+  int world() const { return world_; }
+  int rank() const { return rank_; }
+  const PartitionPlan& plan() const { return *plan_; }
+  DataType dtype() const { return spec_.dtype; }
+  size_t numParams() const { return spec_.numels.size(); }
+
+  // Stages 0-2: where parameter i lives (the module's parameter is a view of it).
+  void* paramStorage(size_t i);
+  // Initial value of parameter i (full, model dtype). Every rank calls it for every
+  // parameter, then finishInit() makes all ranks start from the set's first rank's values.
+  void loadParam(size_t i, const void* src);
+  void finishInit();
+
+  // Backward: gradient of parameter i for this micro-batch (full, model dtype).
+  void gradReady(size_t i, const void* grad);
+  // After each backward: stages 2-3 finish reducing this micro-batch's gradients.
+  void endBackward();
+  // At the accumulation boundary.
+  StepResult step(const std::vector<GroupHyper>& groups);
+  // For an optimizer chorus cannot run itself: stepExternal() leaves the unscaled,
+  // clipped fp32 gradients of the partition in externalGrad(), the caller updates
+  // master() in place, then publishExternal() spreads the new parameters.
+  StepResult stepExternal();
+  void publishExternal();
+  float* master() const { return masterPtr(); }
+  float* externalGrad();
+  size_t partitionElems() const { return plan_->partitionElems(); }
+  // (partition offset, length, optimizer group) of each run of the partition.
+  std::vector<std::tuple<size_t, size_t, int>> runs() const;
+  double lossScale() const { return scaler_.scale(); }
+  int64_t optimizerSteps() const { return optSteps_; }
+
+  // Stage 3: gathering parameters before use and releasing them after.
+  void gatherAsync(const std::vector<size_t>& params);
+  // Waits for the gather of i; the buffer holds world * slice elements, the
+  // parameter's first. Whoever views it holds the pointer, so release() is safe.
+  std::shared_ptr<Buffer> gathered(size_t i);
+  void release(size_t i);
+  bool persistent(size_t i) const { return persistent_.at(i); }
+  size_t liveBytes() const { return liveBytes_; }
+
+  MemoryReport memory() const;
+  const std::string& placement() const { return placement_; }
+
+  // Checkpoints (engine_checkpoint.cc). extraMeta: JSON text stored beside the state.
+  void saveShard(const std::string& path, const std::string& extraMeta) const;
+  // Loads the fp32 state from every shard of a checkpoint (any world size, any stage).
+  void loadShards(const std::vector<std::string>& paths);
+  // Whether this rank writes a shard (stage 0 keeps one replica, written by rank 0).
+  bool writesShard() const { return stage_ > 0 || rank_ == 0; }
+
+ private:
+  size_t esize() const { return dtypeSize(spec_.dtype); }
+  char* unitParams(size_t u) { return params_.bytes() + unitBase_[u] * esize(); }
+  char* unitGrads(size_t u) { return grads_.bytes() + unitBase_[u] * esize(); }
+  float* masterPtr() const;
+  char* gradSlice(size_t u) const;   // the rank's reduced gradients of unit u
+  char* paramSlice(size_t u) const;  // the rank's parameters of unit u
+  void reduceAtBoundary();
+  StepResult prepareStep(float* gradScale);
+  int acquireBucket(size_t u);
+  void launchUnit(size_t u);
+  void completeOldest();
+  void resetMissing();
+  void publishParams();
+  void regatherLive();
+  void setFromFull(size_t i, const float* master, const float* s1, const float* s2);
+  std::string name(const char* what, size_t id) const;
+
+  Runtime& rt_;
+  EngineSpec spec_;
+  std::string name_;  // prefix of this engine's op names (engines are made in the same order on every rank)
+  int stage_, world_, rank_;
+  std::unique_ptr<PartitionPlan> plan_;
+  std::vector<Piece> pieces_;
+  std::vector<size_t> unitBase_;  // stages 0-2: element offset of each unit's flat buffer
+  Buffer params_, paramPart_, grads_, gradPart_, master_, state1_, state2_, scratch_, externalGrad_;
+  bool masterIsParams_ = false;
+  LossScaler scaler_;
+  int64_t optSteps_ = 0;
+  struct Run {  // a stretch of one unit's slice that shares an optimizer group
+    size_t unit, offset, length;
+    int group;
+  };
+  std::vector<Run> runs_;
+
+  // Stages 2-3: units being filled and reduced during backward.
+  struct Bucket {
+    Buffer data;
+    size_t unit = SIZE_MAX;
+    size_t missing = 0;
+    std::unique_ptr<Work> work;
+  };
+  std::vector<Bucket> pool_;
+  std::vector<int> unitBucket_;        // bucket of each unit being filled, -1 if none
+  std::deque<int> inFlight_;           // buckets reducing, oldest first
+  std::vector<size_t> unitMissing_;    // gradients still to come per unit
+  std::vector<bool> unitLaunched_;     // reduced already in this backward
+
+  // Stage 3.
+  std::vector<bool> persistent_;
+  struct Gathered {
+    std::shared_ptr<Buffer> data;
+    std::unique_ptr<Work> work;  // set while the gather runs
+  };
+  void launchGather(size_t i, Gathered& g);
+  std::map<size_t, Gathered> live_;
+  size_t liveBytes_ = 0;
+  std::string placement_;
+};
+
+}  // namespace chorus::zero

@@ -1,0 +1,73 @@
+// Stage 3: parameters live as slices; a module's parameters are gathered before
+// its forward and backward and released after.
+#include <cstring>
+
+#include "chorus/error.h"
+#include "zero/engine.h"
+
+namespace chorus::zero {
+
+void Engine::launchGather(size_t i, Gathered& g) {
+  const size_t u = plan_->unitOf(i), j = plan_->indexInUnit(i), s = plan_->units()[u].slices[j];
+  char* in = paramPart_.bytes() + (plan_->units()[u].partOffset + plan_->units()[u].offsets[j]) * esize();
+  char* out = g.data->bytes();
+  OpOptions o;
+  o.name = name("ag", i);
+  o.processSet = spec_.processSet;
+  g.work = std::make_unique<Work>(rt_.allgatherAsync(Tensor{in, spec_.dtype, {static_cast<int64_t>(s)}}, o,
+                                                     [out](const Shape&, DataType) -> void* { return out; }));
+}
+
+void Engine::gatherAsync(const std::vector<size_t>& params) {
+  if (stage_ != 3) throw InvalidArgument("ZeRO engine: only stage 3 gathers parameters");
+  for (size_t i : params) {
+    if (i >= spec_.numels.size()) throw InvalidArgument("ZeRO engine: no parameter " + std::to_string(i));
+    if (live_.count(i)) continue;
+    Gathered g;
+    g.data = std::make_shared<Buffer>(world_ * plan_->paramSlice(i) * esize());
+    launchGather(i, g);
+    liveBytes_ += g.data->size();
+    live_.emplace(i, std::move(g));
+  }
+}
+
+std::shared_ptr<Buffer> Engine::gathered(size_t i) {
+  if (!live_.count(i)) gatherAsync({i});
+  Gathered& g = live_.at(i);
+  if (g.work) {
+    std::unique_ptr<Work> w = std::move(g.work);
+    w->wait();
+  }
+  return g.data;
+}
+
+void Engine::release(size_t i) {
+  if (persistent_.at(i)) return;
+  auto it = live_.find(i);
+  if (it == live_.end()) return;
+  if (it->second.work) it->second.work->wait();
+  liveBytes_ -= it->second.data->size();
+  live_.erase(it);
+}
+
+void Engine::regatherLive() {
+  if (stage_ != 3) return;
+  // Persistent parameters are always live; anything else still live must not go stale.
+  for (size_t i = 0; i < spec_.numels.size(); ++i)
+    if (persistent_[i] && !live_.count(i)) {
+      Gathered g;
+      g.data = std::make_shared<Buffer>(world_ * plan_->paramSlice(i) * esize());
+      liveBytes_ += g.data->size();
+      live_.emplace(i, std::move(g));
+    }
+  for (auto& [i, g] : live_) {
+    if (g.work) g.work->wait();
+    launchGather(i, g);
+  }
+  for (auto& [i, g] : live_) {
+    std::unique_ptr<Work> w = std::move(g.work);
+    w->wait();
+  }
+}
+
+}  // namespace chorus::zero
