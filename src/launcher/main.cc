@@ -142,6 +142,11 @@ int main(int argc, char** argv) {
       // Programs written for Horovod read these.
       for (const char* k : {"RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE"})
         env[std::string("HOROVOD_") + k] = env[std::string("CHORUS_") + k];
+      // ... and these, programs written for torch.distributed and DeepSpeed.
+      env["RANK"] = env["CHORUS_RANK"];
+      env["WORLD_SIZE"] = env["CHORUS_SIZE"];
+      env["LOCAL_RANK"] = env["CHORUS_LOCAL_RANK"];
+      env["LOCAL_WORLD_SIZE"] = env["CHORUS_LOCAL_SIZE"];
       job.rankEnv.push_back(std::move(env));
     }
     if (verbose) {

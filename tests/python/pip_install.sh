@@ -19,3 +19,4 @@ hvd.shutdown()
 PY
 "$tmp/venv/bin/chorusrun" -np 2 "$tmp/venv/bin/python" job.py | tee out.txt
 test "$(grep -c 'installed chorus works' out.txt)" = 2
+"$tmp/venv/bin/chorus-zero-to-fp32" --help | grep -q "consolidates"

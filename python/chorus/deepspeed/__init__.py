@@ -4,12 +4,31 @@ ZeRO stages 0-3, fp16/bf16 with dynamic loss scaling, gradient accumulation, CPU
 offload with chorus's SIMD CPU Adam, and sharded checkpoints. The engine's core
 (partitioning, collectives, optimizer) is C++; this package hooks it into torch.
 """
+import os as _os
+
 import chorus.torch as _hvd
 from chorus.deepspeed import config as _config
 from chorus.deepspeed.engine import DeepSpeedEngine
 from chorus.deepspeed.scheduler import WarmupDecayLR, WarmupLR
 
 __version__ = "0.1.0"
+
+
+def _export_world_env():
+    """DeepSpeed programs read WORLD_SIZE / RANK / LOCAL_RANK before initialize();
+    fill them from chorusrun's or mpirun's variables when the launcher did not."""
+    sources = {"WORLD_SIZE": ("CHORUS_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"),
+               "RANK": ("CHORUS_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"),
+               "LOCAL_RANK": ("CHORUS_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")}
+    for key, names in sources.items():
+        if key not in _os.environ:
+            for name in names:
+                if name in _os.environ:
+                    _os.environ[key] = _os.environ[name]
+                    break
+
+
+_export_world_env()
 __all__ = ["initialize", "init_distributed", "add_config_arguments", "DeepSpeedEngine", "WarmupLR", "WarmupDecayLR"]
 
 

@@ -109,7 +109,8 @@ class DeepSpeedEngine(torch.nn.Module):
                 p.data = _view(core.param_storage(i), self.dtype, p.shape)
 
     def _bind_client(self):
-        """An optimizer chorus cannot translate steps fp32 views of the partition."""
+        """An optimizer chorus cannot translate steps fp32 views of the partition: a
+        fresh instance of its class, with its hyperparameters, over those views."""
         master = torch.from_numpy(self.core.master_view())
         grads = torch.from_numpy(self.core.external_grad_view())
         per_group = {}
@@ -117,9 +118,10 @@ class DeepSpeedEngine(torch.nn.Module):
             t = master[offset:offset + length]
             t.grad = grads[offset:offset + length]
             per_group.setdefault(group, []).append(t)
-        for gi, g in enumerate(self._client.param_groups):
-            g["params"] = per_group.get(gi, [])
-        self._client.state.clear()
+        groups = [dict(g, params=per_group.get(gi, [])) for gi, g in enumerate(self._client.param_groups)]
+        groups = [g for g in groups if g["params"]]
+        self._client = type(self._client)(groups, **self._client.defaults)
+        self.optimizer.param_groups = self._client.param_groups
 
     def _hook_grads(self):
         self._accumulators = []
