@@ -43,7 +43,8 @@ py::dict configDict(const zero::DsConfig& c) {
   d["reduce_bucket_size"] = c.zero.reduceBucketSize;
   if (c.optimizer.present) {
     py::dict o;
-    o["type"] = c.optimizer.type;
+    // As DeepSpeed does: type Adam means AdamW unless adam_w_mode is false.
+    o["type"] = c.optimizer.type == "adam" && c.optimizer.adamWMode ? "adamw" : c.optimizer.type;
     o["lr"] = c.optimizer.lr;
     o["betas"] = py::make_tuple(c.optimizer.beta1, c.optimizer.beta2);
     o["eps"] = c.optimizer.eps;

@@ -110,6 +110,10 @@ class Runtime {
 
   ProcessSetStats stats(int32_t processSet = kGlobalProcessSetId) const;
 
+  // A fresh name, the same on every rank of the set when ranks call this in the
+  // same order (for objects, such as a ZeRO engine, that name their ops).
+  std::string uniqueName(int32_t processSet, const std::string& kind);
+
   // Waits for every op this rank has in flight (all sets); rethrows the first error.
   void synchronize();
 

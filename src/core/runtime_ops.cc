@@ -98,6 +98,10 @@ std::string RuntimeImpl::autoName(int32_t setId, const char* kind) {
   return std::string(kind) + ".noname." + std::to_string(++counters_[key]);
 }
 
+std::string Runtime::uniqueName(int32_t processSet, const std::string& kind) {
+  return impl_->autoName(processSet, kind.c_str());
+}
+
 std::string RuntimeImpl::resolveName(const OpOptions& opts, const char* kind) {
   return opts.name.empty() ? autoName(opts.processSet, kind) : opts.name;
 }

@@ -139,6 +139,7 @@ DsConfig DsConfig::parse(const std::string& text, int world) {
       c.optimizer.eps = get<float>(p, "eps", "optimizer.params", c.optimizer.eps);
       c.optimizer.weightDecay = get<float>(p, "weight_decay", "optimizer.params", 0.0f);
       c.optimizer.momentum = get<float>(p, "momentum", "optimizer.params", 0.0f);
+      c.optimizer.adamWMode = get<bool>(p, "adam_w_mode", "optimizer.params", true);
       if (p.contains("betas")) {
         const json& b = p["betas"];
         if (!b.is_array() || b.size() != 2 || !b[0].is_number() || !b[1].is_number())

@@ -19,6 +19,7 @@ struct DsConfig {
     std::string type;  // lower case: adam, adamw, sgd
     float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weightDecay = 0.0f;
     float momentum = 0.0f;
+    bool adamWMode = true;  // DeepSpeed's type Adam decouples weight decay unless adam_w_mode is false
   } optimizer;
 
   struct Scheduler {

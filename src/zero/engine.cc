@@ -1,7 +1,6 @@
 #include "zero/engine.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 
@@ -14,7 +13,6 @@ namespace chorus::zero {
 namespace {
 
 constexpr size_t kScratchElems = 1 << 16;
-std::atomic<int> engineCounter{0};
 
 LossScalerConfig scalerConfig(const DsConfig& c) {
   if (c.fp16.enabled) return c.fp16.scaler;
@@ -41,7 +39,7 @@ Engine::Engine(Runtime& rt, EngineSpec spec)
   if (spec_.groupOf.size() != spec_.numels.size())
     throw InvalidArgument("ZeRO engine: groupOf has " + std::to_string(spec_.groupOf.size()) + " entries for " +
                           std::to_string(spec_.numels.size()) + " parameters");
-  name_ = "zero" + std::to_string(engineCounter++) + ".";
+  name_ = rt_.uniqueName(spec_.processSet, "zero") + ".";
 
   const auto& z = spec_.config.zero;
   const size_t bucket = static_cast<size_t>(std::max<int64_t>(z.reduceBucketSize, 1));

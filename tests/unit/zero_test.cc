@@ -155,7 +155,9 @@ TEST(PartitionPlan, EveryElementOwnedOnceInEqualAlignedSlices) {
           size_t elems = 0;
           for (size_t p : u.params) elems += sizes[p];
           // A unit exceeds the bucket only when it holds a single parameter.
-          if (u.params.size() > 1) ASSERT_LE(elems, bucket);
+          if (u.params.size() > 1) {
+            ASSERT_LE(elems, bucket);
+          }
           ASSERT_GE(u.slice * world, elems);
         }
         ASSERT_EQ(plan.partitionElems(), part);

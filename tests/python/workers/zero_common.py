@@ -57,6 +57,8 @@ def reference(model, cfg, dtype, x, y, steps, world):
     master = [p.detach().float().clone().requires_grad_(True) for p in params]
     o = cfg["optimizer"]
     kind, hp = o["type"].lower(), o["params"]
+    if kind == "adam" and hp.get("adam_w_mode", True):
+        kind = "adamw"  # DeepSpeed's Adam decouples weight decay by default
     if kind == "adam":
         opt = torch.optim.Adam(master, lr=hp["lr"], weight_decay=hp.get("weight_decay", 0.0))
     elif kind == "adamw":

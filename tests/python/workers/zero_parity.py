@@ -28,7 +28,7 @@ for stage in (0, 1, 2, 3):
             cases.append((stage, prec, offload, "adam", 1, 0.0))
 # Accumulation, clipping and the other optimizers, at a few stages.
 cases += [(1, "fp32", False, "adamw", 2, 0.0), (2, "fp32", True, "adam", 3, 0.5), (3, "fp32", False, "sgd", 2, 0.0),
-          (3, "bf16", True, "adamw", 2, 0.05), (0, "fp32", False, "sgd", 1, 1e-3)]
+          (3, "bf16", True, "adamw", 2, 0.05), (0, "fp32", False, "sgd", 1, 1e-3), (2, "fp32", False, "adam-l2", 2, 0.0)]
 
 for stage, prec, offload, opt, gas, clip in cases:
     mb = 4
@@ -38,6 +38,8 @@ for stage, prec, offload, opt, gas, clip in cases:
                                  "stage3_param_persistence_threshold": 41}}
     if opt == "sgd":
         cfg["optimizer"]["params"] = {"lr": 0.05, "momentum": 0.9}
+    if opt == "adam-l2":  # Adam with L2 weight decay, not DeepSpeed's default decoupled decay
+        cfg["optimizer"] = {"type": "Adam", "params": {"lr": 5e-3, "weight_decay": 0.05, "adam_w_mode": False}}
     if clip:
         cfg["gradient_clipping"] = clip
     if prec != "fp32":

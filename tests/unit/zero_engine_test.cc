@@ -1,0 +1,157 @@
+// The ZeRO engine with ranks as threads: every stage's Adam step against a scalar
+// reference over the rank-averaged gradients; checkpoint files; LR schedules.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+
+#include "harness.h"
+#include "zero/engine.h"
+#include "zero/lr_schedule.h"
+#include "zero/shard_file.h"
+
+namespace chorus::zero {
+namespace {
+
+const std::vector<size_t> kNumels = {37, 100, 5, 64, 1};
+
+double gradOf(int rank, size_t param, size_t e, int step, int micro) {
+  return std::sin(0.3 * rank + 0.7 * param + 0.01 * e + 1.3 * step + 0.5 * micro);
+}
+
+double initOf(size_t param, size_t e) { return std::cos(0.2 * param + 0.05 * e); }
+
+// Plain Adam in double over the averaged, accumulated gradients.
+std::vector<std::vector<double>> reference(int world, int steps, int micros, double lr) {
+  std::vector<std::vector<double>> p, m, v;
+  for (size_t i = 0; i < kNumels.size(); ++i) {
+    p.emplace_back(kNumels[i]);
+    for (size_t e = 0; e < kNumels[i]; ++e) p[i][e] = static_cast<float>(initOf(i, e));
+    m.emplace_back(kNumels[i], 0.0);
+    v.emplace_back(kNumels[i], 0.0);
+  }
+  for (int s = 0; s < steps; ++s)
+    for (size_t i = 0; i < kNumels.size(); ++i)
+      for (size_t e = 0; e < kNumels[i]; ++e) {
+        double g = 0;
+        for (int r = 0; r < world; ++r)
+          for (int k = 0; k < micros; ++k) g += static_cast<float>(gradOf(r, i, e, s, k));
+        g /= world;
+        m[i][e] = 0.9 * m[i][e] + 0.1 * g;
+        v[i][e] = 0.999 * v[i][e] + 0.001 * g * g;
+        const double mh = m[i][e] / (1 - std::pow(0.9, s + 1)), vh = v[i][e] / (1 - std::pow(0.999, s + 1));
+        p[i][e] -= lr * mh / (std::sqrt(vh) + 1e-8);
+      }
+  return p;
+}
+
+class EngineStages : public ::testing::TestWithParam<std::tuple<int, int>> {};
+
+TEST_P(EngineStages, AdamStepsMatchTheReference) {
+  const auto [stage, world] = GetParam();
+  const int steps = 4, micros = 2;
+  const double lr = 1e-2;
+  const auto expect = reference(world, steps, micros, lr);
+  testing::runRanksOk(world, [&](testing::RankContext& ctx) {
+    EngineSpec spec;
+    spec.config = DsConfig::parse(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": )" +
+                                      std::to_string(stage) + R"(, "reduce_bucket_size": 90,
+                                      "stage3_param_persistence_threshold": 6}})",
+                                  world);
+    spec.numels = kNumels;
+    Engine engine(ctx.rt, spec);
+    for (size_t i = 0; i < kNumels.size(); ++i) {
+      std::vector<float> init(kNumels[i]);
+      for (size_t e = 0; e < init.size(); ++e) init[e] = static_cast<float>(initOf(i, e)) + (ctx.rank ? 5.0f : 0.0f);
+      engine.loadParam(i, init.data());  // rank 0's values win
+    }
+    engine.finishInit();
+    GroupHyper h;
+    h.lr = static_cast<float>(lr);
+    for (int s = 0; s < steps; ++s) {
+      for (int k = 0; k < micros; ++k) {
+        for (size_t i = kNumels.size(); i-- > 0;) {
+          std::vector<float> g(kNumels[i]);
+          for (size_t e = 0; e < g.size(); ++e) g[e] = static_cast<float>(gradOf(ctx.rank, i, e, s, k));
+          engine.gradReady(i, g.data());
+        }
+        engine.endBackward();
+      }
+      ASSERT_FALSE(engine.step({h}).skipped);
+    }
+    for (size_t i = 0; i < kNumels.size(); ++i) {
+      const float* p;
+      std::shared_ptr<Buffer> hold;
+      if (stage == 3) {
+        hold = engine.gathered(i);
+        p = hold->as<float>();
+      } else {
+        p = static_cast<const float*>(engine.paramStorage(i));
+      }
+      for (size_t e = 0; e < kNumels[i]; ++e)
+        ASSERT_NEAR(p[e], expect[i][e], 2e-5) << "stage " << stage << " rank " << ctx.rank << " param " << i;
+      if (stage == 3) engine.release(i);
+    }
+    // Stage 3: after the releases only the persistent parameters (5 and 1 elements) stay gathered.
+    if (stage == 3) {
+      EXPECT_EQ(engine.liveBytes(), 4u * world * (engine.plan().paramSlice(2) + engine.plan().paramSlice(4)));
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Zero, EngineStages,
+                         ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Values(2, 3)));
+
+TEST(ShardFile, RoundTripsAndRefusesDamageByName) {
+  const std::string path = "/tmp/chorus-shard-test-" + std::to_string(getpid());
+  ShardFile f;
+  f.meta = R"({"x": 1})";
+  f.blobs["a"] = std::string(1000, 'a');
+  f.blobs["b"] = "bee";
+  f.write(path);
+  ShardFile g = ShardFile::read(path);
+  EXPECT_EQ(g.meta, f.meta);
+  EXPECT_EQ(g.blobs, f.blobs);
+  std::string raw = readFile(path);
+  auto expectRefused = [&](const std::string& bytes, const char* word) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+    try {
+      ShardFile::read(path);
+      FAIL() << "damaged file was read";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(word), std::string::npos) << e.what();
+    }
+  };
+  expectRefused(raw.substr(0, raw.size() - 3), "truncated");
+  std::string flipped = raw;
+  flipped[40] ^= 1;
+  expectRefused(flipped, "corrupted");
+  ::unlink(path.c_str());
+  EXPECT_THROW(ShardFile::read(path), Error);
+}
+
+TEST(LrSchedule, WarmupThenDecayAsDeepSpeedDefinesThem) {
+  DsConfig::Scheduler s;
+  s.type = "WarmupDecayLR";
+  s.warmupMinLr = 0.1;
+  s.warmupMaxLr = 1.1;
+  s.warmupNumSteps = 10;
+  s.totalNumSteps = 20;
+  s.warmupType = "linear";
+  EXPECT_DOUBLE_EQ(scheduledLr(s, -1), 0.1);
+  EXPECT_DOUBLE_EQ(scheduledLr(s, 0), 0.1);
+  EXPECT_DOUBLE_EQ(scheduledLr(s, 5), 0.6);
+  EXPECT_DOUBLE_EQ(scheduledLr(s, 10), 1.1);
+  EXPECT_DOUBLE_EQ(scheduledLr(s, 15), 0.6);
+  EXPECT_DOUBLE_EQ(scheduledLr(s, 25), 0.1);
+  s.type = "WarmupLR";
+  s.warmupType = "log";
+  EXPECT_NEAR(scheduledLr(s, 3), 0.1 + std::log(4.0) / std::log(10.0), 1e-12);
+  EXPECT_DOUBLE_EQ(scheduledLr(s, 50), 1.1);
+}
+
+}  // namespace
+}  // namespace chorus::zero
