@@ -37,9 +37,11 @@ class Stage3Hooks:
                 self.owned[m] = own
                 m.register_forward_pre_hook(self._pre_forward)
                 m.register_forward_hook(self._post_forward)
+        engine.module.register_forward_hook(self._end_trace)
         self.module_of = {i: m for m, own in self.owned.items() for i in own}
         self.pending = {m: len(own) for m, own in self.owned.items()}
         self.trace, self.traced = [], False
+        self.prefetched = 0  # parameters gathered ahead of their module (for tests and tuning)
         self.prefetch_elems = engine.config["prefetch_bucket_size"]
         self.max_live_elems = engine.config["max_live_parameters"]
         self.esize = torch.empty(0, dtype=engine.dtype).element_size()
@@ -85,6 +87,7 @@ class Stage3Hooks:
             k += direction
         if todo:
             self.core.gather_async(todo)
+            self.prefetched += len(todo)
 
     def _numel(self, i):
         n = 1
@@ -102,9 +105,10 @@ class Stage3Hooks:
                 pass
         self.fetch(module)
 
+    def _end_trace(self, module, inputs, output):
+        self.traced = True  # the first forward recorded the order in which modules run
+
     def _post_forward(self, module, inputs, output):
-        if module is self.engine.module:
-            self.traced = True
         if torch.is_grad_enabled():
             wrapped = self._wrap(module, output)
             if wrapped is None:

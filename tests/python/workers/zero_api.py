@@ -98,6 +98,7 @@ engine, _, _, _ = deepspeed.initialize(model=make_model(), config=cfg)
 train(engine, x, y, 2)
 small = sum(p.numel() * 4 for p in make_model().parameters() if p.numel() < 41)
 assert all(p.numel() == 0 for p in engine.module.parameters() if p.dim() == 2), "weights still gathered"
+assert engine._stage3.traced and engine._stage3.prefetched > 0  # later passes gather ahead
 assert engine.core.live_bytes >= small and engine.core.live_bytes < 2 * small + 1024, engine.core.live_bytes
 with torch.no_grad():
     engine.eval()
