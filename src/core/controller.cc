@@ -30,19 +30,25 @@ constexpr uint64_t kFlagStallShutdown = 2;
 
 Controller::Controller(int32_t setId, std::vector<int> globalRanks, int globalRank,
                        std::unique_ptr<Communicator> comm, const Config& config,
-                       std::unique_ptr<Communicator> control)
+                       std::unique_ptr<Communicator> control, std::shared_ptr<NameRegistry> registry)
     : setId_(setId),
       globalRanks_(globalRanks),
       globalRank_(globalRank),
       comm_(std::move(comm)),
       control_(std::move(control)),
       config_(config),
-      coordinator_(std::move(globalRanks)),
+      coordinator_(std::move(globalRanks), setId),
       cache_(config.cacheCapacity),
-      executor_(*comm_, config.fusionThresholdBytes, [this](const std::string& name) {
-        std::lock_guard<std::mutex> lock(mu_);
-        namesInFlight_.erase(name);
-      }) {}
+      registry_(std::move(registry)),
+      executor_(*comm_, config.fusionThresholdBytes, [this](const std::string& name) { releaseName(name); }) {
+  registry_->setMembers(setId_, globalRanks_);
+}
+
+void Controller::releaseName(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  namesInFlight_.erase(name);
+  registry_->release(name, setId_);
+}
 
 Controller::~Controller() {
   requestShutdown();
@@ -65,6 +71,15 @@ void Controller::enqueue(std::vector<Entry> entries) {
       if (namesInFlight_.count(name) || dupInCall) {
         throw InvalidArgument("a collective named '" + name + "' is already in flight on process set " +
                               std::to_string(setId_) + "; names must be unique until the op completes");
+      }
+    }
+    // A name is in flight on one set at a time (see NameRegistry).
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const int32_t other = registry_->claim(entries[i].req.name, setId_);
+      if (other >= 0) {
+        for (size_t j = 0; j < i; ++j) registry_->release(entries[j].req.name, setId_);
+        throw InvalidArgument("a collective named '" + entries[i].req.name + "' is in flight on process set " +
+                              std::to_string(other) + "; a name may be in flight on one process set at a time");
       }
     }
     for (auto& e : entries) {
@@ -125,10 +140,7 @@ void Controller::failAll(std::exception_ptr err) {
     for (auto& e : incoming_) entries_.emplace(e.req.name, std::move(e));
     incoming_.clear();
   }
-  auto release = [this](const std::string& name) {
-    std::lock_guard<std::mutex> lock(mu_);
-    namesInFlight_.erase(name);
-  };
+  auto release = [this](const std::string& name) { releaseName(name); };
   while (!entries_.empty()) finishEntry(entries_, entries_.begin(), release, err);
   cachedPending_.clear();
 }
@@ -179,6 +191,17 @@ void Controller::cycle() {
   for (auto& q : uncached) {
     q.ageMs = std::chrono::duration_cast<std::chrono::milliseconds>(now - entries_.at(q.name).enqueued).count();
   }
+  // Markers go first: one posted before this rank's next use of the same name
+  // must stand for the earlier use.
+  std::vector<Request> markers;
+  for (auto& [name, other] : registry_->takeMarkers(setId_)) {
+    Request marker;
+    marker.type = OpType::kBarrier;
+    marker.name = name;
+    marker.conflictSet = other;
+    markers.push_back(std::move(marker));
+  }
+  uncached.insert(uncached.begin(), markers.begin(), markers.end());
   ByteWriter mine;
   if (!uncached.empty()) writeRequests(uncached, mine);
   words[1 + ctl().rank()] = mine.data().size();
@@ -236,7 +259,18 @@ void Controller::cycle() {
       off += sizes[r];
     }
   }
+  detectConflicts();
   for (auto& resp : coordinator_.takeReady()) {
+    if (!resp.conflictSets.empty()) {
+      // Where this rank took part with a marker, its entry of that name (if any)
+      // is a newer use: leave it alone.
+      const auto& m = resp.markedRanks;
+      if (std::find(m.begin(), m.end(), comm_->rank()) != m.end()) continue;
+      // The other set of the conflict must fail too: this rank's own request was
+      // here, so its marker stands for its part there (unless it sent one already).
+      for (int32_t other : resp.conflictSets)
+        if (other != setId_ && registry_->isMember(other, globalRank_)) registry_->postMarker(other, resp.name, setId_);
+    }
     if (resp.errorKind == ErrorKind::kNone && !resp.involvesJoined && cacheable(resp.type)) {
       auto it = entries_.find(resp.name);
       if (it != entries_.end()) {
@@ -260,6 +294,28 @@ void Controller::cycle() {
   if (stallCheck && now - lastStallCheck_ > std::chrono::seconds(1)) {
     lastStallCheck_ = now;
     inspectStalls(now);
+  }
+}
+
+// A name that peers submitted here and that this rank has in flight on another set
+// S', while S' waits for some of those peers, can never complete: this rank cannot
+// submit it here until S' completes, and those peers cannot submit it on S' until
+// this set does. This rank's marker stands for its part here; once every
+// member has taken part the set fails the name everywhere (see Coordinator).
+void Controller::detectConflicts() {
+  if (coordinator_.version() != publishedVersion_) {
+    publishedVersion_ = coordinator_.version();
+    registry_->publishMissing(setId_, coordinator_.missingByName());
+  }
+  for (const auto& [name, have] : coordinator_.waitingOn(comm_->rank())) {
+    const int32_t other = registry_->setOf(name);
+    if (other < 0 || other == setId_) continue;
+    // A cycle: a rank that submitted the name here is one that set `other` waits for.
+    const std::vector<int> blocked = registry_->missing(other, name);
+    bool cycle = false;
+    for (int g : have) cycle |= std::find(blocked.begin(), blocked.end(), g) != blocked.end();
+    if (!cycle) continue;
+    registry_->postMarker(setId_, name, other);
   }
 }
 

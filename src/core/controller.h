@@ -17,6 +17,7 @@
 #include "core/coordinator.h"
 #include "core/entry.h"
 #include "core/executor.h"
+#include "core/name_registry.h"
 #include "core/response_cache.h"
 
 namespace chorus {
@@ -24,9 +25,11 @@ namespace chorus {
 class Controller {
  public:
   // control: where negotiation runs (null: over the data communicator).
+  // registry: the rank's names in flight on every set (shared by its controllers).
   Controller(int32_t setId, std::vector<int> globalRanks, int globalRank,
              std::unique_ptr<Communicator> comm, const Config& config,
-             std::unique_ptr<Communicator> control = nullptr);
+             std::unique_ptr<Communicator> control = nullptr,
+             std::shared_ptr<NameRegistry> registry = std::make_shared<NameRegistry>());
   ~Controller();
 
   void start();
@@ -45,6 +48,8 @@ class Controller {
   void cycle();
   void failAll(std::exception_ptr err);
   void inspectStalls(std::chrono::steady_clock::time_point now);
+  void releaseName(const std::string& name);
+  void detectConflicts();
 
   const int32_t setId_;
   const std::vector<int> globalRanks_;
@@ -55,6 +60,7 @@ class Controller {
   const Config config_;
   Coordinator coordinator_;
   ResponseCache cache_;
+  std::shared_ptr<NameRegistry> registry_;
   Executor executor_;
 
   std::mutex mu_;
@@ -76,6 +82,7 @@ class Controller {
   bool lastCycleBusy_ = false;
   std::map<std::string, bool> warned_;
   std::chrono::steady_clock::time_point lastStallCheck_;
+  uint64_t publishedVersion_ = ~0ull;  // coordinator version last published to the registry
 };
 
 }  // namespace chorus

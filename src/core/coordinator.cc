@@ -5,8 +5,9 @@
 
 namespace chorus {
 
-Coordinator::Coordinator(std::vector<int> globalRanks)
+Coordinator::Coordinator(std::vector<int> globalRanks, int32_t setId)
     : globalRanks_(std::move(globalRanks)),
+      setId_(setId),
       size_(static_cast<int>(globalRanks_.size())),
       joined_(size_, false) {}
 
@@ -36,8 +37,31 @@ void Coordinator::submit(int rank, const Request& req, Clock::time_point now) {
   if (!p.byRank[rank]) {
     p.byRank[rank] = req;
     ++p.count;
+    ++version_;
   }
   checkReady(req.name);
+}
+
+std::map<std::string, std::vector<int>> Coordinator::missingByName() const {
+  std::map<std::string, std::vector<int>> out;
+  for (const auto& [name, p] : table_) {
+    auto& missing = out[name];
+    for (int r = 0; r < size_; ++r)
+      if (!p.byRank[r]) missing.push_back(globalRanks_[r]);
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, std::vector<int>>> Coordinator::waitingOn(int rank) const {
+  std::vector<std::pair<std::string, std::vector<int>>> out;
+  for (const auto& [name, p] : table_) {
+    if (p.byRank[rank]) continue;
+    std::vector<int> have;
+    for (int r = 0; r < size_; ++r)
+      if (p.byRank[r]) have.push_back(globalRanks_[r]);
+    out.emplace_back(name, std::move(have));
+  }
+  return out;
 }
 
 void Coordinator::finishJoinIfComplete() {
@@ -99,10 +123,43 @@ void Coordinator::checkReady(const std::string& name) {
                   "barrier accept joined ranks";
       err.priority = any.priority;
       table_.erase(it);
+      ++version_;
       arrival_.erase(std::find(arrival_.begin(), arrival_.end(), name));
       ready_.push_back(std::move(err));
       return;
     }
+  }
+  // A rank that holds the name in flight on another set said so with a marker;
+  // now that every rank has taken part, the error reaches them all.
+  std::vector<int> submitted, marked;
+  Response err;
+  for (int r = 0; r < size_; ++r) {
+    if (!p.byRank[r]) continue;
+    const Request& q = *p.byRank[r];
+    if (q.conflictSet >= 0) {
+      marked.push_back(r);
+      err.markedRanks.push_back(r);
+      if (std::find(err.conflictSets.begin(), err.conflictSets.end(), q.conflictSet) == err.conflictSets.end())
+        err.conflictSets.push_back(q.conflictSet);
+    } else {
+      submitted.push_back(r);
+      err.type = q.type;
+      err.priority = q.priority;
+    }
+  }
+  if (!marked.empty()) {
+    std::ostringstream sets;
+    for (size_t k = 0; k < err.conflictSets.size(); ++k) sets << (k ? ", " : "") << err.conflictSets[k];
+    err.name = name;
+    err.errorKind = ErrorKind::kMismatch;
+    err.error = std::string(opTypeName(err.type)) + " '" + name + "': ranks " + ranksOf(submitted) +
+                " submitted it on process set " + std::to_string(setId_) + " but ranks " + ranksOf(marked) +
+                " have it in flight on process set " + sets.str() + "; every rank must use a name on the same process set";
+    table_.erase(it);
+    ++version_;
+    arrival_.erase(std::find(arrival_.begin(), arrival_.end(), name));
+    ready_.push_back(std::move(err));
+    return;
   }
   Response resp = build(name, p);
   resp.involvesJoined = usesJoined;
@@ -111,6 +168,7 @@ void Coordinator::checkReady(const std::string& name) {
   std::string group = first.group;
   int groupSize = first.groupSize;
   table_.erase(it);
+  ++version_;
   arrival_.erase(std::find(arrival_.begin(), arrival_.end(), name));
   emit(std::move(resp), group, groupSize);
 }

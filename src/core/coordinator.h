@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/message.h"
@@ -17,7 +18,7 @@ class Coordinator {
  public:
   using Clock = std::chrono::steady_clock;
   // globalRanks[i] is the global rank of set rank i (for messages).
-  explicit Coordinator(std::vector<int> globalRanks);
+  Coordinator(std::vector<int> globalRanks, int32_t setId);
 
   // Must be called with every rank's requests, in rank order, on every rank.
   void submit(int rank, const Request& req, Clock::time_point now);
@@ -31,6 +32,12 @@ class Coordinator {
     double seconds = 0;
   };
   std::vector<Stall> stalls(Clock::time_point now, double olderThanSeconds) const;
+  // Names some ranks submitted and set rank `rank` has not, with the global ranks that did.
+  std::vector<std::pair<std::string, std::vector<int>>> waitingOn(int rank) const;
+  // Every pending name with the global ranks that have not submitted it.
+  std::map<std::string, std::vector<int>> missingByName() const;
+  // Changes whenever the pending table does.
+  uint64_t version() const { return version_; }
 
  private:
   struct Pending {
@@ -46,6 +53,8 @@ class Coordinator {
   void finishJoinIfComplete();
 
   std::vector<int> globalRanks_;
+  int32_t setId_;
+  uint64_t version_ = 0;
   int size_;
   std::map<std::string, Pending> table_;
   std::vector<std::string> arrival_;  // names in first-seen order

@@ -38,6 +38,7 @@ void writeRequests(const std::vector<Request>& reqs, ByteWriter& w) {
     w.put<int32_t>(q.groupSize);
     w.putVector(q.splits);
     w.put<int64_t>(q.ageMs);
+    w.put<int32_t>(q.conflictSet);
   }
 }
 
@@ -57,6 +58,7 @@ std::vector<Request> readRequests(ByteReader& r) {
     q.groupSize = r.get<int32_t>();
     q.splits = r.getVector<int64_t>();
     q.ageMs = r.get<int64_t>();
+    q.conflictSet = r.get<int32_t>();
   }
   return reqs;
 }

@@ -34,6 +34,9 @@ struct Request {
   int32_t groupSize = 0;
   std::vector<int64_t> splits;  // alltoall: rows to each rank
   int64_t ageMs = 0;            // how long it waited locally before it was sent
+  // A conflict marker (not a collective): the sender has this name in flight on
+  // process set conflictSet while the set it is sent on waits for it.
+  int32_t conflictSet = -1;
 
   // Same collective with the same parameters (what a cache hit requires).
   bool sameParams(const Request& o) const;
@@ -60,6 +63,8 @@ struct Response {
   bool involvesJoined = false;               // some rank took part only as joined
   ErrorKind errorKind = ErrorKind::kNone;
   std::string error;
+  std::vector<int32_t> conflictSets;  // sets the name was also in flight on (a conflict error)
+  std::vector<int> markedRanks;       // set ranks whose part in a conflict was a marker
 
   size_t bytes() const { return static_cast<size_t>(numElements(shape)) * dtypeSize(dtype); }
 };

@@ -42,6 +42,7 @@ void RuntimeImpl::requireInit() const {
 void RuntimeImpl::init(Config cfg) {
   if (initialized) throw InvalidArgument("chorus is already initialized; call shutdown() first");
   cfg.applyEnv();
+  names_ = std::make_shared<NameRegistry>();
   setLogLevel(cfg.logLevel);
   if (cfg.mpiCommHandle >= -1 || (cfg.rank < 0 && launchedByMpi())) {
     bootstrapFromMpi(cfg);
@@ -86,7 +87,7 @@ void RuntimeImpl::init(Config cfg) {
     auto global = makeDataComm(globalSet);
     checkStaticSetsAgree(*global);
     auto gc = std::make_shared<Controller>(kGlobalProcessSetId, all, rank, std::move(global), config,
-                                           std::move(control));
+                                           std::move(control), names_);
     sets.add(globalSet, gc);
     started.push_back(gc);
     nextSetId_ = 1;
@@ -140,7 +141,8 @@ std::shared_ptr<Controller> RuntimeImpl::makeController(const ProcessSet& ps) {
   auto control = makeControl(ps);
   auto comm = makeDataComm(ps);
   if (!comm) return nullptr;
-  return std::make_shared<Controller>(ps.id(), ps.ranks(), rank, std::move(comm), config, std::move(control));
+  return std::make_shared<Controller>(ps.id(), ps.ranks(), rank, std::move(comm), config, std::move(control),
+                                      names_);
 }
 
 void RuntimeImpl::bootstrapFromMpi(Config& cfg) {

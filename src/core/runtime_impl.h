@@ -9,6 +9,7 @@
 #include "comm/communicator.h"
 #include "comm/mpi/mpi_world.h"
 #include "core/entry.h"
+#include "core/name_registry.h"
 #include "core/process_set_table.h"
 
 namespace chorus {
@@ -58,6 +59,7 @@ class RuntimeImpl {
   std::unique_ptr<TcpStoreServer> storeServer_;
   std::mutex mu_;
   std::map<std::string, int64_t> counters_;
+  std::shared_ptr<NameRegistry> names_ = std::make_shared<NameRegistry>();  // shared by this rank's controllers
   std::list<std::weak_ptr<WorkState>> outstanding_;
   int64_t dynamicSeq_ = 0;
   int32_t nextSetId_ = 1;

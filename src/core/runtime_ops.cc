@@ -95,7 +95,9 @@ Work submitGroup(RuntimeImpl& impl, OpType type, const char* kind, const char* g
 std::string RuntimeImpl::autoName(int32_t setId, const char* kind) {
   std::lock_guard<std::mutex> lock(mu_);
   const std::string key = std::to_string(setId) + "/" + kind;
-  return std::string(kind) + ".noname." + std::to_string(++counters_[key]);
+  // The set is part of the name: a name may be in flight on one set at a time.
+  const std::string set = setId == kGlobalProcessSetId ? "" : "set" + std::to_string(setId) + ".";
+  return std::string(kind) + ".noname." + set + std::to_string(++counters_[key]);
 }
 
 std::string Runtime::uniqueName(int32_t processSet, const std::string& kind) {

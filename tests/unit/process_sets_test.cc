@@ -163,5 +163,50 @@ TEST(ProcessSets, SetsProgressIndependently) {
   EXPECT_TRUE(pendingWhileOtherRan.load());
 }
 
+// Rank 1 uses a name on set {0, 1} while ranks 0 and 2 use it on the global set:
+// an error naming the tensor and the sets on every rank, and both sets go on serving.
+TEST(ProcessSets, SameNameOnDifferentSetsIsAnErrorEverywhere) {
+  runRanksOk(3, [&](RankContext& c) {
+    const int32_t pair = 1;
+    HostBuffer x(DataType::kFloat32, {8});
+    const int32_t set = c.rank == 1 ? pair : kGlobalProcessSetId;
+    try {
+      c.rt.allreduce(x.tensor(), x.tensor(), sumOn(set, "grad.w"));
+      FAIL() << "rank " << c.rank << ": the conflicting allreduce completed";
+    } catch (const Mismatch& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("'grad.w'"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("process set 1"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("process set 0"), std::string::npos) << msg;
+    }
+    // Both sets still work, and the name is free again.
+    HostBuffer y(DataType::kFloat32, {2});
+    y.set(0, 1);
+    c.rt.allreduce(y.tensor(), y.tensor(), sumOn(kGlobalProcessSetId, "grad.w"));
+    EXPECT_EQ(y.get(0), 3);
+    if (c.rank < 2) {
+      HostBuffer z(DataType::kFloat32, {2});
+      z.set(0, 1);
+      c.rt.allreduce(z.tensor(), z.tensor(), sumOn(pair, "after"));
+      EXPECT_EQ(z.get(0), 2);
+    }
+  }, [](Config& cfg) { cfg.processSets = {{0, 1}}; });
+}
+
+TEST(ProcessSets, ANameIsInFlightOnOneSetAtATime) {
+  runRanksOk(2, [&](RankContext& c) {
+    HostBuffer x(DataType::kFloat32, {4}), y(DataType::kFloat32, {4});
+    Work w = c.rt.allreduceAsync(x.tensor(), x.tensor(), sumOn(kGlobalProcessSetId, "once"));
+    try {
+      c.rt.allreduceAsync(y.tensor(), y.tensor(), sumOn(1, "once"));
+      FAIL() << "a name in flight on another set was accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("in flight on process set 0"), std::string::npos) << e.what();
+    }
+    w.wait();
+    c.rt.allreduce(y.tensor(), y.tensor(), sumOn(1, "once"));  // free once the first completed
+  }, [](Config& cfg) { cfg.processSets = {{0, 1}}; });
+}
+
 }  // namespace
 }  // namespace chorus::testing
