@@ -50,7 +50,7 @@ def test_zero_to_fp32_loads_into_the_plain_model(ranks, tmp_path):
     import torch
     from zero_common import make_model
     model = make_model(seed=3)
-    model.load_state_dict(torch.load(out_file))  # strict: every name and shape matches
+    model.load_state_dict(torch.load(out_file, weights_only=True))  # strict: every name and shape matches
     # The consolidated weights are the trained ones, not the initial ones.
     assert any((a - b).abs().max() > 1e-4 for a, b in zip(model.parameters(), make_model().parameters()))
     proc = subprocess.run([os.path.join(BUILD, "chorus-zero-to-fp32"), str(tmp_path / "nothing"), str(out_file)],
