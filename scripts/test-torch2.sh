@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 version="${1:-2.5.1}"
-venv="${TORCH2_VENV:-build/venv-torch$version}"
+venv="$(realpath -m "${TORCH2_VENV:-build/venv-torch$version}")"
 bash scripts/build.sh
 if [ ! -x "$venv/bin/python" ]; then
   /usr/bin/python3 -m venv --system-site-packages "$venv"
@@ -14,4 +14,4 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 "$venv/bin/python" -c "import torch; print('torch', torch.__version__)"
 cd tests/python
-PYTHONPATH= "../../$venv/bin/python" -m pytest -q -p no:cacheprovider
+PYTHONPATH= "$venv/bin/python" -m pytest -q -p no:cacheprovider
