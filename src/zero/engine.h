@@ -110,7 +110,8 @@ class Engine {
 
   // Checkpoints (engine_checkpoint.cc). extraMeta: JSON text stored beside the state.
   void saveShard(const std::string& path, const std::string& extraMeta) const;
-  // Loads the fp32 state from every shard of a checkpoint (any world size, any stage).
+  // Loads the fp32 state from the shards of a checkpoint (any world size, any stage),
+  // one shard at a time, keeping only what overlaps this rank's partition.
   void loadShards(const std::vector<std::string>& paths);
   // Whether this rank writes a shard (stage 0 keeps one replica, written by rank 0).
   bool writesShard() const { return stage_ > 0 || rank_ == 0; }
@@ -130,7 +131,6 @@ class Engine {
   void resetMissing();
   void publishParams();
   void regatherLive();
-  void setFromFull(size_t i, const float* master, const float* s1, const float* s2);
   std::string name(const char* what, size_t id) const;
 
   Runtime& rt_;
