@@ -13,6 +13,12 @@
 
 namespace chorus {
 
+// A tensor's buffer in a fused collective.
+struct Span {
+  void* data;
+  size_t count;  // elements
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -21,6 +27,9 @@ class Communicator {
 
   // In place; Average reduces as Sum (the caller scales).
   virtual void allreduce(void* buf, size_t count, DataType dtype, ReduceOp op) = 0;
+  // Each span in place, as if they were one buffer laid end to end. The default
+  // packs them into one buffer; transports that can, reduce the spans directly.
+  virtual void allreduceSpans(const std::vector<Span>& spans, DataType dtype, ReduceOp op);
   // Bitwise OR of 64-bit words: the control plane's one small collective.
   virtual void allreduceBitsOr(uint64_t* words, size_t count) = 0;
   // out holds the pieces of every rank back to back; bytes[r] is rank r's piece.
@@ -37,6 +46,9 @@ class Communicator {
   // True when a negotiation cycle is expensive (network round trips), so the
   // controller should let requests accumulate for a cycle time after busy cycles.
   virtual bool batchesRequests() const { return false; }
+
+ private:
+  std::vector<char> packed_;  // allreduceSpans' default
 };
 
 struct CommOptions {

@@ -137,31 +137,32 @@ void Executor::runAllreduce(const std::vector<const Response*>& group, EntryTabl
     }
     return;
   }
-  size_t total = 0;
-  for (const Response* r : group) total += r->bytes();
-  if (fusion_.size() < total) fusion_.resize(total);
-  size_t off = 0;
+  // Fused: the outputs themselves are the buffers (prescaled copies of the inputs);
+  // ranks that joined contribute zeros from scratch.
+  size_t missing = 0;
+  for (const Response* r : group)
+    if (!entries.count(r->name)) missing += r->bytes();
+  scratch_.assign(std::max<size_t>(missing, 1), 0);
+  std::vector<Span> spans;
+  size_t zeroAt = 0;
   for (const Response* r : group) {
     auto it = entries.find(r->name);
     const size_t n = static_cast<size_t>(numElements(r->shape));
     if (it != entries.end()) {
-      scaleCopy(r->dtype, fusion_.data() + off, it->second.input.data, n, head.prescale);
+      scaleCopy(r->dtype, it->second.output.data, it->second.input.data, n, head.prescale);
+      spans.push_back({it->second.output.data, n});
     } else {
-      std::memset(fusion_.data() + off, 0, r->bytes());
+      spans.push_back({scratch_.data() + zeroAt, n});
+      zeroAt += r->bytes();
     }
-    off += r->bytes();
   }
-  comm_.allreduce(fusion_.data(), total / esize, head.dtype, head.op);
-  off = 0;
+  comm_.allreduceSpans(spans, head.dtype, head.op);
   for (const Response* r : group) {
     auto it = entries.find(r->name);
-    const size_t n = static_cast<size_t>(numElements(r->shape));
     if (it != entries.end()) {
-      std::memcpy(it->second.output.data, fusion_.data() + off, r->bytes());
-      postProcess(head, it->second.output.data, n, comm_.size());
+      postProcess(head, it->second.output.data, static_cast<size_t>(numElements(r->shape)), comm_.size());
       finishEntry(entries, it, release_);
     }
-    off += r->bytes();
   }
 }
 

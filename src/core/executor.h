@@ -38,7 +38,6 @@ class Executor {
   Communicator& comm_;
   int64_t threshold_;
   Release release_;
-  std::vector<char> fusion_;
   std::vector<char> scratch_;
   std::atomic<int64_t> batches_{0};
   std::atomic<int64_t> tensors_{0};

@@ -25,11 +25,29 @@ void splitRange(size_t m, int n, int r, size_t* lo, size_t* hi) {
 // others' results out. Every element is reduced by exactly one rank, in rank
 // order, so every rank ends up with the same bits.
 void ShmCommunicator::allreduce(void* buf, size_t count, DataType dtype, ReduceOp op) {
+  allreduceSpans({Span{buf, count}}, dtype, op);
+}
+
+// Each chunk of the (virtual, concatenated) spans: every rank publishes the parts
+// the others reduce, reduces its own part reading its own tensors directly, and
+// copies the others' reduced parts back.
+void ShmCommunicator::allreduceSpans(const std::vector<Span>& spans, DataType dtype, ReduceOp op) {
   const int n = size(), me = rank();
+  std::vector<size_t> start(spans.size() + 1, 0);
+  for (size_t i = 0; i < spans.size(); ++i) start[i + 1] = start[i] + spans[i].count;
+  const size_t count = start.back();
   if (count == 0 || n == 1) return;
   const size_t es = dtypeSize(dtype);
+  // fn(tensor memory, virtual index, elements) over the spans covering [a, b).
+  auto pieces = [&](size_t a, size_t b, auto&& fn) {
+    size_t i = static_cast<size_t>(std::upper_bound(start.begin(), start.end(), a) - start.begin()) - 1;
+    for (; a < b; ++i) {
+      const size_t end = std::min(b, start[i + 1]);
+      if (end > a) fn(static_cast<char*>(spans[i].data) + (a - start[i]) * es, a, end - a);
+      a = std::max(a, end);
+    }
+  };
   const size_t chunk = seg_->slotBytes() / es;
-  char* data = static_cast<char*>(buf);
   inputs_.resize(n);
   std::vector<size_t> lo(n), hi(n);
   for (size_t off = 0; off < count; off += chunk) {
@@ -38,18 +56,22 @@ void ShmCommunicator::allreduce(void* buf, size_t count, DataType dtype, ReduceO
     const int bank = nextBank();
     char* mine = seg_->slot(bank, me);
     for (int j = 0; j < n; ++j)
-      if (j != me && hi[j] > lo[j]) std::memcpy(mine + lo[j] * es, data + (off + lo[j]) * es, (hi[j] - lo[j]) * es);
+      if (j != me)
+        pieces(off + lo[j], off + hi[j],
+               [&](char* t, size_t at, size_t len) { std::memcpy(mine + (at - off) * es, t, len * es); });
     seg_->barrier();  // every rank's parts are published
-    if (hi[me] > lo[me]) {
-      for (int j = 0; j < n; ++j)
-        inputs_[j] = j == me ? data + (off + lo[me]) * es : seg_->slot(bank, j) + lo[me] * es;
-      reduceMany(dtype, op, mine + lo[me] * es, inputs_.data(), n, hi[me] - lo[me]);
-      std::memcpy(data + (off + lo[me]) * es, mine + lo[me] * es, (hi[me] - lo[me]) * es);
-    }
+    pieces(off + lo[me], off + hi[me], [&](char* t, size_t at, size_t len) {
+      for (int j = 0; j < n; ++j) inputs_[j] = j == me ? t : seg_->slot(bank, j) + (at - off) * es;
+      char* out = mine + (at - off) * es;
+      reduceMany(dtype, op, out, inputs_.data(), n, len);
+      std::memcpy(t, out, len * es);
+    });
     seg_->barrier();  // every rank's part is reduced
     for (int j = 0; j < n; ++j)
-      if (j != me && hi[j] > lo[j])
-        std::memcpy(data + (off + lo[j]) * es, seg_->slot(bank, j) + lo[j] * es, (hi[j] - lo[j]) * es);
+      if (j != me)
+        pieces(off + lo[j], off + hi[j], [&](char* t, size_t at, size_t len) {
+          std::memcpy(t, seg_->slot(bank, j) + (at - off) * es, len * es);
+        });
   }
 }
 

@@ -17,6 +17,8 @@ class ShmCommunicator : public Communicator {
   int rank() const override { return seg_->rank(); }
   int size() const override { return seg_->size(); }
   void allreduce(void* buf, size_t count, DataType dtype, ReduceOp op) override;
+  // Straight from and to the tensors: no packing into a fusion buffer.
+  void allreduceSpans(const std::vector<Span>& spans, DataType dtype, ReduceOp op) override;
   void allreduceBitsOr(uint64_t* words, size_t count) override;
   void allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) override;
   void broadcast(void* buf, size_t bytes, int root) override;
