@@ -4,10 +4,20 @@ import warnings
 
 import torch
 
-from chorus.torch.basics import global_process_set
+from chorus import _core
+from chorus.torch.basics import _set_id, global_process_set
 from chorus.torch.compression import Compression
-from chorus.torch.mpi_ops import (Adasum, Average, Sum, _set_rank_and_size, allreduce_async_,
+from chorus.torch.mpi_ops import (Adasum, Average, Sum, _dtype_code, _set_rank_and_size, allreduce_async_,
                                   grouped_allreduce_async_, synchronize)
+
+
+class _Direct:
+    """An in-place gradient allreduce started straight through the core (the common
+    case: no compression, a contiguous CPU gradient), without the generic handle path."""
+    __slots__ = ("work", "grad")
+
+    def __init__(self, work, grad):
+        self.work, self.grad = work, grad  # grad stays alive until the op completes
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -114,7 +124,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _allreduce_grad_async(self, p):
         pre, post = self._scales()
-        compressed, ctx = self._compression.compress(self._grad_for_comm(p))
+        g = self._grad_for_comm(p)
+        if self._compression is Compression.none and g.device.type == "cpu" and g.is_contiguous():
+            ptr = g.data_ptr()
+            work = _core.grouped_allreduce_async([ptr], [ptr], [_dtype_code(g, "allreduce")], [list(g.shape)],
+                                                 self._names[p], self._op, float(pre), float(post),
+                                                 _set_id(self._process_set), 0)
+            return _Direct(work, g), (g, None)
+        compressed, ctx = self._compression.compress(g)
         handle = allreduce_async_(compressed, name=self._names[p], op=self._op, prescale_factor=pre,
                                   postscale_factor=post, process_set=self._process_set)
         return handle, (compressed, ctx)
@@ -153,7 +170,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for p, (handle, ctx) in list(self._handles.items()):
             if handle is None:
                 continue
-            if handle not in done:
+            if isinstance(handle, _Direct):
+                handle.work.wait()
+            elif handle not in done:
                 done[handle] = synchronize(handle)
             compressed, cctx = ctx
             if cctx is not None or compressed is not p.grad:
