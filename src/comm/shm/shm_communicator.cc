@@ -1,5 +1,7 @@
 #include "comm/shm/shm_communicator.h"
 
+#include <emmintrin.h>
+
 #include <algorithm>
 #include <cstring>
 #include <numeric>
@@ -18,6 +20,28 @@ void splitRange(size_t m, int n, int r, size_t* lo, size_t* hi) {
   *lo = r * base + std::min<size_t>(r, extra);
   *hi = *lo + base + (static_cast<size_t>(r) < extra ? 1 : 0);
 }
+// Above this many bytes an allreduce's results will not be read from cache
+// again soon: they are written with non-temporal stores, which skip the read
+// for ownership that ordinary stores pay.
+constexpr size_t kStreamOutputBytes = 8 << 20;
+
+void streamCopy(char* dst, const char* src, size_t n) {
+  const size_t head = std::min(n, (16 - reinterpret_cast<uintptr_t>(dst) % 16) % 16);
+  std::memcpy(dst, src, head);
+  size_t i = head;
+  for (; i + 64 <= n; i += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
+    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+  }
+  std::memcpy(dst + i, src + i, n - i);
+}
+
 }  // namespace
 
 // Per chunk: each rank publishes only the parts the others reduce, reduces its
@@ -48,6 +72,11 @@ void ShmCommunicator::allreduceSpans(const std::vector<Span>& spans, DataType dt
     }
   };
   const size_t chunk = seg_->slotBytes() / es;
+  const bool stream = count * es >= kStreamOutputBytes;
+  auto copyOut = [stream](char* dst, const char* src, size_t bytes) {
+    if (stream) streamCopy(dst, src, bytes);
+    else std::memcpy(dst, src, bytes);
+  };
   inputs_.resize(n);
   std::vector<size_t> lo(n), hi(n);
   for (size_t off = 0; off < count; off += chunk) {
@@ -64,15 +93,16 @@ void ShmCommunicator::allreduceSpans(const std::vector<Span>& spans, DataType dt
       for (int j = 0; j < n; ++j) inputs_[j] = j == me ? t : seg_->slot(bank, j) + (at - off) * es;
       char* out = mine + (at - off) * es;
       reduceMany(dtype, op, out, inputs_.data(), n, len);
-      std::memcpy(t, out, len * es);
+      copyOut(t, out, len * es);
     });
     seg_->barrier();  // every rank's part is reduced
     for (int j = 0; j < n; ++j)
       if (j != me)
         pieces(off + lo[j], off + hi[j], [&](char* t, size_t at, size_t len) {
-          std::memcpy(t, seg_->slot(bank, j) + (at - off) * es, len * es);
+          copyOut(t, seg_->slot(bank, j) + (at - off) * es, len * es);
         });
   }
+  if (stream) _mm_sfence();  // the streamed results are visible before the op completes
 }
 
 void ShmCommunicator::allreduceBitsOr(uint64_t* words, size_t count) {
