@@ -36,7 +36,6 @@ py::dict configDict(const zero::DsConfig& c) {
   d["offload_optimizer"] = c.zero.offloadOptimizer;
   d["offload_param"] = c.zero.offloadParam;
   d["pin_memory"] = c.zero.pinMemory;
-  d["zero_force_ds_cpu_optimizer"] = c.forceDsCpuOptimizer;
   d["prefetch_bucket_size"] = c.zero.prefetchBucketSize;
   d["max_live_parameters"] = c.zero.maxLiveParameters;
   d["param_persistence_threshold"] = c.zero.paramPersistenceThreshold;

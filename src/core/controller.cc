@@ -53,6 +53,7 @@ void Controller::releaseName(const std::string& name) {
 Controller::~Controller() {
   requestShutdown();
   join();
+  registry_->forgetSet(setId_);
 }
 
 void Controller::start() {
@@ -303,17 +304,21 @@ void Controller::cycle() {
 // this set does. This rank's marker stands for its part here; once every
 // member has taken part the set fails the name everywhere (see Coordinator).
 void Controller::detectConflicts() {
+  if (!registry_->severalSets()) return;
   if (coordinator_.version() != publishedVersion_) {
     publishedVersion_ = coordinator_.version();
-    registry_->publishMissing(setId_, coordinator_.missingByName());
+    missing_ = coordinator_.missingByName();
+    registry_->publishMissing(setId_, missing_);
   }
-  for (const auto& [name, have] : coordinator_.waitingOn(comm_->rank())) {
+  auto absent = [](const std::vector<int>& ranks, int g) { return std::find(ranks.begin(), ranks.end(), g) == ranks.end(); };
+  for (const auto& [name, miss] : missing_) {
+    if (absent(miss, globalRank_)) continue;  // not waiting for this rank
     const int32_t other = registry_->setOf(name);
     if (other < 0 || other == setId_) continue;
     // A cycle: a rank that submitted the name here is one that set `other` waits for.
     const std::vector<int> blocked = registry_->missing(other, name);
     bool cycle = false;
-    for (int g : have) cycle |= std::find(blocked.begin(), blocked.end(), g) != blocked.end();
+    for (int g : globalRanks_) cycle |= absent(miss, g) && !absent(blocked, g);
     if (!cycle) continue;
     registry_->postMarker(setId_, name, other);
   }

@@ -83,6 +83,7 @@ class Controller {
   std::map<std::string, bool> warned_;
   std::chrono::steady_clock::time_point lastStallCheck_;
   uint64_t publishedVersion_ = ~0ull;  // coordinator version last published to the registry
+  std::map<std::string, std::vector<int>> missing_;  // pending names -> global ranks not yet in
 };
 
 }  // namespace chorus

@@ -52,18 +52,6 @@ std::map<std::string, std::vector<int>> Coordinator::missingByName() const {
   return out;
 }
 
-std::vector<std::pair<std::string, std::vector<int>>> Coordinator::waitingOn(int rank) const {
-  std::vector<std::pair<std::string, std::vector<int>>> out;
-  for (const auto& [name, p] : table_) {
-    if (p.byRank[rank]) continue;
-    std::vector<int> have;
-    for (int r = 0; r < size_; ++r)
-      if (p.byRank[r]) have.push_back(globalRanks_[r]);
-    out.emplace_back(name, std::move(have));
-  }
-  return out;
-}
-
 void Coordinator::finishJoinIfComplete() {
   if (joinedCount_ != size_) return;
   Response r;

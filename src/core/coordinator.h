@@ -7,7 +7,6 @@
 #include <map>
 #include <optional>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "core/message.h"
@@ -32,8 +31,6 @@ class Coordinator {
     double seconds = 0;
   };
   std::vector<Stall> stalls(Clock::time_point now, double olderThanSeconds) const;
-  // Names some ranks submitted and set rank `rank` has not, with the global ranks that did.
-  std::vector<std::pair<std::string, std::vector<int>>> waitingOn(int rank) const;
   // Every pending name with the global ranks that have not submitted it.
   std::map<std::string, std::vector<int>> missingByName() const;
   // Changes whenever the pending table does.

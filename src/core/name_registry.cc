@@ -41,6 +41,18 @@ void NameRegistry::setMembers(int32_t setId, const std::vector<int>& globalRanks
   members_[setId] = globalRanks;
 }
 
+void NameRegistry::forgetSet(int32_t setId) {
+  std::lock_guard<std::mutex> lock(mu_);
+  members_.erase(setId);
+  missing_.erase(setId);
+  markers_.erase(setId);
+}
+
+bool NameRegistry::severalSets() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return members_.size() > 1;
+}
+
 bool NameRegistry::isMember(int32_t setId, int globalRank) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = members_.find(setId);

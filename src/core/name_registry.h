@@ -24,7 +24,11 @@ class NameRegistry {
   void publishMissing(int32_t setId, std::map<std::string, std::vector<int>> missing);
   std::vector<int> missing(int32_t setId, const std::string& name) const;
 
+  // Controllers register their set's members while they live (only sets this rank is in).
   void setMembers(int32_t setId, const std::vector<int>& globalRanks);
+  void forgetSet(int32_t setId);
+  // Conflicts need two sets on this rank; with one, the controllers skip detection.
+  bool severalSets() const;
   bool isMember(int32_t setId, int globalRank) const;
 
   // Queues a conflict marker for a set's controller to send in its next cycle;

@@ -40,6 +40,7 @@ Engine::Engine(Runtime& rt, EngineSpec spec)
     throw InvalidArgument("ZeRO engine: groupOf has " + std::to_string(spec_.groupOf.size()) + " entries for " +
                           std::to_string(spec_.numels.size()) + " parameters");
   name_ = rt_.uniqueName(spec_.processSet, "zero") + ".";
+  for (int g : spec_.groupOf) numGroups_ = std::max(numGroups_, static_cast<size_t>(g) + 1);
 
   const auto& z = spec_.config.zero;
   const size_t bucket = static_cast<size_t>(std::max<int64_t>(z.reduceBucketSize, 1));
@@ -286,8 +287,12 @@ void Engine::reduceAtBoundary() {
 }
 
 StepResult Engine::prepareStep(float* gradScale) {
-  if (stage_ < 2) reduceAtBoundary();
-  else endBackward();
+  if (stage_ < 2) {
+    reduceAtBoundary();
+  } else if (!inFlight_.empty() || std::find(unitLaunched_.begin(), unitLaunched_.end(), true) != unitLaunched_.end() ||
+             std::find_if(unitBucket_.begin(), unitBucket_.end(), [](int b) { return b >= 0; }) != unitBucket_.end()) {
+    endBackward();  // the caller did not: finish this backward's buckets
+  }
   StepResult res;
   res.lossScale = scaler_.scale();
   const bool fp16 = spec_.config.fp16.enabled;
@@ -321,11 +326,9 @@ StepResult Engine::prepareStep(float* gradScale) {
 }
 
 StepResult Engine::step(const std::vector<GroupHyper>& groups) {
-  int maxGroup = 0;
-  for (int g : spec_.groupOf) maxGroup = std::max(maxGroup, g);
-  if (groups.size() <= static_cast<size_t>(maxGroup))
+  if (groups.size() < numGroups_)
     throw InvalidArgument("ZeRO engine: step got " + std::to_string(groups.size()) + " parameter groups, the model has " +
-                          std::to_string(maxGroup + 1));
+                          std::to_string(numGroups_));
   float gradScale = 1.0f;
   StepResult res = prepareStep(&gradScale);
   if (res.skipped) return res;

@@ -137,6 +137,7 @@ class Engine {
   EngineSpec spec_;
   std::string name_;  // prefix of this engine's op names (engines are made in the same order on every rank)
   int stage_, world_, rank_;
+  size_t numGroups_ = 1;
   std::unique_ptr<PartitionPlan> plan_;
   std::vector<Piece> pieces_;
   std::vector<size_t> unitBase_;  // stages 0-2: element offset of each unit's flat buffer

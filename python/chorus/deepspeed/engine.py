@@ -40,8 +40,7 @@ class DeepSpeedEngine(torch.nn.Module):
 
         self._params, self._names = self._trainable(model, optimizer, model_parameters)
         self._shapes = [tuple(p.shape) for p in self._params]
-        kind, groups, self._client = translate(optimizer, cfg["optimizer"], cfg["offload_optimizer"] == "cpu",
-                                               cfg["zero_force_ds_cpu_optimizer"])
+        kind, groups, self._client = translate(optimizer, cfg["optimizer"], cfg["offload_optimizer"] == "cpu")
         group_of = self._group_of(groups)
         self.core = _core.ZeroEngine(config_text, self.process_set.process_set_id, _dtype_code(self._params[0], "ZeRO"),
                                      [p.numel() for p in self._params], group_of, kind or "adam")

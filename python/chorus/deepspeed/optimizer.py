@@ -7,7 +7,7 @@ import torch
 _GROUP_KEYS = ("lr", "betas", "eps", "weight_decay", "momentum", "dampening", "nesterov")
 
 
-def translate(client, config_opt, offload, force_ds_cpu):
+def translate(client, config_opt, offload):
     """(kind, groups, client_to_run) for the engine: kind is adam, adamw or sgd when
     chorus's kernels step it, or None when the client optimizer must run as given."""
     if client is not None:

@@ -72,7 +72,7 @@ class Stage3Hooks:
                 self.core.release(i)
 
     def _prefetch(self, position, direction):
-        budget, todo = self.prefetch_elems, []
+        budget, ahead = self.prefetch_elems, []
         live = self.core.live_bytes // self.esize
         k = position + direction
         while 0 <= k < len(self.trace) and budget > 0:
@@ -81,13 +81,13 @@ class Stage3Hooks:
                 if live + n > self.max_live_elems:
                     budget = 0
                     break
-                todo.append(i)
+                ahead.append(i)
                 budget -= n
                 live += n
             k += direction
-        if todo:
-            self.core.gather_async(todo)
-            self.prefetched += len(todo)
+        if ahead:
+            self.core.gather_async(ahead)
+            self.prefetched += len(ahead)
 
     def _numel(self, i):
         n = 1
