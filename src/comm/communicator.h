@@ -16,7 +16,8 @@ namespace chorus {
 // A tensor's buffer in a fused collective.
 struct Span {
   void* data;
-  size_t count;  // elements
+  size_t count;              // elements
+  const void* src = nullptr;  // the input, when it is not already in data
 };
 
 class Communicator {
@@ -27,8 +28,9 @@ class Communicator {
 
   // In place; Average reduces as Sum (the caller scales).
   virtual void allreduce(void* buf, size_t count, DataType dtype, ReduceOp op) = 0;
-  // Each span in place, as if they were one buffer laid end to end. The default
-  // packs them into one buffer; transports that can, reduce the spans directly.
+  // Each span's input (src, or data itself) reduced into data, as if the spans were
+  // one buffer laid end to end. The default copies in and packs; transports that
+  // can, read the inputs and write the results directly.
   virtual void allreduceSpans(const std::vector<Span>& spans, DataType dtype, ReduceOp op);
   // Bitwise OR of 64-bit words: the control plane's one small collective.
   virtual void allreduceBitsOr(uint64_t* words, size_t count) = 0;

@@ -114,31 +114,11 @@ void Executor::fail(const Response& r, EntryTable& entries) {
 
 void Executor::runAllreduce(const std::vector<const Response*>& group, EntryTable& entries) {
   const Response& head = *group.front();
-  const size_t esize = dtypeSize(head.dtype);
   ++batches_;
   tensors_ += static_cast<int64_t>(group.size());
-  if (group.size() == 1) {
-    // Unfused: reduce in the output buffer itself.
-    auto it = entries.find(head.name);
-    const size_t n = static_cast<size_t>(numElements(head.shape));
-    void* out;
-    if (it != entries.end()) {
-      Entry& e = it->second;
-      out = e.output.data;
-      scaleCopy(head.dtype, out, e.input.data, n, head.prescale);
-    } else {  // joined: contribute zeros
-      scratch_.assign(std::max<size_t>(n * esize, 1), 0);
-      out = scratch_.data();
-    }
-    comm_.allreduce(out, n, head.dtype, head.op);
-    if (it != entries.end()) {
-      postProcess(head, out, n, comm_.size());
-      finishEntry(entries, it, release_);
-    }
-    return;
-  }
-  // Fused: the outputs themselves are the buffers (prescaled copies of the inputs);
-  // ranks that joined contribute zeros from scratch.
+  // The outputs are the buffers; an unscaled input is read where it is (no copy
+  // into the output first), a prescaled one is scaled into the output. Ranks that
+  // joined contribute zeros from scratch.
   size_t missing = 0;
   for (const Response* r : group)
     if (!entries.count(r->name)) missing += r->bytes();
@@ -149,8 +129,13 @@ void Executor::runAllreduce(const std::vector<const Response*>& group, EntryTabl
     auto it = entries.find(r->name);
     const size_t n = static_cast<size_t>(numElements(r->shape));
     if (it != entries.end()) {
-      scaleCopy(r->dtype, it->second.output.data, it->second.input.data, n, head.prescale);
-      spans.push_back({it->second.output.data, n});
+      const Entry& e = it->second;
+      if (head.prescale == 1.0) {
+        spans.push_back({e.output.data, n, e.input.data});
+      } else {
+        scaleCopy(r->dtype, e.output.data, e.input.data, n, head.prescale);
+        spans.push_back({e.output.data, n});
+      }
     } else {
       spans.push_back({scratch_.data() + zeroAt, n});
       zeroAt += r->bytes();

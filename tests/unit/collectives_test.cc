@@ -93,6 +93,8 @@ TEST_P(Collectives, AllreduceEveryDtypeOpAndSize) {
             double want = reference(op, dt, n, i);
             ASSERT_NEAR(out[k].get(i), want, tolerance(dt, want))
                 << dtypeName(dt) << " " << reduceOpName(op) << " count " << kCounts[k] << " i " << i;
+            // Out of place: the input is read, never written.
+            ASSERT_EQ(in[k].get(i), testValue(c.rank, i, dt, op)) << dtypeName(dt) << " input " << i;
           }
         }
       }
@@ -114,6 +116,38 @@ TEST_P(Collectives, AllreduceLargeInPlaceWithScaling) {
     for (int64_t i = 0; i < count; i += 997) {
       double want = reference(ReduceOp::kSum, DataType::kFloat32, n, i) * 1.5;
       ASSERT_NEAR(buf.get(i), want, 1e-5) << i;
+    }
+  }, transport());
+}
+
+// Fused, out of place, large enough for many transport chunks and for the
+// streamed-output path: outputs right, inputs untouched.
+TEST_P(Collectives, LargeGroupedAllreduceOutOfPlace) {
+  const int n = ranks();
+  runRanksOk(n, [&](RankContext& c) {
+    const std::vector<int64_t> counts = {1500001, 5, 700003};
+    std::vector<HostBuffer> in, out;
+    std::vector<Tensor> ins, outs;
+    for (size_t k = 0; k < counts.size(); ++k) {
+      in.emplace_back(DataType::kFloat32, Shape{counts[k]});
+      out.emplace_back(DataType::kFloat32, Shape{counts[k]});
+      for (int64_t i = 0; i < counts[k]; ++i)
+        in.back().set(i, testValue(c.rank, i + static_cast<int64_t>(k), DataType::kFloat32, ReduceOp::kSum));
+    }
+    for (size_t k = 0; k < counts.size(); ++k) {
+      ins.push_back(in[k].tensor());
+      outs.push_back(out[k].tensor());
+    }
+    AllreduceOptions o;
+    o.op = ReduceOp::kSum;
+    c.rt.groupedAllreduceAsync(ins, outs, o).wait();
+    for (size_t k = 0; k < counts.size(); ++k) {
+      const int64_t shift = static_cast<int64_t>(k);
+      for (int64_t i = 0; i < counts[k]; i += (i % 7) + 1) {
+        const double want = reference(ReduceOp::kSum, DataType::kFloat32, n, i + shift);
+        ASSERT_NEAR(out[k].get(i), want, tolerance(DataType::kFloat32, want)) << k << " " << i;
+        ASSERT_EQ(in[k].get(i), testValue(c.rank, i + shift, DataType::kFloat32, ReduceOp::kSum)) << k << " " << i;
+      }
     }
   }, transport());
 }

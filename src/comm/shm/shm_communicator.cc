@@ -53,21 +53,30 @@ void ShmCommunicator::allreduce(void* buf, size_t count, DataType dtype, ReduceO
 }
 
 // Each chunk of the (virtual, concatenated) spans: every rank publishes the parts
-// the others reduce, reduces its own part reading its own tensors directly, and
+// the others reduce, reduces its own part reading its own inputs directly, and
 // copies the others' reduced parts back.
 void ShmCommunicator::allreduceSpans(const std::vector<Span>& spans, DataType dtype, ReduceOp op) {
   const int n = size(), me = rank();
   std::vector<size_t> start(spans.size() + 1, 0);
   for (size_t i = 0; i < spans.size(); ++i) start[i + 1] = start[i] + spans[i].count;
   const size_t count = start.back();
-  if (count == 0 || n == 1) return;
   const size_t es = dtypeSize(dtype);
-  // fn(tensor memory, virtual index, elements) over the spans covering [a, b).
+  if (n == 1) {
+    for (const Span& s : spans)
+      if (s.src && s.src != s.data && s.count) std::memcpy(s.data, s.src, s.count * es);
+    return;
+  }
+  if (count == 0) return;
+  // fn(output memory, input memory, virtual index, elements) over the spans covering [a, b).
   auto pieces = [&](size_t a, size_t b, auto&& fn) {
     size_t i = static_cast<size_t>(std::upper_bound(start.begin(), start.end(), a) - start.begin()) - 1;
     for (; a < b; ++i) {
       const size_t end = std::min(b, start[i + 1]);
-      if (end > a) fn(static_cast<char*>(spans[i].data) + (a - start[i]) * es, a, end - a);
+      if (end > a) {
+        const size_t at = (a - start[i]) * es;
+        const char* in = static_cast<const char*>(spans[i].src ? spans[i].src : spans[i].data);
+        fn(static_cast<char*>(spans[i].data) + at, in + at, a, end - a);
+      }
       a = std::max(a, end);
     }
   };
@@ -86,11 +95,12 @@ void ShmCommunicator::allreduceSpans(const std::vector<Span>& spans, DataType dt
     char* mine = seg_->slot(bank, me);
     for (int j = 0; j < n; ++j)
       if (j != me)
-        pieces(off + lo[j], off + hi[j],
-               [&](char* t, size_t at, size_t len) { std::memcpy(mine + (at - off) * es, t, len * es); });
+        pieces(off + lo[j], off + hi[j], [&](char*, const char* in, size_t at, size_t len) {
+          std::memcpy(mine + (at - off) * es, in, len * es);
+        });
     seg_->barrier();  // every rank's parts are published
-    pieces(off + lo[me], off + hi[me], [&](char* t, size_t at, size_t len) {
-      for (int j = 0; j < n; ++j) inputs_[j] = j == me ? t : seg_->slot(bank, j) + (at - off) * es;
+    pieces(off + lo[me], off + hi[me], [&](char* t, const char* in, size_t at, size_t len) {
+      for (int j = 0; j < n; ++j) inputs_[j] = j == me ? in : seg_->slot(bank, j) + (at - off) * es;
       char* out = mine + (at - off) * es;
       reduceMany(dtype, op, out, inputs_.data(), n, len);
       copyOut(t, out, len * es);
@@ -98,7 +108,7 @@ void ShmCommunicator::allreduceSpans(const std::vector<Span>& spans, DataType dt
     seg_->barrier();  // every rank's part is reduced
     for (int j = 0; j < n; ++j)
       if (j != me)
-        pieces(off + lo[j], off + hi[j], [&](char* t, size_t at, size_t len) {
+        pieces(off + lo[j], off + hi[j], [&](char* t, const char*, size_t at, size_t len) {
           copyOut(t, seg_->slot(bank, j) + (at - off) * es, len * es);
         });
   }
