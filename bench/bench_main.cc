@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
   CLI::App app{"chorus-bench: collective performance, nccl-tests style"};
   std::string minBytes = "8", maxBytes = "64M", dtypeName = "float32", opName = "sum", which = "all", jsonPath;
   double factor = 2;
-  int warmup = 5, iters = 20, checkFlag = 1;
+  int warmup = 5, iters = 20, checkFlag = 1, repeat = 1;
   app.add_option("-b,--minbytes", minBytes, "smallest size (K, M, G suffixes)");
   app.add_option("-e,--maxbytes", maxBytes, "largest size");
   app.add_option("-f,--stepfactor", factor, "multiply the size by this each step")->check(CLI::Range(1.01, 1e9));
@@ -67,6 +67,8 @@ int main(int argc, char** argv) {
   app.add_option("-d,--datatype", dtypeName, "dtype: float32, float16, bfloat16, float64, int32, int64, int8, uint8");
   app.add_option("-o,--op", opName, "reduce op: sum, prod, max, min, avg");
   app.add_option("-c,--check", checkFlag, "check results (1) or not (0)");
+  app.add_option("-r,--repeat", repeat, "rounds of the whole sweep (each peer in turn); rows show the median")
+      ->check(CLI::PositiveNumber);
   app.add_option("--coll,--collective", which,
                  "allreduce, allgather, broadcast, alltoall, reducescatter or all");
   app.add_option("--json", jsonPath, "also write the rows as a JSON array to this file");
@@ -131,9 +133,11 @@ int main(int argc, char** argv) {
     const bool root = rt.rank() == 0;
     MpiBaseline mpi;
     std::vector<std::string> pathNames = {"chorus"};
+    bool withMpi = false;
     for (const auto& p : peers) {
       if (p == "mpi") {
-        mpi.start(rt, argc, argv);
+        if (!builtWithMpi()) throw InvalidArgument("--compare mpi needs chorus-bench built with Open MPI (Debian libopenmpi-dev)");
+        withMpi = true;
       } else if (p != "tcp") {
         throw InvalidArgument("--compare: unknown peer '" + p + "' (tcp, mpi)");
       } else {
@@ -156,46 +160,60 @@ int main(int argc, char** argv) {
     struct Result {
       size_t bytes;
       int64_t count, wrong;
-      double us;
+      std::vector<double> roundsUs;  // one mean per round
+      double us = 0;                 // their median
     };
     // results[path][op][size index]. One path at a time, so that an idle peer
     // runtime does not steal cycles from the one being measured.
     std::map<std::string, std::map<BenchOp, std::vector<Result>>> results;
     std::map<size_t, double> floorUs;
     int64_t totalWrong = 0;
-    for (const auto& pathName : pathNames) {
-      Runtime tcpRuntime;
-      Runtime* prt = &rt;
-      if (pathName == "tcp") {
-        Config c;
-        c.cpuOperations = "tcp";
-        tcpRuntime.init(c);
-        prt = &tcpRuntime;
-      }
-      for (BenchOp op : ops) {
-        for (size_t bytes : sizes) {
-          const int sets = setsFor(bytes);
-          if (pathName == "chorus" && !floorUs.count(bytes)) floorUs[bytes] = concurrentMemcpyMicros(rt, bytes, 5, sets);
-          BenchCase bc(*prt, op, dtype, redop, bytes, sets);
-          int64_t wrong = checkFlag ? sumAcrossRanks(*prt, bc.check()) : 0;
-          for (int i = 0; i < warmup; ++i) bc.run(i);
-          prt->barrier();
-          auto start = std::chrono::steady_clock::now();
-          for (int i = 0; i < iters; ++i) bc.run(i);
-          double us =
-              std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / iters;
-          results[pathName][op].push_back({bc.bytes(), bc.count(), wrong, maxAcrossRanks(*prt, us)});
-          totalWrong += wrong;
+    // Rounds alternate the paths (and Open MPI), so that a slow spell of the
+    // machine falls on all of them alike; each row reports the median round.
+    for (int round = 0; round < repeat; ++round) {
+      for (const auto& pathName : pathNames) {
+        Runtime tcpRuntime;
+        Runtime* prt = &rt;
+        if (pathName == "tcp") {
+          Config c;
+          c.cpuOperations = "tcp";
+          tcpRuntime.init(c);
+          prt = &tcpRuntime;
         }
+        for (BenchOp op : ops) {
+          auto& rows = results[pathName][op];
+          for (size_t k = 0; k < sizes.size(); ++k) {
+            const size_t bytes = sizes[k];
+            const int sets = setsFor(bytes);
+            if (pathName == "chorus") {
+              const double fl = concurrentMemcpyMicros(rt, bytes, 5, sets);
+              floorUs[bytes] = floorUs.count(bytes) ? std::min(floorUs[bytes], fl) : fl;
+            }
+            BenchCase bc(*prt, op, dtype, redop, bytes, sets);
+            int64_t wrong = checkFlag ? sumAcrossRanks(*prt, bc.check()) : 0;
+            for (int i = 0; i < warmup; ++i) bc.run(i);
+            prt->barrier();
+            auto start = std::chrono::steady_clock::now();
+            for (int i = 0; i < iters; ++i) bc.run(i);
+            double us =
+                std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / iters;
+            if (rows.size() <= k) rows.push_back({bc.bytes(), bc.count(), 0, {}});
+            rows[k].wrong += wrong;
+            rows[k].roundsUs.push_back(maxAcrossRanks(*prt, us));
+            rows[k].us = medianOf(rows[k].roundsUs);
+            totalWrong += wrong;
+          }
+        }
+        if (tcpRuntime.isInitialized()) tcpRuntime.shutdown();
       }
-      if (tcpRuntime.isInitialized()) tcpRuntime.shutdown();
+      if (withMpi) mpi.start(rt, argc, argv);
     }
     nlohmann::json rows = nlohmann::json::array();
     for (BenchOp op : ops) {
       if (root) {
-        std::printf("#\n# chorus-bench %s  ranks %d  dtype %s  redop %s  warmup %d  iters %d  buffers %s\n#\n",
+        std::printf("#\n# chorus-bench %s  ranks %d  dtype %s  redop %s  warmup %d  iters %d  buffers %s  rounds %d\n#\n",
                     benchOpName(op), n, dtypeName.c_str(), reduceOpName(redop), warmup, iters,
-                    rotate ? "rotating" : "reused");
+                    rotate ? "rotating" : "reused", repeat);
         std::printf("# %12s %12s %7s %12s %9s %9s %7s %8s %8s\n", "size", "count", "path", "time", "algbw",
                     "busbw", "#wrong", "vs_mpi", "floor");
         std::printf("# %12s %12s %7s %12s %9s %9s %7s %8s %8s\n", "(B)", "(elements)", "", "(us)", "(GB/s)",
@@ -218,7 +236,8 @@ int main(int argc, char** argv) {
           }
           nlohmann::json row = {{"op", benchOpName(op)}, {"path", pathName}, {"bytes", r.bytes},
                                 {"count", r.count}, {"dtype", dtypeName}, {"ranks", n}, {"time_us", r.us},
-                                {"algbw_gbs", algbw}, {"busbw_gbs", busbw}, {"wrong", r.wrong}};
+                                {"algbw_gbs", algbw}, {"busbw_gbs", busbw}, {"wrong", r.wrong},
+                                {"rounds_us", r.roundsUs}};
           if (pathName == "chorus") {
             row["floor_fraction"] = floorFrac;
             row["floor_time_us"] = fl;
@@ -228,13 +247,16 @@ int main(int argc, char** argv) {
         }
         if (mpiRow) {
           const double algbw = mpiRow->bytes / mpiRow->timeUs / 1e3;
+          const double fl = floorUs[sizes[k]];
+          const double floorFrac = fl > 0 ? fl / mpiRow->timeUs : 0;
           if (root) {
-            std::printf("  %12zu %12s %7s %12.2f %9.3f %9.3f %7s %8s %8s\n", mpiRow->bytes, "", "mpi", mpiRow->timeUs,
-                        algbw, algbw * busFactor(op, n), "-", "1.00", "-");
+            std::printf("  %12zu %12s %7s %12.2f %9.3f %9.3f %7s %8s %8s\n", mpiRow->bytes, "-", "mpi", mpiRow->timeUs,
+                        algbw, algbw * busFactor(op, n), "-", "1.00", floorFrac ? fmt(floorFrac).c_str() : "-");
           }
           rows.push_back({{"op", benchOpName(op)}, {"path", "mpi"}, {"bytes", mpiRow->bytes}, {"dtype", dtypeName},
                           {"ranks", n}, {"time_us", mpiRow->timeUs}, {"algbw_gbs", algbw},
-                          {"busbw_gbs", algbw * busFactor(op, n)}, {"wrong", 0}});
+                          {"busbw_gbs", algbw * busFactor(op, n)}, {"wrong", 0}, {"rounds_us", mpiRow->roundsUs},
+                          {"floor_fraction", floorFrac}});
         }
       }
       if (root) std::fflush(stdout);

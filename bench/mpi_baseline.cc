@@ -57,7 +57,15 @@ void MpiBaseline::start(Runtime& rt, int argc, char** argv) {
     std::ifstream in(json);
     if (in) {
       nlohmann::json rows = nlohmann::json::parse(in);
-      for (const auto& r : rows) results_.push_back({r["op"], r["bytes"], r["time_us"]});
+      for (const auto& r : rows) {
+        const std::string op = r["op"];
+        const size_t bytes = r["bytes"];
+        auto it = std::find_if(results_.begin(), results_.end(),
+                               [&](const MpiResult& m) { return m.op == op && m.bytes == bytes; });
+        if (it == results_.end()) it = results_.insert(results_.end(), MpiResult{op, bytes, 0, {}});
+        it->roundsUs.push_back(r["time_us"]);
+        it->timeUs = medianOf(it->roundsUs);
+      }
     }
     std::remove(json.c_str());
   }

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include <algorithm>
+
 #include "chorus/chorus.h"
 
 namespace chorus::bench {
@@ -12,13 +14,14 @@ namespace chorus::bench {
 struct MpiResult {
   std::string op;
   size_t bytes = 0;
-  double timeUs = 0;
+  double timeUs = 0;                // median of the rounds
+  std::vector<double> roundsUs;     // one mean per round
 };
 
 class MpiBaseline {
  public:
-  // Runs the MPI measurement (collective over the chorus ranks). Throws when
-  // chorus-bench was built without Open MPI.
+  // Runs one round of the MPI measurement (collective over the chorus ranks);
+  // rounds accumulate. Throws when chorus-bench was built without Open MPI.
   void start(Runtime& rt, int argc, char** argv);
   const MpiResult* find(const std::string& op, size_t bytes) const;
 
@@ -31,5 +34,13 @@ class MpiBaseline {
 int runMpiChild(const std::vector<std::string>& ops, const std::string& dtype, size_t lo, size_t hi, double factor,
                 int warmup, int iters, bool rotate, const std::string& jsonPath);
 bool builtWithMpi();
+
+// The median of one size's rounds.
+inline double medianOf(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
+}
 
 }  // namespace chorus::bench

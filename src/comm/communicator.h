@@ -44,6 +44,8 @@ class Communicator {
   // rank r's reduced piece in out. buf may be clobbered.
   virtual void reducescatter(void* buf, void* out, const std::vector<size_t>& counts,
                              DataType dtype, ReduceOp op) = 0;
+  // True when reducescatter only reads buf: the caller may hand it the input itself.
+  virtual bool reducescatterReadsOnly() const { return false; }
   virtual void barrier() = 0;
   // True when a negotiation cycle is expensive (network round trips), so the
   // controller should let requests accumulate for a cycle time after busy cycles.

@@ -224,14 +224,19 @@ void Executor::runReducescatter(const Response& r, EntryTable& entries) {
   }
   const size_t total = static_cast<size_t>(numElements(r.shape));
   const size_t esize = dtypeSize(r.dtype);
-  if (scratch_.size() < total * esize) scratch_.resize(total * esize);
-  scaleCopy(r.dtype, scratch_.data(), e.input.data, total, r.prescale);
+  // The transport reads the input itself when it only reads and nothing scales it.
+  void* in = e.input.data;
+  if (r.prescale != 1.0 || !comm_.reducescatterReadsOnly()) {
+    if (scratch_.size() < total * esize) scratch_.resize(total * esize);
+    scaleCopy(r.dtype, scratch_.data(), e.input.data, total, r.prescale);
+    in = scratch_.data();
+  }
   Shape outShape = tailOf(r.shape);
   outShape.insert(outShape.begin(), static_cast<int64_t>(counts[comm_.rank()] / std::max<int64_t>(rowElems, 1)));
   if (rowElems == 0) outShape[0] = rowsTotal / n + (comm_.rank() < rowsTotal % n ? 1 : 0);
   std::exception_ptr allocErr;
   void* out = allocateOutput(e, outShape, &allocErr);
-  comm_.reducescatter(scratch_.data(), out, counts, r.dtype, r.op);
+  comm_.reducescatter(in, out, counts, r.dtype, r.op);
   postProcess(r, out, counts[comm_.rank()], n);
   finishEntry(entries, it, release_, allocErr);
 }

@@ -35,6 +35,7 @@ class HierarchicalCommunicator : public Communicator {
                      ReduceOp op) override {
     flat_->reducescatter(buf, out, counts, dtype, op);
   }
+  bool reducescatterReadsOnly() const override { return flat_->reducescatterReadsOnly(); }
   void barrier() override;
   bool batchesRequests() const override { return true; }
 

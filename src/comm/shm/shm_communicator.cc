@@ -237,6 +237,7 @@ void ShmCommunicator::reducescatter(void* buf, void* out, const std::vector<size
   }
   const size_t subElems = ((seg_->slotBytes() / n) & ~size_t{63}) / es;
   const size_t most = *std::max_element(counts.begin(), counts.end());
+  const bool stream = counts[me] * es >= kStreamOutputBytes;
   inputs_.resize(n);
   for (size_t pos = 0; pos < most; pos += subElems) {
     const int bank = nextBank();
@@ -250,9 +251,18 @@ void ShmCommunicator::reducescatter(void* buf, void* out, const std::vector<size
       // My own piece comes straight from my buffer; the others' from their slots.
       for (int j = 0; j < n; ++j)
         inputs_[j] = j == me ? data + (off[me] + pos) * es : seg_->slot(bank, j) + me * subElems * es;
-      reduceMany(dtype, op, static_cast<char*>(out) + pos * es, inputs_.data(), n, m);
+      char* dst = static_cast<char*>(out) + pos * es;
+      if (stream) {
+        // Reduced into my own sub-slot (nobody reads it), then streamed out.
+        char* staged = mine + me * subElems * es;
+        reduceMany(dtype, op, staged, inputs_.data(), n, m);
+        streamCopy(dst, staged, m * es);
+      } else {
+        reduceMany(dtype, op, dst, inputs_.data(), n, m);
+      }
     }
   }
+  if (stream) _mm_sfence();
 }
 
 void ShmCommunicator::barrier() {

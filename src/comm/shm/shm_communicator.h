@@ -26,6 +26,7 @@ class ShmCommunicator : public Communicator {
                  const std::vector<size_t>& recvBytes) override;
   void reducescatter(void* buf, void* out, const std::vector<size_t>& counts, DataType dtype,
                      ReduceOp op) override;
+  bool reducescatterReadsOnly() const override { return true; }
   void barrier() override;
 
  private:
