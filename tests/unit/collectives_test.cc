@@ -323,25 +323,33 @@ TEST_P(Collectives, BarrierAndJoin) {
 }
 
 // Large enough for the single-copy paths (cross-memory attach) of shared memory.
+// Sizes on both sides of the single-copy and streamed-output thresholds.
 TEST_P(Collectives, LargeAllgatherAndBroadcast) {
   const int n = ranks();
   runRanksOk(n, [&](RankContext& c) {
-    const int64_t rows = 40000 + 7 * c.rank;  // 320 KB and more of float64 per rank, uneven
-    HostBuffer in(DataType::kFloat64, {rows});
-    for (int64_t i = 0; i < rows; ++i) in.set(i, c.rank * 1e6 + i);
-    Work w = c.rt.allgather(in.tensor());
-    int64_t off = 0;
-    for (int r = 0; r < n; ++r) {
-      const int64_t theirs = 40000 + 7 * r;
-      for (int64_t i = 0; i < theirs; i += 997) ASSERT_EQ(readAs(w.output().data, DataType::kFloat64, off + i), r * 1e6 + i);
-      ASSERT_EQ(readAs(w.output().data, DataType::kFloat64, off + theirs - 1), r * 1e6 + theirs - 1);
-      off += theirs;
+    // 320 KB and more of float64 per rank, uneven; then over 8 MiB in all.
+    for (int64_t base : {int64_t{40000}, int64_t{1100000} / n}) {
+      const int64_t rows = base + 7 * c.rank;
+      HostBuffer in(DataType::kFloat64, {rows});
+      for (int64_t i = 0; i < rows; ++i) in.set(i, c.rank * 1e7 + i);
+      Work w = c.rt.allgather(in.tensor());
+      int64_t off = 0;
+      for (int r = 0; r < n; ++r) {
+        const int64_t theirs = base + 7 * r;
+        for (int64_t i = 0; i < theirs; i += 997)
+          ASSERT_EQ(readAs(w.output().data, DataType::kFloat64, off + i), r * 1e7 + i) << base;
+        ASSERT_EQ(readAs(w.output().data, DataType::kFloat64, off + theirs - 1), r * 1e7 + theirs - 1) << base;
+        off += theirs;
+      }
+      ASSERT_EQ(w.output().shape[0], off);
     }
-    ASSERT_EQ(w.output().shape[0], off);
-    HostBuffer b(DataType::kFloat32, {100003});
-    for (int64_t i = 0; i < 100003; ++i) b.set(i, c.rank + i % 100);
-    c.rt.broadcast(b.tensor(), n - 1);
-    for (int64_t i = 0; i < 100003; i += 101) ASSERT_EQ(b.get(i), n - 1 + i % 100);
+    for (int64_t count : {int64_t{100003}, int64_t{2100001}}) {
+      HostBuffer b(DataType::kFloat32, {count});
+      for (int64_t i = 0; i < count; ++i) b.set(i, c.rank + i % 100);
+      c.rt.broadcast(b.tensor(), n - 1);
+      for (int64_t i = 0; i < count; i += 101) ASSERT_EQ(b.get(i), n - 1 + i % 100) << count;
+      ASSERT_EQ(b.get(count - 1), n - 1 + (count - 1) % 100) << count;
+    }
   }, transport());
 }
 

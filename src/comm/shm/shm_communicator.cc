@@ -42,6 +42,13 @@ void streamCopy(char* dst, const char* src, size_t n) {
   std::memcpy(dst + i, src + i, n - i);
 }
 
+// One read of src, two writes: an ordinary copy into the slot (read again soon
+// by the peers) and a streamed one into the output.
+void copyAndStream(char* slot, char* out, const char* src, size_t n) {
+  std::memcpy(slot, src, n);
+  streamCopy(out, slot, n);
+}
+
 }  // namespace
 
 // Per chunk: each rank publishes only the parts the others reduce, reduces its
@@ -137,7 +144,10 @@ void ShmCommunicator::allgatherv(const void* in, void* out, const std::vector<si
   std::vector<size_t> offset(n + 1, 0);
   for (int j = 0; j < n; ++j) offset[j + 1] = offset[j] + bytes[j];
   const size_t most = *std::max_element(bytes.begin(), bytes.end());
-  if (seg_->singleCopy() && most >= kSingleCopyBytes) {
+  // Large outputs go through the slots with streamed stores instead: that skips
+  // the read for ownership of every output byte that the kernel's copy pays.
+  const bool stream = offset[n] >= kStreamOutputBytes;
+  if (seg_->singleCopy() && most >= kSingleCopyBytes && !stream) {
     // Everyone reads the others' inputs straight from their memory: one copy.
     seg_->publish(in, bytes[me]);
     seg_->barrier();
@@ -154,22 +164,31 @@ void ShmCommunicator::allgatherv(const void* in, void* out, const std::vector<si
   }
   const size_t S = seg_->slotBytes();
   char* dst = static_cast<char*>(out);
+  const char* src = static_cast<const char*>(in);
+  const bool inPlace = dst + offset[me] == src;
   for (size_t pos = 0; pos < most; pos += S) {
     const int bank = nextBank();
-    if (pos < bytes[me]) std::memcpy(seg_->slot(bank, me), static_cast<const char*>(in) + pos, std::min(S, bytes[me] - pos));
+    if (pos < bytes[me]) {
+      const size_t len = std::min(S, bytes[me] - pos);
+      if (stream && !inPlace) copyAndStream(seg_->slot(bank, me), dst + offset[me] + pos, src + pos, len);
+      else std::memcpy(seg_->slot(bank, me), src + pos, len);
+      if (!stream && !inPlace) std::memcpy(dst + offset[me] + pos, src + pos, len);
+    }
     seg_->barrier();
     for (int j = 0; j < n; ++j) {
-      if (pos >= bytes[j]) continue;
+      if (j == me || pos >= bytes[j]) continue;
       const size_t len = std::min(S, bytes[j] - pos);
-      if (j == me && dst + offset[j] + pos == static_cast<const char*>(in) + pos) continue;
-      std::memcpy(dst + offset[j] + pos, seg_->slot(bank, j), len);
+      if (stream) streamCopy(dst + offset[j] + pos, seg_->slot(bank, j), len);
+      else std::memcpy(dst + offset[j] + pos, seg_->slot(bank, j), len);
     }
   }
+  if (stream) _mm_sfence();
 }
 
 void ShmCommunicator::broadcast(void* buf, size_t bytes, int root) {
   if (size() == 1 || bytes == 0) return;
-  if (seg_->singleCopy() && bytes >= kSingleCopyBytes) {
+  const bool stream = bytes >= kStreamOutputBytes;
+  if (seg_->singleCopy() && bytes >= kSingleCopyBytes && !stream) {
     if (rank() == root) seg_->publish(buf, bytes);
     seg_->barrier();
     if (rank() != root) seg_->readPublished(root, 0, buf, bytes);
@@ -183,8 +202,12 @@ void ShmCommunicator::broadcast(void* buf, size_t bytes, int root) {
     const int bank = nextBank();
     if (rank() == root) std::memcpy(seg_->slot(bank, root), data + pos, len);
     seg_->barrier();
-    if (rank() != root) std::memcpy(data + pos, seg_->slot(bank, root), len);
+    if (rank() != root) {
+      if (stream) streamCopy(data + pos, seg_->slot(bank, root), len);
+      else std::memcpy(data + pos, seg_->slot(bank, root), len);
+    }
   }
+  if (stream) _mm_sfence();
 }
 
 // Each slot is split into one sub-slot per destination.
