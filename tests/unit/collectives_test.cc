@@ -276,7 +276,7 @@ TEST_P(Collectives, ReducescatterSplitsAsHorovod) {
   }, transport());
 }
 
-// Pieces of over 8 MiB per rank (the streamed-output path), an odd row count;
+// Pieces of over 8 MiB per rank (streamed output), an odd row count;
 // the input is read, never written.
 TEST_P(Collectives, LargeReducescatterLeavesInput) {
   const int n = ranks();

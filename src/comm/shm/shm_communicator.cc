@@ -20,10 +20,11 @@ void splitRange(size_t m, int n, int r, size_t* lo, size_t* hi) {
   *lo = r * base + std::min<size_t>(r, extra);
   *hi = *lo + base + (static_cast<size_t>(r) < extra ? 1 : 0);
 }
-// Above this many bytes an allreduce's results will not be read from cache
-// again soon: they are written with non-temporal stores, which skip the read
-// for ownership that ordinary stores pay.
-constexpr size_t kStreamOutputBytes = 8 << 20;
+// Outputs of this size and more (larger than a core's L2) are unlikely to be in
+// cache when they are read next: they are written with non-temporal stores,
+// which skip the read for ownership that ordinary stores pay (a third of the
+// memory traffic of a copy).
+constexpr size_t kStreamOutputBytes = 1 << 20;
 
 void streamCopy(char* dst, const char* src, size_t n) {
   const size_t head = std::min(n, (16 - reinterpret_cast<uintptr_t>(dst) % 16) % 16);
