@@ -26,28 +26,22 @@ void splitRange(size_t m, int n, int r, size_t* lo, size_t* hi) {
 // memory traffic of a copy).
 constexpr size_t kStreamOutputBytes = 1 << 20;
 
-void streamCopy(char* dst, const char* src, size_t n) {
+// Copies src to dst with non-temporal stores and, when also is given, to also
+// with ordinary ones: one read of src for both.
+void streamCopy(char* dst, const char* src, size_t n, char* also = nullptr) {
   const size_t head = std::min(n, (16 - reinterpret_cast<uintptr_t>(dst) % 16) % 16);
   std::memcpy(dst, src, head);
+  if (also) std::memcpy(also, src, head);
   size_t i = head;
   for (; i + 64 <= n; i += 64) {
-    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
-    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
-    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+    __m128i v[4];
+    for (int k = 0; k < 4; ++k) v[k] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16 * k));
+    for (int k = 0; k < 4; ++k) _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16 * k), v[k]);
+    if (also)
+      for (int k = 0; k < 4; ++k) _mm_storeu_si128(reinterpret_cast<__m128i*>(also + i + 16 * k), v[k]);
   }
   std::memcpy(dst + i, src + i, n - i);
-}
-
-// One read of src, two writes: an ordinary copy into the slot (read again soon
-// by the peers) and a streamed one into the output.
-void copyAndStream(char* slot, char* out, const char* src, size_t n) {
-  std::memcpy(slot, src, n);
-  streamCopy(out, slot, n);
+  if (also) std::memcpy(also + i, src + i, n - i);
 }
 
 }  // namespace
@@ -171,7 +165,7 @@ void ShmCommunicator::allgatherv(const void* in, void* out, const std::vector<si
     const int bank = nextBank();
     if (pos < bytes[me]) {
       const size_t len = std::min(S, bytes[me] - pos);
-      if (stream && !inPlace) copyAndStream(seg_->slot(bank, me), dst + offset[me] + pos, src + pos, len);
+      if (stream && !inPlace) streamCopy(dst + offset[me] + pos, src + pos, len, seg_->slot(bank, me));
       else std::memcpy(seg_->slot(bank, me), src + pos, len);
       if (!stream && !inPlace) std::memcpy(dst + offset[me] + pos, src + pos, len);
     }
