@@ -1,5 +1,6 @@
 #include "mpi_baseline.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -39,8 +40,17 @@ void MpiBaseline::start(Runtime& rt, int argc, char** argv) {
     const std::string json = "/tmp/chorus-bench-mpi-" + std::to_string(getpid()) + ".json";
     std::ostringstream cmd;
     // The chorus ranks wait in a barrier meanwhile, so MPI has the cores.
-    cmd << "mpirun --allow-run-as-root --oversubscribe --bind-to none -np " << rt.size() << " "
-        << quote(argv[0]);
+    // MPI gets the binding chorusrun gives chorus's ranks: a core each when
+    // there are enough. mpirun starts from this rank's (bound) CPU mask, so
+    // widen it to the whole machine for the child, and restore it after.
+    cpu_set_t mine, all;
+    sched_getaffinity(0, sizeof(mine), &mine);
+    CPU_ZERO(&all);
+    const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    for (long c = 0; c < cpus && c < CPU_SETSIZE; ++c) CPU_SET(c, &all);
+    sched_setaffinity(0, sizeof(all), &all);
+    cmd << "mpirun --allow-run-as-root --oversubscribe --bind-to " << (rt.size() <= cpus ? "core" : "none")
+        << " -np " << rt.size() << " " << quote(argv[0]);
     for (int i = 1; i < argc; ++i) {
       std::string a = argv[i];
       if (a == "--compare") {
@@ -53,6 +63,7 @@ void MpiBaseline::start(Runtime& rt, int argc, char** argv) {
     cmd << " --mpi-child " << quote(json) << " > /dev/null";
     std::fprintf(stderr, "chorus-bench: measuring Open MPI: %s\n", cmd.str().c_str());
     const int rc = std::system(cmd.str().c_str());
+    sched_setaffinity(0, sizeof(mine), &mine);
     if (rc != 0) std::fprintf(stderr, "chorus-bench: the MPI baseline failed (status %d); no mpi rows\n", rc);
     std::ifstream in(json);
     if (in) {

@@ -12,6 +12,7 @@
 
 #include "chorus/config.h"
 #include "chorus/store.h"
+#include "launcher/binding.h"
 #include "launcher/hosts.h"
 #include "launcher/spawn.h"
 
@@ -40,7 +41,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv, argv + argc);
   const std::vector<std::string> takesValue = {"-np", "-n", "--np", "--num-proc", "-H", "--hosts",
                                                "--hostfile", "--start-timeout", "--store-bind",
-                                               "--store-port", "--secret", "--job-id", "--mpi-args"};
+                                               "--store-port", "--secret", "--job-id", "--mpi-args",
+                                               "--bind-to"};
   for (size_t i = 1; i < args.size(); ++i) {
     if (args[i] == "--" || args[i].empty() || args[i][0] != '-') break;  // the command starts here
     const bool hasValue = std::find(takesValue.begin(), takesValue.end(), args[i]) != takesValue.end();
@@ -53,7 +55,7 @@ int main(int argc, char** argv) {
   CLI::App app{"chorusrun: start a chorus job (horovodrun's flags where they apply)"};
   app.prefix_command();  // everything after the options is the command
   int np = 0;
-  std::string hosts, hostfile, bind = "127.0.0.1", secret, jobId, mpiArgs;
+  std::string hosts, hostfile, bind = "127.0.0.1", secret, jobId, mpiArgs, bindTo = "auto";
   bool useMpi = false;
   double startTimeout = 30;
   bool verbose = false, keepGoing = false, serve = false, printSettings = false;
@@ -73,6 +75,9 @@ int main(int argc, char** argv) {
   app.add_option("--mpi-args", mpiArgs, "extra arguments for mpirun, e.g. \"-x NCCL_DEBUG=INFO\"");
   app.add_option("--job-id", jobId, "job identity (default: chorusrun's pid and a random tag)");
   app.add_flag("--print-settings", printSettings, "print the table of CHORUS_* settings (markdown)");
+  app.add_option("--bind-to", bindTo,
+                 "CPU binding of the ranks: auto (a block of cores per rank when every rank can have one), "
+                 "core, or none");
   try {
     app.parse(static_cast<int>(cargv.size()), cargv.data());
   } catch (const CLI::ParseError& e) {
@@ -125,6 +130,7 @@ int main(int argc, char** argv) {
     job.command = command;
     job.keepGoing = keepGoing;
     job.verbose = verbose;
+    job.rankCpus = chorus::launcher::planBinding(bindTo, np);
     for (int r = 0; r < np; ++r) {
       std::map<std::string, std::string> env = {
           {"CHORUS_RANK", std::to_string(r)},
@@ -153,6 +159,11 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "chorusrun: %d ranks, store on 127.0.0.1:%d, command:", np, server->port());
       for (const auto& c : command) std::fprintf(stderr, " %s", c.c_str());
       std::fprintf(stderr, "\n");
+      for (int r = 0; r < np; ++r) {
+        std::string cpus;
+        for (int c : job.rankCpus[r]) cpus += (cpus.empty() ? "" : ",") + std::to_string(c);
+        std::fprintf(stderr, "chorusrun: rank %d runs on CPUs %s\n", r, cpus.empty() ? "(unbound)" : cpus.c_str());
+      }
     }
     const int rc = chorus::launcher::runLocalJob(job);
     // Segments are unlinked once every rank has mapped them; a rank killed before

@@ -15,6 +15,8 @@
 #include <sstream>
 #include <string>
 
+#include "launcher/binding.h"
+
 extern char** environ;
 
 namespace chorus::launcher {
@@ -92,6 +94,8 @@ pid_t spawnRank(const LocalJob& job, int rank, int outFd, int errFd) {
   dup2(outFd, STDOUT_FILENO);
   dup2(errFd, STDERR_FILENO);
   for (const auto& [k, v] : job.rankEnv[rank]) setenv(k.c_str(), v.c_str(), 1);
+  if (static_cast<size_t>(rank) < job.rankCpus.size() && !bindTo(job.rankCpus[rank]))
+    std::fprintf(stderr, "chorusrun: cannot bind rank %d to its CPUs: %s; it runs unbound\n", rank, std::strerror(errno));
   std::vector<char*> argv;
   for (const auto& a : job.command) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);

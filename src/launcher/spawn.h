@@ -10,6 +10,8 @@ struct LocalJob {
   std::vector<std::string> command;
   // Per rank: the environment variables that identify it.
   std::vector<std::map<std::string, std::string>> rankEnv;
+  // Per rank: the CPUs it runs on (empty: unbound).
+  std::vector<std::vector<int>> rankCpus;
   bool keepGoing = false;  // survivors run on when a rank fails
   bool verbose = false;
   double killGraceSeconds = 5.0;

@@ -1,5 +1,6 @@
 // Process-level behaviour through chorusrun: what only real processes show.
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -63,6 +64,48 @@ TEST(ChorusRun, KilledRankBecomesPeerFailureOnTheSurvivors) {
     EXPECT_NE(r.output.find("later collective failed too on rank " + std::to_string(rank)), std::string::npos);
     EXPECT_NE(r.output.find("shutdown done on rank " + std::to_string(rank)), std::string::npos);
   }
+}
+
+// The CPUs the rank's process may run on, as the kernel reports them.
+std::string cpusOfRank(const std::string& output, int rank) {
+  std::smatch m;
+  std::regex re("\\[" + std::to_string(rank) + "\\]<stdout>:Cpus_allowed_list:\\s*([0-9,-]+)");
+  return std::regex_search(output, m, re) ? m[1].str() : "";
+}
+
+int allowedCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  return sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
+}
+
+TEST(ChorusRun, BindsEachRankToItsOwnCoresWhenThereAreEnough) {
+  const std::string show = " sh -c 'grep Cpus_allowed_list /proc/self/status'";
+  auto all = run("sh -c 'grep Cpus_allowed_list /proc/self/status'");
+  const std::string whole = all.output.substr(all.output.find_first_of("0123456789"));
+  if (allowedCpus() >= 2) {
+    auto r = run(kRun + " -np 2" + show);
+    ASSERT_EQ(r.exitCode, 0) << r.output;
+    const std::string a = cpusOfRank(r.output, 0), b = cpusOfRank(r.output, 1);
+    ASSERT_FALSE(a.empty()) << r.output;
+    ASSERT_FALSE(b.empty()) << r.output;
+    EXPECT_NE(a, b) << r.output;
+    EXPECT_NE(a + "\n", whole) << "rank 0 was not bound: " << r.output;
+  }
+  // More ranks than CPUs: auto leaves them unbound; core refuses, saying why.
+  const int many = allowedCpus() + 1;
+  auto over = run(kRun + " -np " + std::to_string(many) + show);
+  ASSERT_EQ(over.exitCode, 0) << over.output;
+  for (int rank = 0; rank < many; ++rank) EXPECT_EQ(cpusOfRank(over.output, rank) + "\n", whole) << over.output;
+  auto none = run(kRun + " --bind-to none -np 1" + show);
+  EXPECT_EQ(cpusOfRank(none.output, 0) + "\n", whole) << none.output;
+  auto refused = run(kRun + " --bind-to core -np " + std::to_string(many) + " true");
+  EXPECT_EQ(refused.exitCode, 2) << refused.output;
+  EXPECT_NE(refused.output.find("--bind-to core: " + std::to_string(many) + " ranks but only"), std::string::npos)
+      << refused.output;
+  auto bad = run(kRun + " --bind-to socket -np 1 true");
+  EXPECT_EQ(bad.exitCode, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--bind-to socket: use auto, core or none"), std::string::npos) << bad.output;
 }
 
 TEST(ChorusRun, FailedRankStopsTheOthersWithoutKeepGoing) {
