@@ -40,17 +40,19 @@ void MpiBaseline::start(Runtime& rt, int argc, char** argv) {
     const std::string json = "/tmp/chorus-bench-mpi-" + std::to_string(getpid()) + ".json";
     std::ostringstream cmd;
     // The chorus ranks wait in a barrier meanwhile, so MPI has the cores.
-    // MPI gets the binding chorusrun gives chorus's ranks: a core each when
-    // there are enough. mpirun starts from this rank's (bound) CPU mask, so
-    // widen it to the whole machine for the child, and restore it after.
+    // MPI's ranks get the binding chorus's have: bound to cores when chorusrun
+    // bound this rank (its CPU mask is not the whole machine), else unbound.
+    // mpirun starts from this rank's mask, so widen it for the child and
+    // restore it after.
     cpu_set_t mine, all;
     sched_getaffinity(0, sizeof(mine), &mine);
     CPU_ZERO(&all);
     const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     for (long c = 0; c < cpus && c < CPU_SETSIZE; ++c) CPU_SET(c, &all);
+    const bool bound = CPU_COUNT(&mine) < CPU_COUNT(&all);
     sched_setaffinity(0, sizeof(all), &all);
-    cmd << "mpirun --allow-run-as-root --oversubscribe --bind-to " << (rt.size() <= cpus ? "core" : "none")
-        << " -np " << rt.size() << " " << quote(argv[0]);
+    cmd << "mpirun --allow-run-as-root --oversubscribe --bind-to " << (bound ? "core" : "none") << " -np "
+        << rt.size() << " " << quote(argv[0]);
     for (int i = 1; i < argc; ++i) {
       std::string a = argv[i];
       if (a == "--compare") {

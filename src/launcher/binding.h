@@ -7,8 +7,8 @@
 
 namespace chorus::launcher {
 
-// policy: "auto" (bind when every rank can have a core of its own, else not),
-// "core" (bind, or throw when ranks outnumber cores) or "none". Returns one CPU
+// policy: "none", "core" (bind, or throw when ranks outnumber cores) or "auto"
+// (bind when every rank can have a core of its own, else not). Returns one CPU
 // list per rank, each a block of the CPUs chorusrun may use; empty lists mean
 // no binding. Throws std::invalid_argument on a bad policy.
 std::vector<std::vector<int>> planBinding(const std::string& policy, int ranks);

@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
   CLI::App app{"chorusrun: start a chorus job (horovodrun's flags where they apply)"};
   app.prefix_command();  // everything after the options is the command
   int np = 0;
-  std::string hosts, hostfile, bind = "127.0.0.1", secret, jobId, mpiArgs, bindTo = "auto";
+  std::string hosts, hostfile, bind = "127.0.0.1", secret, jobId, mpiArgs, bindTo = "none";
   bool useMpi = false;
   double startTimeout = 30;
   bool verbose = false, keepGoing = false, serve = false, printSettings = false;
@@ -76,8 +76,8 @@ int main(int argc, char** argv) {
   app.add_option("--job-id", jobId, "job identity (default: chorusrun's pid and a random tag)");
   app.add_flag("--print-settings", printSettings, "print the table of CHORUS_* settings (markdown)");
   app.add_option("--bind-to", bindTo,
-                 "CPU binding of the ranks: auto (a block of cores per rank when every rank can have one), "
-                 "core, or none");
+                 "CPU binding of the ranks: none (the default, as horovodrun), core (a block of cores per "
+                 "rank, as mpirun), or auto (core when every rank can have a core of its own)");
   try {
     app.parse(static_cast<int>(cargv.size()), cargv.data());
   } catch (const CLI::ParseError& e) {
