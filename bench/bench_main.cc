@@ -136,7 +136,7 @@ int main(int argc, char** argv) {
     bool withMpi = false;
     for (const auto& p : peers) {
       if (p == "mpi") {
-        if (!builtWithMpi()) throw InvalidArgument("--compare mpi needs chorus-bench built with Open MPI (Debian libopenmpi-dev)");
+        requireMpi();  // before the chorus rounds, not after them
         withMpi = true;
       } else if (p != "tcp") {
         throw InvalidArgument("--compare: unknown peer '" + p + "' (tcp, mpi)");
@@ -161,7 +161,6 @@ int main(int argc, char** argv) {
       size_t bytes;
       int64_t count, wrong;
       std::vector<double> roundsUs;  // one mean per round
-      double us = 0;                 // their median
     };
     // results[path][op][size index]. One path at a time, so that an idle peer
     // runtime does not steal cycles from the one being measured.
@@ -200,7 +199,6 @@ int main(int argc, char** argv) {
             if (rows.size() <= k) rows.push_back({bc.bytes(), bc.count(), 0, {}});
             rows[k].wrong += wrong;
             rows[k].roundsUs.push_back(maxAcrossRanks(*prt, us));
-            rows[k].us = medianOf(rows[k].roundsUs);
             totalWrong += wrong;
           }
         }
@@ -223,19 +221,20 @@ int main(int argc, char** argv) {
         const MpiResult* mpiRow = mpi.find(benchOpName(op), results["chorus"][op][k].bytes);
         for (const auto& pathName : pathNames) {
           const Result& r = results[pathName][op][k];
-          const double algbw = r.bytes / r.us / 1e3;  // GB/s
+          const double us = medianOf(r.roundsUs);
+          const double algbw = r.bytes / us / 1e3;  // GB/s
           const double busbw = algbw * busFactor(op, n);
-          const double vsMpi = mpiRow && mpiRow->timeUs > 0 ? mpiRow->timeUs / r.us : 0;
+          const double vsMpi = mpiRow ? mpiRow->timeUs() / us : 0;
           const double fl = floorUs[sizes[k]];
-          const double floorFrac = fl > 0 ? fl / r.us : 0;
+          const double floorFrac = fl > 0 ? fl / us : 0;
           if (root) {
             std::printf("  %12zu %12lld %7s %12.2f %9.3f %9.3f %7lld %8s %8s\n", r.bytes,
-                        static_cast<long long>(r.count), pathName.c_str(), r.us, algbw, busbw,
+                        static_cast<long long>(r.count), pathName.c_str(), us, algbw, busbw,
                         static_cast<long long>(r.wrong), vsMpi ? fmt(vsMpi).c_str() : "-",
                         floorFrac ? fmt(floorFrac).c_str() : "-");
           }
           nlohmann::json row = {{"op", benchOpName(op)}, {"path", pathName}, {"bytes", r.bytes},
-                                {"count", r.count}, {"dtype", dtypeName}, {"ranks", n}, {"time_us", r.us},
+                                {"count", r.count}, {"dtype", dtypeName}, {"ranks", n}, {"time_us", us},
                                 {"algbw_gbs", algbw}, {"busbw_gbs", busbw}, {"wrong", r.wrong},
                                 {"rounds_us", r.roundsUs}};
           if (pathName == "chorus") {
@@ -246,15 +245,16 @@ int main(int argc, char** argv) {
           rows.push_back(row);
         }
         if (mpiRow) {
-          const double algbw = mpiRow->bytes / mpiRow->timeUs / 1e3;
+          const double mpiUs = mpiRow->timeUs();
+          const double algbw = mpiRow->bytes / mpiUs / 1e3;
           const double fl = floorUs[sizes[k]];
-          const double floorFrac = fl > 0 ? fl / mpiRow->timeUs : 0;
+          const double floorFrac = fl > 0 ? fl / mpiUs : 0;
           if (root) {
-            std::printf("  %12zu %12s %7s %12.2f %9.3f %9.3f %7s %8s %8s\n", mpiRow->bytes, "-", "mpi", mpiRow->timeUs,
+            std::printf("  %12zu %12s %7s %12.2f %9.3f %9.3f %7s %8s %8s\n", mpiRow->bytes, "-", "mpi", mpiUs,
                         algbw, algbw * busFactor(op, n), "-", "1.00", floorFrac ? fmt(floorFrac).c_str() : "-");
           }
           rows.push_back({{"op", benchOpName(op)}, {"path", "mpi"}, {"bytes", mpiRow->bytes}, {"dtype", dtypeName},
-                          {"ranks", n}, {"time_us", mpiRow->timeUs}, {"algbw_gbs", algbw},
+                          {"ranks", n}, {"time_us", mpiUs}, {"algbw_gbs", algbw},
                           {"busbw_gbs", algbw * busFactor(op, n)}, {"wrong", 0}, {"rounds_us", mpiRow->roundsUs},
                           {"floor_fraction", floorFrac}});
         }

@@ -32,10 +32,14 @@ std::string quote(const std::string& s) {
 }
 }  // namespace
 
-void MpiBaseline::start(Runtime& rt, int argc, char** argv) {
+void requireMpi() {
   if (!builtWithMpi()) {
     throw InvalidArgument("--compare mpi needs chorus-bench built with Open MPI (Debian libopenmpi-dev)");
   }
+}
+
+void MpiBaseline::start(Runtime& rt, int argc, char** argv) {
+  requireMpi();
   if (rt.rank() == 0) {
     const std::string json = "/tmp/chorus-bench-mpi-" + std::to_string(getpid()) + ".json";
     std::ostringstream cmd;
@@ -75,9 +79,8 @@ void MpiBaseline::start(Runtime& rt, int argc, char** argv) {
         const size_t bytes = r["bytes"];
         auto it = std::find_if(results_.begin(), results_.end(),
                                [&](const MpiResult& m) { return m.op == op && m.bytes == bytes; });
-        if (it == results_.end()) it = results_.insert(results_.end(), MpiResult{op, bytes, 0, {}});
+        if (it == results_.end()) it = results_.insert(results_.end(), MpiResult{op, bytes, {}});
         it->roundsUs.push_back(r["time_us"]);
-        it->timeUs = medianOf(it->roundsUs);
       }
     }
     std::remove(json.c_str());

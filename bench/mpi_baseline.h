@@ -2,20 +2,27 @@
 // Open MPI measured beside chorus: rank 0 of the chorus job runs this same
 // binary under mpirun (child mode) on the same sizes while the other ranks
 // wait, then reads the child's timings.
+#include <algorithm>
 #include <string>
 #include <vector>
-
-#include <algorithm>
 
 #include "chorus/chorus.h"
 
 namespace chorus::bench {
 
+// The median of one size's rounds.
+inline double medianOf(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
+}
+
 struct MpiResult {
   std::string op;
   size_t bytes = 0;
-  double timeUs = 0;                // median of the rounds
-  std::vector<double> roundsUs;     // one mean per round
+  std::vector<double> roundsUs;  // one mean per round
+  double timeUs() const { return medianOf(roundsUs); }
 };
 
 class MpiBaseline {
@@ -34,13 +41,7 @@ class MpiBaseline {
 int runMpiChild(const std::vector<std::string>& ops, const std::string& dtype, size_t lo, size_t hi, double factor,
                 int warmup, int iters, bool rotate, const std::string& jsonPath);
 bool builtWithMpi();
-
-// The median of one size's rounds.
-inline double medianOf(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t h = v.size() / 2;
-  return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
-}
+// Throws InvalidArgument when chorus-bench was built without Open MPI.
+void requireMpi();
 
 }  // namespace chorus::bench

@@ -4,19 +4,23 @@
 
 namespace chorus {
 
+void copySpanInputs(const std::vector<Span>& spans, size_t elementBytes) {
+  for (const Span& s : spans)
+    if (s.input() != s.data && s.count) std::memcpy(s.data, s.src, s.count * elementBytes);
+}
+
 void Communicator::allreduceSpans(const std::vector<Span>& spans, DataType dtype, ReduceOp op) {
   const size_t es = dtypeSize(dtype);
   if (spans.size() == 1) {
-    const Span& s = spans[0];
-    if (s.src && s.src != s.data && s.count) std::memcpy(s.data, s.src, s.count * es);
-    return allreduce(s.data, s.count, dtype, op);
+    copySpanInputs(spans, es);
+    return allreduce(spans[0].data, spans[0].count, dtype, op);
   }
   size_t total = 0;
   for (const auto& s : spans) total += s.count;
   if (packed_.size() < total * es) packed_.resize(total * es);
   size_t off = 0;
   for (const auto& s : spans) {
-    if (s.count) std::memcpy(packed_.data() + off, s.src ? s.src : s.data, s.count * es);
+    if (s.count) std::memcpy(packed_.data() + off, s.input(), s.count * es);
     off += s.count * es;
   }
   allreduce(packed_.data(), total, dtype, op);

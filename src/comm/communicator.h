@@ -18,7 +18,12 @@ struct Span {
   void* data;
   size_t count;              // elements
   const void* src = nullptr;  // the input, when it is not already in data
+  const void* input() const { return src ? src : data; }
 };
+
+// Copies each span's input into its data where the two differ (for paths that
+// reduce in place).
+void copySpanInputs(const std::vector<Span>& spans, size_t elementBytes);
 
 class Communicator {
  public:

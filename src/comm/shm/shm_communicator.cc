@@ -44,6 +44,12 @@ void streamCopy(char* dst, const char* src, size_t n, char* also = nullptr) {
   if (also) std::memcpy(also + i, src + i, n - i);
 }
 
+// An output copy: streamed when the output is large (see kStreamOutputBytes).
+void writeOut(char* dst, const char* src, size_t n, bool stream) {
+  if (stream) streamCopy(dst, src, n);
+  else std::memcpy(dst, src, n);
+}
+
 }  // namespace
 
 // Per chunk: each rank publishes only the parts the others reduce, reduces its
@@ -63,11 +69,7 @@ void ShmCommunicator::allreduceSpans(const std::vector<Span>& spans, DataType dt
   for (size_t i = 0; i < spans.size(); ++i) start[i + 1] = start[i] + spans[i].count;
   const size_t count = start.back();
   const size_t es = dtypeSize(dtype);
-  if (n == 1) {
-    for (const Span& s : spans)
-      if (s.src && s.src != s.data && s.count) std::memcpy(s.data, s.src, s.count * es);
-    return;
-  }
+  if (n == 1) return copySpanInputs(spans, es);
   if (count == 0) return;
   // fn(output memory, input memory, virtual index, elements) over the spans covering [a, b).
   auto pieces = [&](size_t a, size_t b, auto&& fn) {
@@ -76,18 +78,13 @@ void ShmCommunicator::allreduceSpans(const std::vector<Span>& spans, DataType dt
       const size_t end = std::min(b, start[i + 1]);
       if (end > a) {
         const size_t at = (a - start[i]) * es;
-        const char* in = static_cast<const char*>(spans[i].src ? spans[i].src : spans[i].data);
-        fn(static_cast<char*>(spans[i].data) + at, in + at, a, end - a);
+        fn(static_cast<char*>(spans[i].data) + at, static_cast<const char*>(spans[i].input()) + at, a, end - a);
       }
       a = std::max(a, end);
     }
   };
   const size_t chunk = seg_->slotBytes() / es;
   const bool stream = count * es >= kStreamOutputBytes;
-  auto copyOut = [stream](char* dst, const char* src, size_t bytes) {
-    if (stream) streamCopy(dst, src, bytes);
-    else std::memcpy(dst, src, bytes);
-  };
   inputs_.resize(n);
   std::vector<size_t> lo(n), hi(n);
   for (size_t off = 0; off < count; off += chunk) {
@@ -105,13 +102,13 @@ void ShmCommunicator::allreduceSpans(const std::vector<Span>& spans, DataType dt
       for (int j = 0; j < n; ++j) inputs_[j] = j == me ? in : seg_->slot(bank, j) + (at - off) * es;
       char* out = mine + (at - off) * es;
       reduceMany(dtype, op, out, inputs_.data(), n, len);
-      copyOut(t, out, len * es);
+      writeOut(t, out, len * es, stream);
     });
     seg_->barrier();  // every rank's part is reduced
     for (int j = 0; j < n; ++j)
       if (j != me)
         pieces(off + lo[j], off + hi[j], [&](char* t, const char*, size_t at, size_t len) {
-          copyOut(t, seg_->slot(bank, j) + (at - off) * es, len * es);
+          writeOut(t, seg_->slot(bank, j) + (at - off) * es, len * es, stream);
         });
   }
   if (stream) _mm_sfence();  // the streamed results are visible before the op completes
@@ -165,16 +162,21 @@ void ShmCommunicator::allgatherv(const void* in, void* out, const std::vector<si
     const int bank = nextBank();
     if (pos < bytes[me]) {
       const size_t len = std::min(S, bytes[me] - pos);
-      if (stream && !inPlace) streamCopy(dst + offset[me] + pos, src + pos, len, seg_->slot(bank, me));
-      else std::memcpy(seg_->slot(bank, me), src + pos, len);
-      if (!stream && !inPlace) std::memcpy(dst + offset[me] + pos, src + pos, len);
+      char* slot = seg_->slot(bank, me);
+      if (inPlace) {
+        std::memcpy(slot, src + pos, len);
+      } else if (stream) {
+        streamCopy(dst + offset[me] + pos, src + pos, len, slot);  // one read for both
+      } else {
+        std::memcpy(slot, src + pos, len);
+        std::memcpy(dst + offset[me] + pos, src + pos, len);
+      }
     }
     seg_->barrier();
     for (int j = 0; j < n; ++j) {
       if (j == me || pos >= bytes[j]) continue;
       const size_t len = std::min(S, bytes[j] - pos);
-      if (stream) streamCopy(dst + offset[j] + pos, seg_->slot(bank, j), len);
-      else std::memcpy(dst + offset[j] + pos, seg_->slot(bank, j), len);
+      writeOut(dst + offset[j] + pos, seg_->slot(bank, j), len, stream);
     }
   }
   if (stream) _mm_sfence();
@@ -197,10 +199,7 @@ void ShmCommunicator::broadcast(void* buf, size_t bytes, int root) {
     const int bank = nextBank();
     if (rank() == root) std::memcpy(seg_->slot(bank, root), data + pos, len);
     seg_->barrier();
-    if (rank() != root) {
-      if (stream) streamCopy(data + pos, seg_->slot(bank, root), len);
-      else std::memcpy(data + pos, seg_->slot(bank, root), len);
-    }
+    if (rank() != root) writeOut(data + pos, seg_->slot(bank, root), len, stream);
   }
   if (stream) _mm_sfence();
 }
