@@ -42,6 +42,13 @@ Controller::Controller(int32_t setId, std::vector<int> globalRanks, int globalRa
       registry_(std::move(registry)),
       executor_(*comm_, config.fusionThresholdBytes, [this](const std::string& name) { releaseName(name); }) {
   registry_->setMembers(setId_, globalRanks_);
+  CycleDriver::Hooks hooks;
+  hooks.run = [this](const std::function<bool()>& done) { return driveCycle(done); };
+  hooks.lastLeft = [this] {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (wakePending_) wake_.notify_all();  // requests that arrived while callers drove
+  };
+  driver_ = std::make_shared<CycleDriver>(std::move(hooks));
 }
 
 void Controller::releaseName(const std::string& name) {
@@ -53,6 +60,7 @@ void Controller::releaseName(const std::string& name) {
 Controller::~Controller() {
   requestShutdown();
   join();
+  driver_->detach();
   registry_->forgetSet(setId_);
 }
 
@@ -61,7 +69,7 @@ void Controller::start() {
   thread_ = std::thread([this] { loop(); });
 }
 
-void Controller::enqueue(std::vector<Entry> entries) {
+void Controller::enqueue(std::vector<Entry> entries, bool wake) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (failure_) std::rethrow_exception(failure_);
@@ -87,6 +95,8 @@ void Controller::enqueue(std::vector<Entry> entries) {
       namesInFlight_[e.req.name] = true;
       incoming_.push_back(std::move(e));
     }
+    if (!wake) return;
+    wakePending_ = true;
   }
   wake_.notify_all();
 }
@@ -111,26 +121,57 @@ void Controller::join() {
 }
 
 void Controller::loop() {
-  const auto cycleTime = std::chrono::microseconds(static_cast<int64_t>(config_.cycleTimeMs * 1000));
+  const auto cycleTime = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::microseconds(static_cast<int64_t>(config_.cycleTimeMs * 1000)));
   while (true) {
-    const auto start = Clock::now();
-    try {
-      cycle();
-    } catch (const StopSignal& stop) {
-      failAll(stop.error);
-      return;
-    } catch (...) {
-      failAll(std::current_exception());
-      return;
+    {
+      // A new request starts the next cycle at once (low latency), except that over
+      // an expensive transport a busy cycle is followed by the full cycle time, so
+      // that a burst of requests (a backward pass) fuses into few collectives.
+      // While callers wait in the set's ops they run the cycles (CycleDriver).
+      std::unique_lock<std::mutex> lock(mu_);
+      while (!stopped_ && !shutdownRequested_) {
+        if (driver_->waiting() > 0) {
+          wake_.wait_for(lock, cycleTime);
+          continue;
+        }
+        const bool hold = lastCycleBusy_ && ctl().batchesRequests();
+        if (!hold && wakePending_) break;
+        const Clock::time_point due{Clock::duration(lastCycleStart_.load()) + cycleTime};
+        if (Clock::now() >= due) break;
+        wake_.wait_until(lock, due);
+      }
     }
-    // A new request starts the next cycle at once (low latency), except that over
-    // an expensive transport a busy cycle is followed by the full cycle time, so
-    // that a burst of requests (a backward pass) fuses into few collectives.
-    const bool hold = lastCycleBusy_ && ctl().batchesRequests();
-    std::unique_lock<std::mutex> lock(mu_);
-    wake_.wait_until(lock, start + cycleTime,
-                     [&] { return shutdownRequested_.load() || (!hold && !incoming_.empty()); });
+    std::lock_guard<std::mutex> cycleLock(cycleMu_);
+    if (!runCycle()) return;
   }
+}
+
+bool Controller::runCycle() {
+  if (stopped_) return false;
+  lastCycleStart_ = Clock::now().time_since_epoch().count();
+  std::exception_ptr err;
+  try {
+    cycle();
+    return true;
+  } catch (const StopSignal& stop) {
+    err = stop.error;
+  } catch (...) {
+    err = std::current_exception();
+  }
+  failAll(err);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopped_ = true;
+  }
+  wake_.notify_all();  // the controller thread exits
+  return false;
+}
+
+bool Controller::driveCycle(const std::function<bool()>& done) {
+  std::lock_guard<std::mutex> cycleLock(cycleMu_);
+  if (done()) return true;
+  return runCycle();
 }
 
 void Controller::failAll(std::exception_ptr err) {
@@ -152,6 +193,7 @@ void Controller::cycle() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     fresh.swap(incoming_);
+    wakePending_ = false;
   }
   const int n = ctl().size();
   const int capacity = cache_.capacity();

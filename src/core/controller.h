@@ -15,6 +15,7 @@
 #include "chorus/config.h"
 #include "comm/communicator.h"
 #include "core/coordinator.h"
+#include "core/cycle_driver.h"
 #include "core/entry.h"
 #include "core/executor.h"
 #include "core/name_registry.h"
@@ -35,7 +36,10 @@ class Controller {
   void start();
   // Enqueues atomically: all entries or none. Throws InvalidArgument on a
   // duplicate name in flight, or the stored error if the set has failed.
-  void enqueue(std::vector<Entry> entries);
+  // wake = false: the caller waits at once and drives the cycle itself.
+  void enqueue(std::vector<Entry> entries, bool wake = true);
+  // Hands a waiting thread this set's cycles (see CycleDriver).
+  const std::shared_ptr<CycleDriver>& driver() const { return driver_; }
   // Asks every member to stop at the next cycle; join() waits for the thread.
   void requestShutdown();
   void join();
@@ -45,6 +49,10 @@ class Controller {
 
  private:
   void loop();
+  // One cycle, with cycleMu_ held; on a failure or an agreed stop it fails every
+  // pending op and returns false, and no cycle runs again.
+  bool runCycle();
+  bool driveCycle(const std::function<bool()>& done);
   void cycle();
   void failAll(std::exception_ptr err);
   void inspectStalls(std::chrono::steady_clock::time_point now);
@@ -66,20 +74,26 @@ class Controller {
   std::mutex mu_;
   std::condition_variable wake_;
   std::vector<Entry> incoming_;
+  bool wakePending_ = false;                   // guarded by mu_: an enqueue asked for a cycle
   std::map<std::string, bool> namesInFlight_;  // guarded by mu_
   std::exception_ptr failure_;                 // guarded by mu_
   std::atomic<bool> shutdownRequested_{false};
   std::thread thread_;
+  // Cycles run on the controller thread or on a waiting caller's, one at a time.
+  std::mutex cycleMu_;
+  std::atomic<bool> stopped_{false};
+  std::atomic<int64_t> lastCycleStart_{0};  // steady_clock ticks
+  std::shared_ptr<CycleDriver> driver_;
   std::atomic<int64_t> cycles_{0};
   std::atomic<int64_t> negotiated_{0};
   std::atomic<int64_t> cached_{0};
 
-  // Controller-thread state.
+  // Cycle state, guarded by cycleMu_.
   EntryTable entries_;
   std::map<int, std::string> cachedPending_;  // cache position -> name
   std::vector<Request> resend_;               // cached requests invalidated last cycle
   bool stallShutdown_ = false;
-  bool lastCycleBusy_ = false;
+  std::atomic<bool> lastCycleBusy_{false};
   std::map<std::string, bool> warned_;
   std::chrono::steady_clock::time_point lastStallCheck_;
   uint64_t publishedVersion_ = ~0ull;  // coordinator version last published to the registry

@@ -10,6 +10,25 @@ namespace chorus {
 
 namespace {
 
+// Set while a synchronous call submits its op: the calling thread waits at once
+// and runs the cycle itself (see CycleDriver), so the controller is not woken.
+thread_local bool tlsWaitsAtOnce = false;
+
+struct WaitsAtOnce {
+  WaitsAtOnce() { tlsWaitsAtOnce = true; }
+  ~WaitsAtOnce() { tlsWaitsAtOnce = false; }
+};
+
+template <typename Submit>
+Work submitAndWait(Submit submit) {
+  Work w = [&] {
+    WaitsAtOnce flag;
+    return submit();
+  }();
+  w.wait();
+  return w;
+}
+
 Entry makeEntry(Request req, const Tensor& input, const Tensor& output,
                 const std::shared_ptr<WorkState>& work, size_t part, Allocator alloc = nullptr) {
   Entry e;
@@ -110,7 +129,22 @@ std::string RuntimeImpl::resolveName(const OpOptions& opts, const char* kind) {
 
 Work RuntimeImpl::submit(int32_t setId, std::vector<Entry> entries, std::shared_ptr<WorkState> work) {
   auto controller = sets.controllerFor(setId, rank);
-  controller->enqueue(std::move(entries));
+  work->driver = controller->driver();
+  // A caller that waits at once keeps the controller thread out of its cycles from now on.
+  const bool atOnce = tlsWaitsAtOnce;
+  if (atOnce) {
+    work->driver->enter();
+    work->driverEntered = true;
+  }
+  try {
+    controller->enqueue(std::move(entries), !atOnce);
+  } catch (...) {
+    if (atOnce) {
+      work->driverEntered = false;
+      work->driver->leave();
+    }
+    throw;
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (outstanding_.size() > 256) {
     outstanding_.remove_if([](const std::weak_ptr<WorkState>& w) {
@@ -276,32 +310,24 @@ Work Runtime::joinAsync(int32_t processSet) {
 }
 
 void Runtime::allreduce(const Tensor& input, const Tensor& output, const AllreduceOptions& opts) {
-  allreduceAsync(input, output, opts).wait();
+  submitAndWait([&] { return allreduceAsync(input, output, opts); });
 }
 void Runtime::broadcast(const Tensor& inout, int rootRank, const OpOptions& opts) {
-  broadcastAsync(inout, inout, rootRank, opts).wait();
+  submitAndWait([&] { return broadcastAsync(inout, inout, rootRank, opts); });
 }
 Work Runtime::allgather(const Tensor& input, const OpOptions& opts, Allocator alloc) {
-  Work w = allgatherAsync(input, opts, std::move(alloc));
-  w.wait();
-  return w;
+  return submitAndWait([&] { return allgatherAsync(input, opts, std::move(alloc)); });
 }
 Work Runtime::alltoall(const Tensor& input, const std::vector<int64_t>& splits, const OpOptions& opts,
                        Allocator alloc) {
-  Work w = alltoallAsync(input, splits, opts, std::move(alloc));
-  w.wait();
-  return w;
+  return submitAndWait([&] { return alltoallAsync(input, splits, opts, std::move(alloc)); });
 }
 Work Runtime::reducescatter(const Tensor& input, const ReducescatterOptions& opts, Allocator alloc) {
-  Work w = reducescatterAsync(input, opts, std::move(alloc));
-  w.wait();
-  return w;
+  return submitAndWait([&] { return reducescatterAsync(input, opts, std::move(alloc)); });
 }
-void Runtime::barrier(int32_t processSet) { barrierAsync(processSet).wait(); }
-int Runtime::join(int32_t processSet) {
-  Work w = joinAsync(processSet);
-  w.wait();
-  return w.joinResult();
+void Runtime::barrier(int32_t processSet) {
+  submitAndWait([&] { return barrierAsync(processSet); });
 }
+int Runtime::join(int32_t processSet) { return submitAndWait([&] { return joinAsync(processSet); }).joinResult(); }
 
 }  // namespace chorus

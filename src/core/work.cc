@@ -19,6 +19,12 @@ bool WorkState::done() const {
 }
 
 void WorkState::wait() const {
+  if (driver) {
+    if (!driverEntered.exchange(false)) driver->enter();
+    while (!done() && driver->drive([this] { return done(); })) {
+    }
+    driver->leave();
+  }
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return remaining_ == 0; });
   if (error_) std::rethrow_exception(error_);

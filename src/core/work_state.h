@@ -1,5 +1,6 @@
 #pragma once
 // Shared completion state behind a Work handle; completed from controller threads.
+#include <atomic>
 #include <condition_variable>
 #include <exception>
 #include <memory>
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "chorus/types.h"
+#include "core/cycle_driver.h"
 
 namespace chorus {
 
@@ -17,6 +19,7 @@ class WorkState {
   // Marks one part finished; the first error wins.
   void complete(std::exception_ptr err);
   bool done() const;
+  // Runs the set's cycles on the calling thread while it can (see CycleDriver).
   void wait() const;
   bool waitFor(std::chrono::milliseconds timeout) const;
   std::exception_ptr error() const;
@@ -26,6 +29,8 @@ class WorkState {
   std::vector<std::shared_ptr<std::vector<char>>> owned;  // storage chorus allocated
   std::vector<int64_t> receivedSplits;
   int joinResult = -1;
+  std::shared_ptr<CycleDriver> driver;  // set before the op is enqueued
+  mutable std::atomic<bool> driverEntered{false};  // the submitter entered the driver for wait()
 
  private:
   mutable std::mutex mu_;

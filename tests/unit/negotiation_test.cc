@@ -8,6 +8,7 @@
 #include <mutex>
 #include <numeric>
 #include <random>
+#include <thread>
 
 #include "harness.h"
 
@@ -210,8 +211,12 @@ TEST(Negotiation, MismatchIsAnErrorOnEveryRankAndTheRuntimeGoesOn) {
 }
 
 TEST(Negotiation, DuplicateNameInFlightIsRefused) {
+  // Rank 1 submits only after rank 0's second try, so rank 0's first is still in flight.
+  std::atomic<bool> tried{false};
   runRanksOk(2, [&](RankContext& c) {
     HostBuffer a(DataType::kFloat32, {2}), b(DataType::kFloat32, {2});
+    if (c.rank == 1)
+      while (!tried) std::this_thread::yield();
     Work w = c.rt.allreduceAsync(a.tensor(), a.tensor(), sumNamed("dup"));
     if (c.rank == 0) {
       try {
@@ -220,6 +225,7 @@ TEST(Negotiation, DuplicateNameInFlightIsRefused) {
       } catch (const InvalidArgument& e) {
         EXPECT_NE(std::string(e.what()).find("'dup' is already in flight"), std::string::npos) << e.what();
       }
+      tried = true;
     }
     w.wait();
   });
