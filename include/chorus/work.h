@@ -18,7 +18,8 @@ class Work {
 
   // True once the op has finished (successfully or not). Never blocks.
   bool poll() const;
-  // Blocks until done; rethrows the op's error.
+  // Blocks until done; rethrows the op's error. Meanwhile the calling thread runs
+  // the process set's negotiation cycles itself (no hand-off to the set's thread).
   void wait() const;
   // Like wait() but gives up after the timeout; returns whether it finished.
   bool waitFor(std::chrono::milliseconds timeout) const;

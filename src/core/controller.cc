@@ -137,7 +137,7 @@ void Controller::loop() {
         }
         const bool hold = lastCycleBusy_ && ctl().batchesRequests();
         if (!hold && wakePending_) break;
-        const Clock::time_point due{Clock::duration(lastCycleStart_.load()) + cycleTime};
+        const Clock::time_point due{Clock::duration(lastCycleEnd_.load()) + cycleTime};
         if (Clock::now() >= due) break;
         wake_.wait_until(lock, due);
       }
@@ -149,10 +149,13 @@ void Controller::loop() {
 
 bool Controller::runCycle() {
   if (stopped_) return false;
-  lastCycleStart_ = Clock::now().time_since_epoch().count();
   std::exception_ptr err;
   try {
     cycle();
+    // The next timed cycle counts from here, where every rank left this one
+    // together: timed from the start, the ranks' idle cycles would stay apart by
+    // their start-up offset and the first to arrive would spin for it each time.
+    lastCycleEnd_ = Clock::now().time_since_epoch().count();
     return true;
   } catch (const StopSignal& stop) {
     err = stop.error;

@@ -82,7 +82,7 @@ class Controller {
   // Cycles run on the controller thread or on a waiting caller's, one at a time.
   std::mutex cycleMu_;
   std::atomic<bool> stopped_{false};
-  std::atomic<int64_t> lastCycleStart_{0};  // steady_clock ticks
+  std::atomic<int64_t> lastCycleEnd_{0};  // steady_clock ticks
   std::shared_ptr<CycleDriver> driver_;
   std::atomic<int64_t> cycles_{0};
   std::atomic<int64_t> negotiated_{0};

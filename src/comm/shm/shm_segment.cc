@@ -112,7 +112,10 @@ ShmSegment::ShmSegment(Store& store, const std::string& key, const std::string& 
   data_ = static_cast<char*>(base_) + headerBytes;
   // Spinning only pays when every rank has a core of its own.
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  spinLimit_ = static_cast<unsigned>(size) <= cores ? 20000 : 50;
+  // The limit is time, not iterations: a pause instruction takes 10-140 cycles
+  // depending on the CPU. A peer later than this is better waited for asleep
+  // (an idle rank whose peer's timed cycle is late must not burn its core).
+  spinMicros_ = static_cast<unsigned>(size) <= cores ? 50 : 2;
   // Everyone attached (and the name is gone) before the first collective.
   barrier();
   // Probe cross-memory attach once: each rank reads the next rank's pid word.
@@ -192,9 +195,11 @@ void ShmSegment::barrier() {
 }
 
 void ShmSegment::waitForGeneration(uint32_t gen) {
-  for (int i = 0; i < spinLimit_; ++i) {
+  const auto spinUntil = std::chrono::steady_clock::now() + std::chrono::microseconds(spinMicros_);
+  for (int i = 1;; ++i) {
     if (header_->generation.load(std::memory_order_acquire) != gen) return;
     cpuRelax();
+    if (i % 64 == 0 && std::chrono::steady_clock::now() > spinUntil) break;
   }
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
   while (header_->generation.load(std::memory_order_acquire) == gen) {

@@ -54,7 +54,7 @@ class ShmSegment {
   char* data_ = nullptr;
   std::string name_;
   std::chrono::milliseconds timeout_;
-  int spinLimit_;
+  int spinMicros_;  // spin this long in a barrier before sleeping on the futex
   bool singleCopy_ = false;
 };
 
