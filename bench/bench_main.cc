@@ -167,27 +167,28 @@ int main(int argc, char** argv) {
     std::map<std::string, std::map<BenchOp, std::vector<Result>>> results;
     std::map<size_t, double> floorUs;
     int64_t totalWrong = 0;
-    // Rounds alternate the paths (and Open MPI), so that a slow spell of the
-    // machine falls on all of them alike; each row reports the median round.
+    // Each size is measured on every path (and Open MPI) in turn, round after
+    // round, so that a slow spell of the machine falls on all of them alike;
+    // each row reports the median round.
     for (int round = 0; round < repeat; ++round) {
-      for (const auto& pathName : pathNames) {
-        Runtime tcpRuntime;
-        Runtime* prt = &rt;
-        if (pathName == "tcp") {
-          Config c;
-          c.cpuOperations = "tcp";
-          tcpRuntime.init(c);
-          prt = &tcpRuntime;
-        }
-        for (BenchOp op : ops) {
-          auto& rows = results[pathName][op];
-          for (size_t k = 0; k < sizes.size(); ++k) {
-            const size_t bytes = sizes[k];
-            const int sets = setsFor(bytes);
+      for (BenchOp op : ops) {
+        for (size_t k = 0; k < sizes.size(); ++k) {
+          const size_t bytes = sizes[k];
+          const int sets = setsFor(bytes);
+          for (const auto& pathName : pathNames) {
+            Runtime tcpRuntime;
+            Runtime* prt = &rt;
+            if (pathName == "tcp") {
+              Config c;
+              c.cpuOperations = "tcp";
+              tcpRuntime.init(c);
+              prt = &tcpRuntime;
+            }
             if (pathName == "chorus") {
               const double fl = concurrentMemcpyMicros(rt, bytes, 5, sets);
               floorUs[bytes] = floorUs.count(bytes) ? std::min(floorUs[bytes], fl) : fl;
             }
+            auto& rows = results[pathName][op];
             BenchCase bc(*prt, op, dtype, redop, bytes, sets);
             int64_t wrong = checkFlag ? sumAcrossRanks(*prt, bc.check()) : 0;
             for (int i = 0; i < warmup; ++i) bc.run(i);
@@ -200,11 +201,11 @@ int main(int argc, char** argv) {
             rows[k].wrong += wrong;
             rows[k].roundsUs.push_back(maxAcrossRanks(*prt, us));
             totalWrong += wrong;
+            if (tcpRuntime.isInitialized()) tcpRuntime.shutdown();
           }
+          if (withMpi) mpi.measure(rt, argv[0], {benchOpName(op), bytes, dtypeName, warmup, iters, rotate});
         }
-        if (tcpRuntime.isInitialized()) tcpRuntime.shutdown();
       }
-      if (withMpi) mpi.start(rt, argc, argv);
     }
     nlohmann::json rows = nlohmann::json::array();
     for (BenchOp op : ops) {

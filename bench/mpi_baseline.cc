@@ -38,7 +38,7 @@ void requireMpi() {
   }
 }
 
-void MpiBaseline::start(Runtime& rt, int argc, char** argv) {
+void MpiBaseline::measure(Runtime& rt, const std::string& self, const MpiCase& c) {
   requireMpi();
   if (rt.rank() == 0) {
     const std::string json = "/tmp/chorus-bench-mpi-" + std::to_string(getpid()) + ".json";
@@ -56,18 +56,11 @@ void MpiBaseline::start(Runtime& rt, int argc, char** argv) {
     const bool bound = CPU_COUNT(&mine) < CPU_COUNT(&all);
     sched_setaffinity(0, sizeof(all), &all);
     cmd << "mpirun --allow-run-as-root --oversubscribe --bind-to " << (bound ? "core" : "none") << " -np "
-        << rt.size() << " " << quote(argv[0]);
-    for (int i = 1; i < argc; ++i) {
-      std::string a = argv[i];
-      if (a == "--compare") {
-        ++i;
-        continue;
-      }
-      if (a.rfind("--compare=", 0) == 0) continue;
-      cmd << " " << quote(a);
-    }
-    cmd << " --mpi-child " << quote(json) << " > /dev/null";
-    std::fprintf(stderr, "chorus-bench: measuring Open MPI: %s\n", cmd.str().c_str());
+        << rt.size() << " " << quote(self) << " --coll " << c.op << " -b " << c.bytes << " -e " << c.bytes
+        << " -w " << c.warmup << " -n " << c.iters << " -d " << quote(c.dtype) << (c.rotate ? "" : " --reuse-buffers")
+        << " --mpi-child " << quote(json) << " > /dev/null";
+    if (!announced_) std::fprintf(stderr, "chorus-bench: measuring Open MPI: %s (and so for every size)\n", cmd.str().c_str());
+    announced_ = true;
     const int rc = std::system(cmd.str().c_str());
     sched_setaffinity(0, sizeof(mine), &mine);
     if (rc != 0) std::fprintf(stderr, "chorus-bench: the MPI baseline failed (status %d); no mpi rows\n", rc);

@@ -25,15 +25,26 @@ struct MpiResult {
   double timeUs() const { return medianOf(roundsUs); }
 };
 
+// What the MPI child measures: one collective at one size.
+struct MpiCase {
+  std::string op;
+  size_t bytes;
+  std::string dtype;
+  int warmup, iters;
+  bool rotate;
+};
+
 class MpiBaseline {
  public:
-  // Runs one round of the MPI measurement (collective over the chorus ranks);
-  // rounds accumulate. Throws when chorus-bench was built without Open MPI.
-  void start(Runtime& rt, int argc, char** argv);
+  // Measures one case once (collective over the chorus ranks: rank 0 runs the
+  // child, the others wait); rounds of a case accumulate. Throws when
+  // chorus-bench was built without Open MPI.
+  void measure(Runtime& rt, const std::string& self, const MpiCase& c);
   const MpiResult* find(const std::string& op, size_t bytes) const;
 
  private:
   std::vector<MpiResult> results_;
+  bool announced_ = false;
 };
 
 // Child mode (run by mpirun): measures the MPI collectives and writes JSON rows.
