@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <signal.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/uio.h>
 #include <sys/syscall.h>
@@ -110,12 +111,12 @@ ShmSegment::ShmSegment(Store& store, const std::string& key, const std::string& 
     if (header_->attached.fetch_add(1) + 1 == static_cast<uint32_t>(size)) shm_unlink(name_.c_str());
   }
   data_ = static_cast<char*>(base_) + headerBytes;
-  // Spinning only pays when every rank has a core of its own.
+  // A barrier spins (yielding the core after 2 us) before it sleeps: longer when
+  // every rank has a core of its own. The limit is time, not iterations: a pause
+  // instruction takes 10-140 cycles depending on the CPU. A peer later than this
+  // is better waited for asleep (an idle rank must not burn its core).
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  // The limit is time, not iterations: a pause instruction takes 10-140 cycles
-  // depending on the CPU. A peer later than this is better waited for asleep
-  // (an idle rank whose peer's timed cycle is late must not burn its core).
-  spinMicros_ = static_cast<unsigned>(size) <= cores ? 50 : 2;
+  spinMicros_ = static_cast<unsigned>(size) <= cores ? 50 : 20;
   // Everyone attached (and the name is gone) before the first collective.
   barrier();
   // Probe cross-memory attach once: each rank reads the next rank's pid word.
@@ -195,11 +196,18 @@ void ShmSegment::barrier() {
 }
 
 void ShmSegment::waitForGeneration(uint32_t gen) {
-  const auto spinUntil = std::chrono::steady_clock::now() + std::chrono::microseconds(spinMicros_);
+  // Pure spinning first; then each round of spinning yields the core, in case the
+  // late peer is waiting for this very core (the scheduler may stack ranks).
+  const auto start = std::chrono::steady_clock::now();
+  const auto yieldFrom = start + std::chrono::microseconds(2), spinUntil = start + std::chrono::microseconds(spinMicros_);
   for (int i = 1;; ++i) {
     if (header_->generation.load(std::memory_order_acquire) != gen) return;
     cpuRelax();
-    if (i % 64 == 0 && std::chrono::steady_clock::now() > spinUntil) break;
+    if (i % 64 == 0) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now > spinUntil) break;
+      if (now > yieldFrom) sched_yield();
+    }
   }
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
   while (header_->generation.load(std::memory_order_acquire) == gen) {
