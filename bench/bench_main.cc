@@ -62,8 +62,11 @@ int main(int argc, char** argv) {
   app.add_option("-b,--minbytes", minBytes, "smallest size (K, M, G suffixes)");
   app.add_option("-e,--maxbytes", maxBytes, "largest size");
   app.add_option("-f,--stepfactor", factor, "multiply the size by this each step")->check(CLI::Range(1.01, 1e9));
-  app.add_option("-w,--warmup_iters", warmup, "warm-up iterations per size");
-  app.add_option("-n,--iters", iters, "timed iterations per size")->check(CLI::PositiveNumber);
+  app.add_option("-w,--warmup_iters", warmup, "warm-up iterations per size (sizes under 1M: up to 10x, see -n)");
+  app.add_option("-n,--iters", iters,
+                 "timed iterations per size; sizes under 1M run 1M/size times as many (at most 10x), so that "
+                 "a small size is timed over more than a few dozen microseconds")
+      ->check(CLI::PositiveNumber);
   app.add_option("-d,--datatype", dtypeName, "dtype: float32, float16, bfloat16, float64, int32, int64, int8, uint8");
   app.add_option("-o,--op", opName, "reduce op: sum, prod, max, min, avg");
   app.add_option("-c,--check", checkFlag, "check results (1) or not (0)");
@@ -175,6 +178,8 @@ int main(int argc, char** argv) {
         for (size_t k = 0; k < sizes.size(); ++k) {
           const size_t bytes = sizes[k];
           const int sets = setsFor(bytes);
+          const int scale = static_cast<int>(std::clamp<size_t>((1u << 20) / std::max<size_t>(bytes, 1), 1, 10));
+          const int warm = warmup * scale, timed = iters * scale;
           for (const auto& pathName : pathNames) {
             Runtime tcpRuntime;
             Runtime* prt = &rt;
@@ -191,19 +196,19 @@ int main(int argc, char** argv) {
             auto& rows = results[pathName][op];
             BenchCase bc(*prt, op, dtype, redop, bytes, sets);
             int64_t wrong = checkFlag ? sumAcrossRanks(*prt, bc.check()) : 0;
-            for (int i = 0; i < warmup; ++i) bc.run(i);
+            for (int i = 0; i < warm; ++i) bc.run(i);
             prt->barrier();
             auto start = std::chrono::steady_clock::now();
-            for (int i = 0; i < iters; ++i) bc.run(i);
+            for (int i = 0; i < timed; ++i) bc.run(i);
             double us =
-                std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / iters;
+                std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / timed;
             if (rows.size() <= k) rows.push_back({bc.bytes(), bc.count(), 0, {}});
             rows[k].wrong += wrong;
             rows[k].roundsUs.push_back(maxAcrossRanks(*prt, us));
             totalWrong += wrong;
             if (tcpRuntime.isInitialized()) tcpRuntime.shutdown();
           }
-          if (withMpi) mpi.measure(rt, argv[0], {benchOpName(op), bytes, dtypeName, warmup, iters, rotate});
+          if (withMpi) mpi.measure(rt, argv[0], {benchOpName(op), bytes, dtypeName, warm, timed, rotate});
         }
       }
     }

@@ -23,6 +23,19 @@ void setBit(uint64_t* words, int pos) { words[pos / 64] |= (1ull << (pos % 64));
 void clearBit(uint64_t* words, int pos) { words[pos / 64] &= ~(1ull << (pos % 64)); }
 bool testBit(const uint64_t* words, int pos) { return (words[pos / 64] >> (pos % 64)) & 1ull; }
 
+// Calls fn(pos), in ascending order, for every position below capacity whose bit
+// is clear in notHit or set in invalid.
+template <typename Fn>
+void forEachPosition(const uint64_t* notHit, const uint64_t* invalid, int words, int capacity, Fn&& fn) {
+  for (int w = 0; w < words; ++w) {
+    for (uint64_t bits = ~notHit[w] | invalid[w]; bits; bits &= bits - 1) {
+      const int pos = w * 64 + __builtin_ctzll(bits);
+      if (pos >= capacity) return;
+      fn(pos);
+    }
+  }
+}
+
 constexpr uint64_t kFlagShutdown = 1;
 constexpr uint64_t kFlagStallShutdown = 2;
 
@@ -272,8 +285,10 @@ void Controller::cycle() {
   }
 
   // Ready on every rank from the cache, in position order (the same everywhere).
+  // Only the positions hit or invalidated somewhere are visited (a cycle must not
+  // cost in proportion to the cache's capacity).
   std::vector<Response> ready;
-  for (int pos = 0; pos < capacity; ++pos) {
+  forEachPosition(notHit, invalid, W, capacity, [&](int pos) {
     if (!testBit(notHit, pos)) {
       ready.push_back(cache_.response(pos));
       cache_.touch(pos);
@@ -287,7 +302,7 @@ void Controller::cycle() {
       }
       cache_.erase(pos);
     }
-  }
+  });
 
   // Negotiate the new requests: every rank feeds every rank's list to its coordinator.
   std::vector<size_t> sizes(n);

@@ -43,7 +43,7 @@ TEST(Negotiation, RanksMaySubmitInDifferentOrders) {
 
 TEST(Negotiation, RepeatedStepsAreServedFromTheCache) {
   runRanksOk(2, [&](RankContext& c) {
-    const int k = 10;
+    const int k = 150;  // cache positions over several 64-bit words
     auto step = [&] {
       std::vector<HostBuffer> bufs(k, HostBuffer(DataType::kFloat32, {3}));
       std::vector<Work> works;
