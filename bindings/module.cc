@@ -43,6 +43,15 @@ struct PyWork {
 
 Runtime& rt() { return defaultRuntime(); }
 
+// wait: the op is waited for inside the call, on this thread, which runs its
+// negotiation itself (Runtime::submitAndWait); the Work comes back done.
+template <typename Submit>
+PyWork start(bool wait, Submit submit) {
+  if (!wait) return PyWork{submit()};
+  py::gil_scoped_release release;
+  return PyWork{rt().submitAndWait(submit)};
+}
+
 template <typename O = OpOptions>
 O opOptions(const std::string& name, int32_t processSet, int32_t priority) {
   O o;
@@ -154,38 +163,44 @@ PYBIND11_MODULE(_core, m) {
   m.def("grouped_allreduce_async",
         [](const std::vector<uintptr_t>& in, const std::vector<uintptr_t>& out, const std::vector<int>& dtypes,
            const std::vector<std::vector<int64_t>>& shapes, const std::string& name, int op, double prescale,
-           double postscale, int32_t processSet, int32_t priority) {
+           double postscale, int32_t processSet, int32_t priority, bool wait) {
           auto o = reduceOptions<AllreduceOptions>(name, op, prescale, postscale, processSet, priority);
-          return PyWork{rt().groupedAllreduceAsync(views(in, dtypes, shapes), views(out, dtypes, shapes), o)};
+          return start(wait, [&] {
+            return rt().groupedAllreduceAsync(views(in, dtypes, shapes), views(out, dtypes, shapes), o);
+          });
         });
   m.def("grouped_allgather_async",
         [](const std::vector<uintptr_t>& in, const std::vector<int>& dtypes,
            const std::vector<std::vector<int64_t>>& shapes, const std::string& name, int32_t processSet,
-           int32_t priority) {
+           int32_t priority, bool wait) {
           auto o = opOptions(name, processSet, priority);
-          return PyWork{rt().groupedAllgatherAsync(views(in, dtypes, shapes), o)};
+          return start(wait, [&] { return rt().groupedAllgatherAsync(views(in, dtypes, shapes), o); });
         });
   m.def("broadcast_async",
         [](uintptr_t in, uintptr_t out, int dtype, const std::vector<int64_t>& shape, int root,
-           const std::string& name, int32_t processSet, int32_t priority) {
+           const std::string& name, int32_t processSet, int32_t priority, bool wait) {
           auto o = opOptions(name, processSet, priority);
-          return PyWork{rt().broadcastAsync(view(in, dtype, shape), view(out, dtype, shape), root, o)};
+          return start(wait, [&] { return rt().broadcastAsync(view(in, dtype, shape), view(out, dtype, shape), root, o); });
         });
   m.def("alltoall_async",
         [](uintptr_t in, int dtype, const std::vector<int64_t>& shape, const std::vector<int64_t>& splits,
-           const std::string& name, int32_t processSet, int32_t priority) {
+           const std::string& name, int32_t processSet, int32_t priority, bool wait) {
           auto o = opOptions(name, processSet, priority);
-          return PyWork{rt().alltoallAsync(view(in, dtype, shape), splits, o)};
+          return start(wait, [&] { return rt().alltoallAsync(view(in, dtype, shape), splits, o); });
         });
   m.def("grouped_reducescatter_async",
         [](const std::vector<uintptr_t>& in, const std::vector<int>& dtypes,
            const std::vector<std::vector<int64_t>>& shapes, const std::string& name, int op, double prescale,
-           double postscale, int32_t processSet, int32_t priority) {
+           double postscale, int32_t processSet, int32_t priority, bool wait) {
           auto o = reduceOptions<ReducescatterOptions>(name, op, prescale, postscale, processSet, priority);
-          return PyWork{rt().groupedReducescatterAsync(views(in, dtypes, shapes), o)};
+          return start(wait, [&] { return rt().groupedReducescatterAsync(views(in, dtypes, shapes), o); });
         });
-  m.def("barrier_async", [](int32_t processSet) { return PyWork{rt().barrierAsync(processSet)}; });
-  m.def("join_async", [](int32_t processSet) { return PyWork{rt().joinAsync(processSet)}; });
+  m.def("barrier_async", [](int32_t processSet, bool wait) {
+    return start(wait, [&] { return rt().barrierAsync(processSet); });
+  });
+  m.def("join_async", [](int32_t processSet, bool wait) {
+    return start(wait, [&] { return rt().joinAsync(processSet); });
+  });
   m.def("cpu_adam_step",
         [](uintptr_t params, uintptr_t grads, uintptr_t expAvg, uintptr_t expAvgSq, size_t n, float lr, float beta1,
            float beta2, float eps, float weightDecay, int64_t step, bool adamw, uintptr_t low, int lowDtype) {

@@ -97,7 +97,8 @@ class Runtime {
   Work barrierAsync(int32_t processSet = kGlobalProcessSetId);
   Work joinAsync(int32_t processSet = kGlobalProcessSetId);
 
-  // Blocking forms.
+  // Blocking forms. Each runs its op's negotiation and execution on the calling
+  // thread (no hand-off to the process set's background thread).
   void allreduce(const Tensor& input, const Tensor& output, const AllreduceOptions& opts = {});
   void broadcast(const Tensor& inout, int rootRank, const OpOptions& opts = {});
   Work allgather(const Tensor& input, const OpOptions& opts = {}, Allocator alloc = nullptr);
@@ -107,6 +108,10 @@ class Runtime {
                      Allocator alloc = nullptr);
   void barrier(int32_t processSet = kGlobalProcessSetId);
   int join(int32_t processSet = kGlobalProcessSetId);
+  // The same for any op: submit() starts one op with an ...Async call (and does
+  // nothing else that waits); it is waited for here, as by the blocking forms.
+  // Rethrows the op's error.
+  Work submitAndWait(const std::function<Work()>& submit);
 
   ProcessSetStats stats(int32_t processSet = kGlobalProcessSetId) const;
 

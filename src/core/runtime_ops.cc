@@ -2,6 +2,7 @@
 #include <chrono>
 #include <functional>
 #include <numeric>
+#include <optional>
 
 #include "chorus/error.h"
 #include "core/runtime_impl.h"
@@ -13,20 +14,15 @@ namespace {
 // Set while a synchronous call submits its op: the calling thread waits at once
 // and runs the cycle itself (see CycleDriver), so the controller is not woken.
 thread_local bool tlsWaitsAtOnce = false;
+// The op such a call registered as waited for at once (see RuntimeImpl::submit).
+thread_local std::shared_ptr<WorkState> tlsEntered;
 
-struct WaitsAtOnce {
-  WaitsAtOnce() { tlsWaitsAtOnce = true; }
-  ~WaitsAtOnce() { tlsWaitsAtOnce = false; }
-};
-
-template <typename Submit>
-Work submitAndWait(Submit submit) {
-  Work w = [&] {
-    WaitsAtOnce flag;
-    return submit();
-  }();
-  w.wait();
-  return w;
+// Drops the registration of an op that will not be waited for at once (any but
+// keep), so that it cannot keep the set's thread out of the cycles.
+void releaseEntered(const WorkState* keep) {
+  std::shared_ptr<WorkState> e = std::move(tlsEntered);
+  tlsEntered = nullptr;
+  if (e && e.get() != keep && e->driverEntered.exchange(false)) e->driver->leave();
 }
 
 Entry makeEntry(Request req, const Tensor& input, const Tensor& output,
@@ -133,13 +129,16 @@ Work RuntimeImpl::submit(int32_t setId, std::vector<Entry> entries, std::shared_
   // A caller that waits at once keeps the controller thread out of its cycles from now on.
   const bool atOnce = tlsWaitsAtOnce;
   if (atOnce) {
+    tlsWaitsAtOnce = false;  // only the first op of the call
     work->driver->enter();
     work->driverEntered = true;
+    tlsEntered = work;
   }
   try {
     controller->enqueue(std::move(entries), !atOnce);
   } catch (...) {
     if (atOnce) {
+      tlsEntered = nullptr;
       work->driverEntered = false;
       work->driver->leave();
     }
@@ -307,6 +306,22 @@ Work Runtime::joinAsync(int32_t processSet) {
   std::vector<Entry> entries;
   entries.push_back(makeEntry(std::move(q), Tensor{}, Tensor{}, work, 0));
   return impl_->submit(processSet, std::move(entries), work);
+}
+
+Work Runtime::submitAndWait(const std::function<Work()>& submit) {
+  std::optional<Work> w;
+  tlsWaitsAtOnce = true;
+  try {
+    w.emplace(submit());
+  } catch (...) {
+    tlsWaitsAtOnce = false;
+    releaseEntered(nullptr);
+    throw;
+  }
+  tlsWaitsAtOnce = false;
+  releaseEntered(w->state().get());
+  w->wait();
+  return *w;
 }
 
 void Runtime::allreduce(const Tensor& input, const Tensor& output, const AllreduceOptions& opts) {

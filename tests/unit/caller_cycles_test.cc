@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <optional>
 #include <thread>
 
 #include "harness.h"
@@ -120,6 +121,33 @@ TEST_P(CallerCycles, PeerShutdownFailsTheDrivingWaiter) {
     } catch (const ShutdownError& e) {
       EXPECT_NE(std::string(e.what()).find("shut down"), std::string::npos) << e.what();
     }
+  }, transport());
+}
+
+// submitAndWait waits only for the op submit() returns; another op it started
+// must not keep the set's thread out of the cycles: a polled op still completes.
+TEST_P(CallerCycles, SubmitAndWaitReleasesOpsItDoesNotWaitFor) {
+  runRanksOk(2, [&](RankContext& c) {
+    float a[1] = {1}, b[1] = {2}, d[1] = {3};
+    AllreduceOptions o;
+    o.op = ReduceOp::kSum;
+    std::optional<Work> first;
+    c.rt.submitAndWait([&] {
+      o.name = "first";
+      first.emplace(c.rt.allreduceAsync(Tensor{a, DataType::kFloat32, {1}}, Tensor{a, DataType::kFloat32, {1}}, o));
+      o.name = "second";
+      return c.rt.allreduceAsync(Tensor{b, DataType::kFloat32, {1}}, Tensor{b, DataType::kFloat32, {1}}, o);
+    });
+    EXPECT_EQ(b[0], 4);
+    o.name = "polled";
+    Work w = c.rt.allreduceAsync(Tensor{d, DataType::kFloat32, {1}}, Tensor{d, DataType::kFloat32, {1}}, o);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!w.poll() && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    ASSERT_TRUE(w.poll()) << "an op nobody waits for did not complete";
+    EXPECT_EQ(d[0], 6);
+    first->wait();
+    EXPECT_EQ(a[0], 2);
   }, transport());
 }
 

@@ -85,6 +85,26 @@ _handle_ids = itertools.count(1)
 _lock = threading.Lock()
 
 
+# Set while a synchronous call starts its op: the op is then waited for inside
+# the core call, on this thread, which runs the negotiation itself instead of
+# handing it to chorus's background thread and being woken back.
+_at_once = threading.local()
+
+
+def _waits_now():
+    return getattr(_at_once, "on", False)
+
+
+def _run_now(start, *args, **kwargs):
+    """Starts an op with start(*args, **kwargs) and returns its result."""
+    _at_once.on = True
+    try:
+        handle = start(*args, **kwargs)
+    finally:
+        _at_once.on = False
+    return synchronize(handle)
+
+
 def _register(work, keep, finish):
     with _lock:
         h = next(_handle_ids)
@@ -145,7 +165,7 @@ def _grouped_allreduce_async(tensors, name, op, prescale_factor, postscale_facto
     work = _core.grouped_allreduce_async(
         [t.data_ptr() for t in staged], [o.data_ptr() for o in outs], codes,
         [list(t.shape) for t in staged], _name(name), op, float(prescale_factor),
-        float(postscale_factor), _set_id(process_set), int(priority))
+        float(postscale_factor), _set_id(process_set), int(priority), _waits_now())
 
     def finish():
         results = []
@@ -200,27 +220,27 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set, priority=0):
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
-                                        postscale_factor, process_set, priority))
+    return _run_now(allreduce_async_, tensor, average, name, op, prescale_factor,
+                    postscale_factor, process_set, priority)
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                        postscale_factor=1.0, process_set=global_process_set, priority=0):
-    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
-                                                postscale_factor, process_set, priority))
+    return _run_now(grouped_allreduce_async_, tensors, average, name, op, prescale_factor,
+                    postscale_factor, process_set, priority)
 
 
 class _Allreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, process_set, priority):
         ctx.args = (op, prescale_factor, postscale_factor, process_set)
-        return synchronize(allreduce_async(tensor, None, name, op, prescale_factor,
-                                           postscale_factor, process_set, priority))
+        return _run_now(allreduce_async, tensor, None, name, op, prescale_factor,
+                        postscale_factor, process_set, priority)
 
     @staticmethod
     def backward(ctx, grad_output):
         op, pre, post, ps = ctx.args
-        grad = synchronize(allreduce_async(grad_output.contiguous(), None, None, op, pre, post, ps))
+        grad = _run_now(allreduce_async, grad_output.contiguous(), None, None, op, pre, post, ps)
         return grad, None, None, None, None, None, None
 
 
@@ -238,14 +258,14 @@ class _GroupedAllreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, op, prescale_factor, postscale_factor, process_set, priority, *tensors):
         ctx.args = (op, prescale_factor, postscale_factor, process_set)
-        return tuple(synchronize(grouped_allreduce_async(list(tensors), None, name, op, prescale_factor,
-                                                         postscale_factor, process_set, priority)))
+        return tuple(_run_now(grouped_allreduce_async, list(tensors), None, name, op, prescale_factor,
+                              postscale_factor, process_set, priority))
 
     @staticmethod
     def backward(ctx, *grads):
         op, pre, post, ps = ctx.args
-        out = synchronize(grouped_allreduce_async([g.contiguous() for g in grads], None, None, op,
-                                                  pre, post, ps))
+        out = _run_now(grouped_allreduce_async, [g.contiguous() for g in grads], None, None, op,
+                       pre, post, ps)
         return (None, None, None, None, None, None, *out)
 
 
@@ -267,7 +287,7 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set, 
     codes = [_dtype_code(t, "allgather") for t in staged]
     work = _core.grouped_allgather_async([t.data_ptr() for t in staged], codes,
                                          [list(t.shape) for t in staged], _name(name),
-                                         _set_id(process_set), int(priority))
+                                         _set_id(process_set), int(priority), _waits_now())
 
     def finish():
         return [_output(work, i, t.dtype, t.device) for i, t in enumerate(tensors)]
@@ -290,15 +310,15 @@ class _Allgather(torch.autograd.Function):
     def forward(ctx, tensor, name, process_set, priority):
         ctx.dim = tensor.shape[0] if tensor.dim() else 1
         ctx.process_set = process_set
-        return synchronize(allgather_async(tensor, name, process_set, priority))
+        return _run_now(allgather_async, tensor, name, process_set, priority)
 
     @staticmethod
     def backward(ctx, grad_output):
         # Every rank's output depends on every input: average the gradients, keep my rows.
-        grad = synchronize(allreduce_async(grad_output.contiguous(), op=Average,
-                                           process_set=ctx.process_set))
-        dims = synchronize(allgather_async(torch.tensor([ctx.dim], dtype=torch.int64),
-                                           process_set=ctx.process_set))
+        grad = _run_now(allreduce_async, grad_output.contiguous(), op=Average,
+                        process_set=ctx.process_set)
+        dims = _run_now(allgather_async, torch.tensor([ctx.dim], dtype=torch.int64),
+                        process_set=ctx.process_set)
         r, _ = _set_rank_and_size(ctx.process_set)
         offset = int(dims[:r].sum().item())
         return grad.narrow(0, offset, ctx.dim), None, None, None
@@ -310,7 +330,7 @@ def allgather(tensor, name=None, process_set=global_process_set, priority=0):
 
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set, priority=0):
-    return synchronize(grouped_allgather_async(tensors, name, process_set, priority))
+    return _run_now(grouped_allgather_async, tensors, name, process_set, priority)
 
 
 # ---- broadcast ----
@@ -320,7 +340,7 @@ def _broadcast_async(tensor, root_rank, name, process_set, priority, inplace):
     out = staged if inplace else torch.empty_like(staged)
     code = _dtype_code(staged, "broadcast")
     work = _core.broadcast_async(staged.data_ptr(), out.data_ptr(), code, list(staged.shape),
-                                 int(root_rank), _name(name), _set_id(process_set), int(priority))
+                                 int(root_rank), _name(name), _set_id(process_set), int(priority), _waits_now())
 
     def finish():
         if inplace:
@@ -340,7 +360,7 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_se
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set, priority=0):
-    return synchronize(broadcast_async_(tensor, root_rank, name, process_set, priority))
+    return _run_now(broadcast_async_, tensor, root_rank, name, process_set, priority)
 
 
 class _Broadcast(torch.autograd.Function):
@@ -348,12 +368,12 @@ class _Broadcast(torch.autograd.Function):
     def forward(ctx, tensor, root_rank, name, process_set, priority):
         ctx.root_rank = root_rank
         ctx.process_set = process_set
-        return synchronize(broadcast_async(tensor, root_rank, name, process_set, priority))
+        return _run_now(broadcast_async, tensor, root_rank, name, process_set, priority)
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = synchronize(allreduce_async(grad_output.contiguous(), op=Average,
-                                           process_set=ctx.process_set))
+        grad = _run_now(allreduce_async, grad_output.contiguous(), op=Average,
+                        process_set=ctx.process_set)
         if rank() != ctx.root_rank:
             grad = grad * 0
         return grad, None, None, None, None
@@ -378,7 +398,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     staged = _stage(tensor)
     code = _dtype_code(staged, "alltoall")
     work = _core.alltoall_async(staged.data_ptr(), code, list(staged.shape), _splits_list(splits),
-                                _name(name), _set_id(process_set), int(priority))
+                                _name(name), _set_id(process_set), int(priority), _waits_now())
 
     def finish():
         out = _output(work, 0, tensor.dtype, tensor.device)
@@ -389,7 +409,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
 class _Alltoall(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, splits, name, process_set, priority):
-        out, received = synchronize(alltoall_async(tensor, splits, name, process_set, priority))
+        out, received = _run_now(alltoall_async, tensor, splits, name, process_set, priority)
         ctx.received = received
         ctx.process_set = process_set
         ctx.mark_non_differentiable(received)
@@ -397,8 +417,8 @@ class _Alltoall(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output, _):
-        grad, _ = synchronize(alltoall_async(grad_output.contiguous(), ctx.received,
-                                             process_set=ctx.process_set))
+        grad, _ = _run_now(alltoall_async, grad_output.contiguous(), ctx.received,
+                           process_set=ctx.process_set)
         return grad, None, None, None, None
 
 
@@ -420,7 +440,7 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
     work = _core.grouped_reducescatter_async([t.data_ptr() for t in staged], codes,
                                              [list(t.shape) for t in staged], _name(name), op,
                                              float(prescale_factor), float(postscale_factor),
-                                             _set_id(process_set), int(priority))
+                                             _set_id(process_set), int(priority), _waits_now())
 
     def finish():
         return [_output(work, i, t.dtype, t.device) for i, t in enumerate(tensors)]
@@ -441,12 +461,12 @@ class _Reducescatter(torch.autograd.Function):
         ctx.op = op
         ctx.process_set = process_set
         ctx.scale = prescale_factor * postscale_factor
-        return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
-                                               postscale_factor, priority))
+        return _run_now(reducescatter_async, tensor, name, op, process_set, prescale_factor,
+                        postscale_factor, priority)
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = synchronize(allgather_async(grad_output.contiguous(), process_set=ctx.process_set))
+        grad = _run_now(allgather_async, grad_output.contiguous(), process_set=ctx.process_set)
         if ctx.op == Average:
             grad = grad / _set_rank_and_size(ctx.process_set)[1]
         if ctx.scale != 1.0:
@@ -469,20 +489,20 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
                           process_set=global_process_set, prescale_factor=1.0,
                           postscale_factor=1.0, priority=0):
     pairs = [compression.compress(t) for t in tensors]
-    outs = synchronize(grouped_reducescatter_async([p[0] for p in pairs], name, op, process_set,
-                                                   prescale_factor, postscale_factor, priority))
+    outs = _run_now(grouped_reducescatter_async, [p[0] for p in pairs], name, op, process_set,
+                    prescale_factor, postscale_factor, priority)
     return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
 
 
 # ---- barrier and join ----
 
 def barrier(process_set=global_process_set):
-    _core.barrier_async(_set_id(process_set)).wait()
+    _core.barrier_async(_set_id(process_set), True).wait()
 
 
 def join(device=-1, process_set=global_process_set):
     """Marks this rank as out of data: its peers' allreduces see zeros from it
     until every rank has joined. Returns the last rank to join."""
-    work = _core.join_async(_set_id(process_set))
+    work = _core.join_async(_set_id(process_set), True)
     work.wait()
     return work.join_result()

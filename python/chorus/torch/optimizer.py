@@ -129,7 +129,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             ptr = g.data_ptr()
             work = _core.grouped_allreduce_async([ptr], [ptr], [_dtype_code(g, "allreduce")], [list(g.shape)],
                                                  self._names[p], self._op, float(pre), float(post),
-                                                 _set_id(self._process_set), 0)
+                                                 _set_id(self._process_set), 0, False)
             return _Direct(work, g), (g, None)
         compressed, ctx = self._compression.compress(g)
         handle = allreduce_async_(compressed, name=self._names[p], op=self._op, prescale_factor=pre,
