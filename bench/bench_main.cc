@@ -157,9 +157,6 @@ int main(int argc, char** argv) {
       return sizes;
     };
     const std::vector<size_t> sizes = sizesOf();
-    auto setsFor = [&](size_t bytes) {
-      return rotate ? static_cast<int>(std::clamp<size_t>((64u << 20) / std::max<size_t>(bytes, 1), 1, 64)) : 1;
-    };
     struct Result {
       size_t bytes;
       int64_t count, wrong;
@@ -177,7 +174,7 @@ int main(int argc, char** argv) {
       for (BenchOp op : ops) {
         for (size_t k = 0; k < sizes.size(); ++k) {
           const size_t bytes = sizes[k];
-          const int sets = setsFor(bytes);
+          const int sets = bufferSets(bytes, rotate);
           const int scale = static_cast<int>(std::clamp<size_t>((1u << 20) / std::max<size_t>(bytes, 1), 1, 10));
           const int warm = warmup * scale, timed = iters * scale;
           for (const auto& pathName : pathNames) {

@@ -117,7 +117,7 @@ int runMpiChild(const std::vector<std::string>& ops, const std::string& dtype, s
         const bool perRank = op != "allreduce" && op != "broadcast";
         if (perRank) elems -= elems % n;
         const size_t total = elems * es;
-        const int sets = rotate ? static_cast<int>(std::clamp<size_t>((64u << 20) / std::max<size_t>(bytes, 1), 1, 64)) : 1;
+        const int sets = bufferSets(bytes, rotate);
         std::vector<std::vector<char>> in(sets, std::vector<char>(std::max<size_t>(total, 1), 0));
         std::vector<std::vector<char>> out(sets, std::vector<char>(std::max<size_t>(total, 1), 0));
         auto once = [&](int i) {

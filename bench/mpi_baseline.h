@@ -18,6 +18,12 @@ inline double medianOf(std::vector<double> v) {
   return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
 }
 
+// Buffer sets a size rotates through (about 64 MiB in all, so that caches do not
+// flatter anyone); chorus and the MPI child must agree on it.
+inline int bufferSets(size_t bytes, bool rotate) {
+  return rotate ? static_cast<int>(std::clamp<size_t>((64u << 20) / std::max<size_t>(bytes, 1), 1, 64)) : 1;
+}
+
 struct MpiResult {
   std::string op;
   size_t bytes = 0;

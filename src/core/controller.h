@@ -2,7 +2,8 @@
 // The background loop of one process set: every cycle it exchanges one small
 // bit vector (cache hits, sizes of new requests, flags), negotiates new
 // requests through the coordinator, and executes what is ready everywhere.
-// Each set has its own thread and communicator, so sets progress independently.
+// Each set has its own thread and communicator, so sets progress independently;
+// a thread waiting for one of the set's ops runs the cycles in its stead.
 #include <atomic>
 #include <condition_variable>
 #include <exception>

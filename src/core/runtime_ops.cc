@@ -137,11 +137,7 @@ Work RuntimeImpl::submit(int32_t setId, std::vector<Entry> entries, std::shared_
   try {
     controller->enqueue(std::move(entries), !atOnce);
   } catch (...) {
-    if (atOnce) {
-      tlsEntered = nullptr;
-      work->driverEntered = false;
-      work->driver->leave();
-    }
+    if (atOnce) releaseEntered(nullptr);
     throw;
   }
   std::lock_guard<std::mutex> lock(mu_);
