@@ -34,6 +34,7 @@ struct Config {
   bool shmDisable = false;          // never shared memory, even within a host
   bool shmSingleCopy = true;        // large allgather/broadcast read peers' memory directly
   int64_t shmSlotBytes = 1 << 20;
+  std::string shmPeerPath = "auto";  // large collectives pass data through: auto, cache, memory
   // Sets spanning hosts: -1 auto (when a host has several of the set's ranks), 0 off, 1 on.
   int hierarchicalAllreduce = -1;
   int hierarchicalAllgather = -1;  // bytes per rank per round of a shared-memory collective

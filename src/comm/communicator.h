@@ -65,6 +65,7 @@ struct CommOptions {
   bool shmDisable = false;
   bool shmSingleCopy = true;
   int64_t shmSlotBytes = 1 << 20;
+  std::string shmPeerPath = "auto";
   int hierarchicalAllreduce = -1;
   int hierarchicalAllgather = -1;
   std::string jobId = "nojob";

@@ -23,7 +23,7 @@ std::unique_ptr<Communicator> makeCommunicator(const std::shared_ptr<TransportDe
     auto seg = std::make_unique<ShmSegment>(store, prefix + "shm", opts.jobId, r, n,
                                             static_cast<size_t>(opts.shmSlotBytes), ms(opts.connectTimeoutSeconds),
                                             ms(opts.timeoutSeconds), opts.shmSingleCopy);
-    return std::make_unique<ShmCommunicator>(std::move(seg));
+    return std::make_unique<ShmCommunicator>(std::move(seg), parsePeerPath(opts.shmPeerPath));
   };
   const bool viaMpi = opts.cpuOperations == "mpi";
   if (opts.cpuOperations == "tcp") return makeTcpCommunicator(device, store, storePrefix, rank, size, opts);

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "chorus/error.h"
+#include "comm/shm/peer_path.h"
 
 namespace chorus {
 
@@ -41,6 +42,10 @@ const std::vector<SettingInfo>& settingsTable() {
        "(cross-memory attach) when the system allows it; 0: always through the shared segment."},
       {"CHORUS_SHM_SLOT_BYTES", "", "1048576",
        "Bytes each rank moves per round of a shared-memory collective."},
+      {"CHORUS_SHM_PEER_PATH", "", "auto",
+       "How large shared-memory collectives pass data between ranks: cache (peers read the writer's "
+       "cache), memory (written with non-temporal stores, read from DRAM), or auto (measures both "
+       "while running and uses the faster)."},
       {"CHORUS_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLREDUCE", "auto",
        "1: allreduce within each host (shared memory), then across hosts (TCP); 0: flat TCP; "
        "auto: hierarchical when a host holds several ranks of the set."},
@@ -151,6 +156,8 @@ void Config::applyEnv() {
   if (readSetting("CHORUS_SHM_DISABLE", &v)) shmDisable = (v == "1" || v == "true");
   if (readSetting("CHORUS_SHM_SINGLE_COPY", &v)) shmSingleCopy = !(v == "0" || v == "false");
   readNumber("CHORUS_SHM_SLOT_BYTES", &shmSlotBytes);
+  if (readSetting("CHORUS_SHM_PEER_PATH", &v)) shmPeerPath = v;
+  parsePeerPath(shmPeerPath);  // throws on a bad value, naming the setting
   readNumber("CHORUS_HIERARCHICAL_ALLREDUCE", &hierarchicalAllreduce);
   readNumber("CHORUS_HIERARCHICAL_ALLGATHER", &hierarchicalAllgather);
   if (shmSlotBytes < 4096) throw InvalidArgument("CHORUS_SHM_SLOT_BYTES must be at least 4096");

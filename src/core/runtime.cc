@@ -25,6 +25,7 @@ CommOptions RuntimeImpl::commOptions() const {
   o.shmDisable = config.shmDisable;
   o.shmSingleCopy = config.shmSingleCopy;
   o.shmSlotBytes = config.shmSlotBytes;
+  o.shmPeerPath = config.shmPeerPath;
   o.hierarchicalAllreduce = config.hierarchicalAllreduce;
   o.hierarchicalAllgather = config.hierarchicalAllgather;
   o.jobId = config.jobId;

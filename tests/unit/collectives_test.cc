@@ -31,6 +31,12 @@ class Collectives : public ::testing::TestWithParam<std::tuple<int, std::string>
         c.shmSingleCopy = false;
       };
     }
+    if (t == "shm_memory") {  // large ops' slots written past the caches
+      return [](Config& c) {
+        c.cpuOperations = "shm";
+        c.shmPeerPath = "memory";
+      };
+    }
     return [t](Config& c) { c.cpuOperations = t; };
   }
 };
@@ -354,7 +360,7 @@ TEST_P(Collectives, LargeAllgatherAndBroadcast) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, Collectives,
-                         ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Values("shm", "shm_staged", "tcp", "hier")),
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Values("shm", "shm_staged", "shm_memory", "tcp", "hier")),
                          [](const auto& info) {
                            return std::to_string(std::get<0>(info.param)) + "ranks_" + std::get<1>(info.param);
                          });

@@ -3,9 +3,12 @@
 #include <emmintrin.h>
 
 #include <algorithm>
+#include <chrono>
+#include <exception>
 #include <cstring>
 #include <numeric>
 
+#include "comm/shm/stream_copy.h"
 #include "reduce/reduce.h"
 
 namespace chorus {
@@ -21,34 +24,28 @@ void splitRange(size_t m, int n, int r, size_t* lo, size_t* hi) {
   *hi = *lo + base + (static_cast<size_t>(r) < extra ? 1 : 0);
 }
 // Outputs of this size and more (larger than a core's L2) are unlikely to be in
-// cache when they are read next: they are written with non-temporal stores,
-// which skip the read for ownership that ordinary stores pay (a third of the
-// memory traffic of a copy).
+// cache when they are read next: they are written with non-temporal stores.
 constexpr size_t kStreamOutputBytes = 1 << 20;
 
-// Copies src to dst with non-temporal stores and, when also is given, to also
-// with ordinary ones: one read of src for both.
-void streamCopy(char* dst, const char* src, size_t n, char* also = nullptr) {
-  const size_t head = std::min(n, (16 - reinterpret_cast<uintptr_t>(dst) % 16) % 16);
-  std::memcpy(dst, src, head);
-  if (also) std::memcpy(also, src, head);
-  size_t i = head;
-  for (; i + 64 <= n; i += 64) {
-    __m128i v[4];
-    for (int k = 0; k < 4; ++k) v[k] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16 * k));
-    for (int k = 0; k < 4; ++k) _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16 * k), v[k]);
-    if (also)
-      for (int k = 0; k < 4; ++k) _mm_storeu_si128(reinterpret_cast<__m128i*>(also + i + 16 * k), v[k]);
-  }
-  std::memcpy(dst + i, src + i, n - i);
-  if (also) std::memcpy(also + i, src + i, n - i);
-}
+enum PathOp { kAllgatherOp, kBroadcastOp };
 
-// An output copy: streamed when the output is large (see kStreamOutputBytes).
-void writeOut(char* dst, const char* src, size_t n, bool stream) {
-  if (stream) streamCopy(dst, src, n);
-  else std::memcpy(dst, src, n);
-}
+// Picks the peer path of one large collective and reports how long it took.
+struct PathTimer {
+  PathTimer(PeerPathChooser& c, int op, size_t bytes, bool large)
+      : chooser(c), op(op), bytes(large ? bytes : 0), viaMemory(large && c.viaMemory(op, bytes)),
+        start(std::chrono::steady_clock::now()) {}
+  ~PathTimer() {
+    // Not after a failure: an exception unwinding through here measured nothing.
+    if (bytes && std::uncaught_exceptions() == 0)
+      chooser.record(op, bytes, viaMemory,
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  PeerPathChooser& chooser;
+  const int op;
+  const size_t bytes;
+  const bool viaMemory;
+  const std::chrono::steady_clock::time_point start;
+};
 
 }  // namespace
 
@@ -158,19 +155,21 @@ void ShmCommunicator::allgatherv(const void* in, void* out, const std::vector<si
   char* dst = static_cast<char*>(out);
   const char* src = static_cast<const char*>(in);
   const bool inPlace = dst + offset[me] == src;
+  PathTimer timer(paths_, kAllgatherOp, offset[n], stream);
   for (size_t pos = 0; pos < most; pos += S) {
     const int bank = nextBank();
     if (pos < bytes[me]) {
       const size_t len = std::min(S, bytes[me] - pos);
       char* slot = seg_->slot(bank, me);
       if (inPlace) {
-        std::memcpy(slot, src + pos, len);
+        writeOut(slot, src + pos, len, timer.viaMemory);
       } else if (stream) {
-        streamCopy(dst + offset[me] + pos, src + pos, len, slot);  // one read for both
+        streamCopy(dst + offset[me] + pos, src + pos, len, slot, timer.viaMemory);  // one read for both
       } else {
         std::memcpy(slot, src + pos, len);
         std::memcpy(dst + offset[me] + pos, src + pos, len);
       }
+      if (timer.viaMemory) _mm_sfence();  // the slot is in memory before peers read it
     }
     seg_->barrier();
     for (int j = 0; j < n; ++j) {
@@ -194,10 +193,14 @@ void ShmCommunicator::broadcast(void* buf, size_t bytes, int root) {
   }
   const size_t S = seg_->slotBytes();
   char* data = static_cast<char*>(buf);
+  PathTimer timer(paths_, kBroadcastOp, bytes, stream);
   for (size_t pos = 0; pos < bytes; pos += S) {
     const size_t len = std::min(S, bytes - pos);
     const int bank = nextBank();
-    if (rank() == root) std::memcpy(seg_->slot(bank, root), data + pos, len);
+    if (rank() == root) {
+      writeOut(seg_->slot(bank, root), data + pos, len, timer.viaMemory);
+      if (timer.viaMemory) _mm_sfence();
+    }
     seg_->barrier();
     if (rank() != root) writeOut(data + pos, seg_->slot(bank, root), len, stream);
   }

@@ -6,13 +6,15 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/shm/peer_path.h"
 #include "comm/shm/shm_segment.h"
 
 namespace chorus {
 
 class ShmCommunicator : public Communicator {
  public:
-  explicit ShmCommunicator(std::unique_ptr<ShmSegment> seg) : seg_(std::move(seg)) {}
+  ShmCommunicator(std::unique_ptr<ShmSegment> seg, PeerPath peerPath = PeerPath::kAuto)
+      : seg_(std::move(seg)), paths_(peerPath) {}
 
   int rank() const override { return seg_->rank(); }
   int size() const override { return seg_->size(); }
@@ -35,6 +37,7 @@ class ShmCommunicator : public Communicator {
 
   std::unique_ptr<ShmSegment> seg_;
   uint64_t round_ = 0;
+  PeerPathChooser paths_;
   std::vector<const void*> inputs_;
 };
 

@@ -1,0 +1,41 @@
+#include "comm/shm/peer_path.h"
+
+#include "chorus/error.h"
+
+namespace chorus {
+
+namespace {
+constexpr int kFirstTries = 2;      // samples of each path before trusting the averages
+constexpr double kWeight = 0.3;     // of the newest sample in an average
+}  // namespace
+
+PeerPath parsePeerPath(const std::string& value) {
+  if (value == "auto") return PeerPath::kAuto;
+  if (value == "cache") return PeerPath::kCache;
+  if (value == "memory") return PeerPath::kMemory;
+  throw InvalidArgument("CHORUS_SHM_PEER_PATH='" + value + "' is not one of auto, cache, memory");
+}
+
+// Sizes within a factor of two share their statistics.
+uint64_t PeerPathChooser::key(int op, size_t bytes) {
+  return (static_cast<uint64_t>(op) << 8) | static_cast<uint64_t>(64 - __builtin_clzll(bytes | 1));
+}
+
+bool PeerPathChooser::viaMemory(int op, size_t bytes) {
+  if (forced_ != PeerPath::kAuto) return forced_ == PeerPath::kMemory;
+  Stats& s = stats_[key(op, bytes)];
+  const uint64_t call = s.calls++;
+  if (s.arms[0].samples < kFirstTries || s.arms[1].samples < kFirstTries) return call % 2 == 1;
+  const bool memoryFaster = s.arms[1].secondsPerByte < s.arms[0].secondsPerByte;
+  return call % kExploreEvery == 0 ? !memoryFaster : memoryFaster;
+}
+
+void PeerPathChooser::record(int op, size_t bytes, bool viaMemory, double seconds) {
+  if (forced_ != PeerPath::kAuto || bytes == 0) return;
+  Arm& a = stats_[key(op, bytes)].arms[viaMemory ? 1 : 0];
+  const double x = seconds / static_cast<double>(bytes);
+  a.secondsPerByte = a.samples == 0 ? x : (1 - kWeight) * a.secondsPerByte + kWeight * x;
+  ++a.samples;
+}
+
+}  // namespace chorus
