@@ -38,7 +38,8 @@ const std::vector<SettingInfo>& settingsTable() {
       {"CHORUS_SHM_DISABLE", "", "0",
        "1: no shared memory within a host (with CHORUS_CPU_OPERATIONS=mpi, MPI carries everything)."},
       {"CHORUS_SHM_SINGLE_COPY", "", "1",
-       "1: large allgathers and broadcasts within a host read the other ranks' memory directly "
+       "1: allgathers within a host with pieces of 256 KiB or more and under 1 MiB in all read the "
+       "other ranks' memory directly "
        "(cross-memory attach) when the system allows it; 0: always through the shared segment."},
       {"CHORUS_SHM_SLOT_BYTES", "", "1048576",
        "Bytes each rank moves per round of a shared-memory collective."},

@@ -226,30 +226,34 @@ TEST_P(Collectives, BroadcastFromEveryRoot) {
 
 TEST_P(Collectives, AlltoallWithSplits) {
   const int n = ranks();
-  auto split = [](int src, int dst) { return static_cast<int64_t>((src + 2 * dst) % 3); };
+  // Every self-piece is one row; other pieces 0-2 rows.
+  auto split = [](int src, int dst) { return static_cast<int64_t>((src + 2 * dst + 1) % 3); };
   runRanksOk(n, [&](RankContext& c) {
+    // Narrow rows, then rows wide enough for several slot rounds and streamed outputs.
+    for (int64_t cols : {int64_t{2}, int64_t{150001}})
     for (DataType dt : {DataType::kFloat32, DataType::kInt64, DataType::kBFloat16, DataType::kUInt8}) {
+      if (cols > 2 && (dt == DataType::kInt64 || dt == DataType::kBFloat16)) continue;
       std::vector<int64_t> splits(n);
       int64_t rows = 0;
       for (int j = 0; j < n; ++j) rows += splits[j] = split(c.rank, j);
-      HostBuffer in(dt, {rows, 2});
-      for (int64_t i = 0; i < rows * 2; ++i) in.set(i, testValue(c.rank, i, dt, ReduceOp::kSum));
+      HostBuffer in(dt, {rows, cols});
+      for (int64_t i = 0; i < rows * cols; ++i) in.set(i, testValue(c.rank, i, dt, ReduceOp::kSum));
       Work w = c.rt.alltoall(in.tensor(), splits);
       std::vector<int64_t> wantSplits(n);
       int64_t recvRows = 0;
       for (int j = 0; j < n; ++j) recvRows += wantSplits[j] = split(j, c.rank);
       ASSERT_EQ(w.receivedSplits(), wantSplits);
-      ASSERT_EQ(w.output().shape, (Shape{recvRows, 2}));
+      ASSERT_EQ(w.output().shape, (Shape{recvRows, cols}));
       int64_t off = 0;
       for (int j = 0; j < n; ++j) {
         int64_t srcOff = 0;  // where rank j's rows for me start in j's input
         for (int k = 0; k < c.rank; ++k) srcOff += split(j, k);
-        for (int64_t i = 0; i < wantSplits[j] * 2; ++i) {
+        for (int64_t i = 0; i < wantSplits[j] * cols; ++i) {
           ASSERT_EQ(readAs(w.output().data, dt, off + i),
-                    representable(dt, testValue(j, srcOff * 2 + i, dt, ReduceOp::kSum)))
-              << "from " << j;
+                    representable(dt, testValue(j, srcOff * cols + i, dt, ReduceOp::kSum)))
+              << "from " << j << " cols " << cols;
         }
-        off += wantSplits[j] * 2;
+        off += wantSplits[j] * cols;
       }
     }
   }, transport());
@@ -328,7 +332,7 @@ TEST_P(Collectives, BarrierAndJoin) {
   }, transport());
 }
 
-// Large enough for the single-copy paths (cross-memory attach) of shared memory.
+// Large enough for the single-copy allgather (cross-memory attach) of shared memory.
 // Sizes on both sides of the single-copy and streamed-output thresholds.
 TEST_P(Collectives, LargeAllgatherAndBroadcast) {
   const int n = ranks();
