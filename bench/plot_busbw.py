@@ -21,8 +21,12 @@ def main():
     with open(args.json) as f:
         rows = json.load(f)
     ops = sorted({r["op"] for r in rows})
-    fig, axes = plt.subplots(1, len(ops), figsize=(6 * len(ops), 4.5), squeeze=False)
-    for ax, op in zip(axes[0], ops):
+    cols = min(3, len(ops))
+    nrows = (len(ops) + cols - 1) // cols
+    fig, axes = plt.subplots(nrows, cols, figsize=(6 * cols, 4.5 * nrows), squeeze=False)
+    for ax in axes.flat[len(ops):]:
+        ax.set_visible(False)
+    for ax, op in zip(axes.flat, ops):
         lines = defaultdict(list)
         for r in rows:
             if r["op"] == op and r["bytes"] > 0:
