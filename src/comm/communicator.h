@@ -79,11 +79,18 @@ struct CommOptions {
 // same storePrefix; rank/size are within the group.
 class TransportDevice;
 std::shared_ptr<TransportDevice> makeTransportDevice(const CommOptions& opts);
-// With cpuOperations "mpi": MPI communicators over the group (flat) and over one
-// leader per host (cross, on leaders only), made beforehand by every rank.
+// With cpuOperations "mpi": MPI communicators over the group (flat) and across
+// hosts (cross: among the ranks of the same local index when every host holds
+// as many ranks, else among one leader per host, on leaders only), made
+// beforehand by every rank.
 struct MpiLinks {
   std::unique_ptr<Communicator> flat, cross;
 };
+
+// Positions of a group's members grouped by host, hosts in order of their first member.
+std::vector<std::vector<int>> groupByHost(const std::vector<std::string>& memberHosts);
+// Every host holds the same number of members.
+bool evenHosts(const std::vector<std::vector<int>>& hostRanks);
 
 // Picks the data path for a group from its members' host names and the
 // settings: shared memory within a host (unless shmDisable), and between hosts

@@ -8,6 +8,27 @@
 
 namespace chorus {
 
+std::vector<std::vector<int>> groupByHost(const std::vector<std::string>& memberHosts) {
+  std::vector<std::string> names;
+  std::vector<std::vector<int>> groups;
+  for (int r = 0; r < static_cast<int>(memberHosts.size()); ++r) {
+    auto it = std::find(names.begin(), names.end(), memberHosts[r]);
+    if (it == names.end()) {
+      names.push_back(memberHosts[r]);
+      groups.emplace_back();
+      it = names.end() - 1;
+    }
+    groups[it - names.begin()].push_back(r);
+  }
+  return groups;
+}
+
+bool evenHosts(const std::vector<std::vector<int>>& hostRanks) {
+  for (const auto& h : hostRanks)
+    if (h.size() != hostRanks[0].size()) return false;
+  return true;
+}
+
 std::unique_ptr<Communicator> makeCommunicator(const std::shared_ptr<TransportDevice>& device, Store& store,
                                                const std::string& storePrefix, int rank,
                                                const std::vector<std::string>& memberHosts,
@@ -30,20 +51,12 @@ std::unique_ptr<Communicator> makeCommunicator(const std::shared_ptr<TransportDe
   if (viaMpi && (opts.shmDisable || size == 1)) return std::move(mpi.flat);
   if (oneHost) return makeShm(storePrefix, rank, size);
 
-  // Spanning hosts: group the members by host, in order of each host's first rank.
+  // Spanning hosts.
   HierarchyLayout layout;
   layout.rank = rank;
-  std::vector<std::string> hostNames;
-  for (int r = 0; r < size; ++r) {
-    auto it = std::find(hostNames.begin(), hostNames.end(), memberHosts[r]);
-    if (it == hostNames.end()) {
-      hostNames.push_back(memberHosts[r]);
-      layout.hostRanks.emplace_back();
-      it = hostNames.end() - 1;
-    }
-    layout.hostRanks[it - hostNames.begin()].push_back(r);
-  }
-  layout.host = static_cast<int>(std::find(hostNames.begin(), hostNames.end(), memberHosts[rank]) - hostNames.begin());
+  layout.hostRanks = groupByHost(memberHosts);
+  for (size_t h = 0; h < layout.hostRanks.size(); ++h)
+    if (memberHosts[layout.hostRanks[h][0]] == memberHosts[rank]) layout.host = static_cast<int>(h);
   bool crowded = false;
   for (const auto& h : layout.hostRanks) crowded |= h.size() > 1;
   const bool hierAllreduce = opts.hierarchicalAllreduce < 0 ? crowded : opts.hierarchicalAllreduce > 0;
@@ -56,11 +69,13 @@ std::unique_ptr<Communicator> makeCommunicator(const std::shared_ptr<TransportDe
   const int localRank = static_cast<int>(std::find(mine.begin(), mine.end(), rank) - mine.begin());
   auto local = makeShm(storePrefix + "local" + std::to_string(layout.host) + "/", localRank,
                        static_cast<int>(mine.size()));
+  // Across hosts: the ranks of each local index when the hosts hold as many
+  // ranks each (every rank carries a slice), else the hosts' first ranks.
   std::unique_ptr<Communicator> cross;
-  if (localRank == 0) {
+  if (localRank == 0 || evenHosts(layout.hostRanks)) {
     cross = viaMpi ? std::move(mpi.cross)
-                   : makeTcpCommunicator(device, store, storePrefix + "cross/", layout.host,
-                                         static_cast<int>(layout.hostRanks.size()), opts);
+                   : makeTcpCommunicator(device, store, storePrefix + "cross" + std::to_string(localRank) + "/",
+                                         layout.host, static_cast<int>(layout.hostRanks.size()), opts);
   }
   auto flat = viaMpi ? std::move(mpi.flat) : makeTcpCommunicator(device, store, storePrefix + "flat/", rank, size, opts);
   return std::make_unique<HierarchicalCommunicator>(std::move(layout), std::move(local), std::move(cross),

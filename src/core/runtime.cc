@@ -120,16 +120,17 @@ std::unique_ptr<Communicator> RuntimeImpl::makeControl(const ProcessSet& ps) {
 std::unique_ptr<Communicator> RuntimeImpl::makeDataComm(const ProcessSet& ps) {
   MpiLinks links;
   if (config.cpuOperations == "mpi") {  // MPI splits are collective: every rank makes them
-    std::vector<int> leaders;
-    std::vector<std::string> seen;
-    for (int r : ps.ranks()) {
-      if (std::find(seen.begin(), seen.end(), hosts[r]) == seen.end()) {
-        seen.push_back(hosts[r]);
-        leaders.push_back(r);
-      }
-    }
+    std::vector<std::string> memberHosts;
+    for (int r : ps.ranks()) memberHosts.push_back(hosts[r]);
+    const auto byHost = groupByHost(memberHosts);
     links.flat = mpi_->split(ps.ranks());
-    links.cross = mpi_->split(leaders);
+    // One cross communicator per local index on evenly filled hosts, else the leaders'.
+    const size_t indices = evenHosts(byHost) ? byHost[0].size() : 1;
+    for (size_t i = 0; i < indices; ++i) {
+      std::vector<int> members;
+      for (const auto& h : byHost) members.push_back(ps.ranks()[h[i]]);
+      if (auto c = mpi_->split(members)) links.cross = std::move(c);
+    }
   }
   if (!ps.included()) return nullptr;
   std::vector<std::string> memberHosts;

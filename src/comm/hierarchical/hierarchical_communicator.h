@@ -1,7 +1,10 @@
 #pragma once
 // A process set spanning hosts: allreduce and allgather go through shared memory
-// within each host and TCP between one leader per host; the other collectives
-// use a flat TCP communicator over all members.
+// within each host and TCP (or MPI) between hosts; the other collectives use a
+// flat communicator over all members. When every host holds as many ranks, an
+// allreduce is reduce-scattered within each host, each rank allreduces its slice
+// with the ranks of its local index on the other hosts, and the slices are
+// gathered back within the host; otherwise one leader per host carries it all.
 #include <memory>
 #include <vector>
 
@@ -40,12 +43,17 @@ class HierarchicalCommunicator : public Communicator {
   bool batchesRequests() const override { return true; }
 
  private:
-  bool leader() const { return cross_ != nullptr; }
+  bool leader() const { return local_->rank() == 0; }
+  // Hosts hold as many ranks each, so every rank has a cross communicator:
+  // allreduce goes by slices.
+  bool sliced() const { return sliced_; }
+  void allreduceSliced(void* buf, size_t count, DataType dtype, ReduceOp op);
 
   HierarchyLayout layout_;
   std::unique_ptr<Communicator> local_, cross_, flat_;
   bool hierAllreduce_, hierAllgather_;
-  std::vector<char> scratch_;
+  bool sliced_;
+  std::vector<char> scratch_, slice_;
 };
 
 }  // namespace chorus
