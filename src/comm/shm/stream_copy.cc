@@ -12,9 +12,11 @@ namespace chorus {
 
 namespace {
 // The loops take whole 64-byte lines, dst aligned to 64; also aligned to the
-// vector when alsoStream. 32-byte stores fill a line's write-combining buffer
-// in two: measured on an AMD EPYC VM, a streamed copy of 128 MiB ran 25-35%
-// faster with them than with 16-byte ones.
+// vector when alsoStream. Measured on an AMD EPYC VM (2-rank allgathers, A/B
+// call by call): writing both the output and a slot with non-temporal stores,
+// 32-byte stores were 25% faster than 16-byte ones (64 MiB: 11.2 against
+// 14.8 ms); with only the output streamed they were 5-10% slower (16 MiB: 2.75
+// against 2.55 ms).
 __attribute__((target("avx"))) void linesAvx(char* dst, const char* src, size_t n, char* also, bool alsoStream) {
   for (size_t i = 0; i < n; i += 64) {
     const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
@@ -59,13 +61,17 @@ LineCopy pick() {
 }  // namespace
 
 void streamCopy(char* dst, const char* src, size_t n, char* also, bool alsoStream) {
-  static const LineCopy lines = pick();
+  static const LineCopy wide = pick();
   const size_t head = std::min(n, (64 - reinterpret_cast<uintptr_t>(dst) % 64) % 64);
   std::memcpy(dst, src, head);
   if (also) std::memcpy(also, src, head);
   const size_t body = (n - head) & ~size_t{63};
-  alsoStream = alsoStream && also && reinterpret_cast<uintptr_t>(also + head) % lines.alsoAlign == 0;
-  lines.fn(dst + head, src + head, body, also ? also + head : nullptr, alsoStream);
+  // Non-temporal stores need alignment; also may sit differently from dst.
+  const uintptr_t alsoAt = also ? reinterpret_cast<uintptr_t>(also + head) : 0;
+  alsoStream = alsoStream && also && alsoAt % 16 == 0;
+  // 32-byte stores only for two streams of non-temporal stores (measured above).
+  const Lines fn = alsoStream && alsoAt % wide.alsoAlign == 0 ? wide.fn : linesSse;
+  fn(dst + head, src + head, body, also ? also + head : nullptr, alsoStream);
   const size_t done = head + body;
   std::memcpy(dst + done, src + done, n - done);
   if (also) std::memcpy(also + done, src + done, n - done);
