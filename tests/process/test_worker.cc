@@ -260,6 +260,15 @@ int matrix() {
   for (int k = 0, pos = 0; k < n; ++k)
     for (int j = 0; j <= k; ++j, ++pos)
       if (gd[pos] != k) return fail("allgather");
+  // Over 1 MiB in all, uneven (the sliced hierarchical allgather).
+  const int64_t big = 70000;
+  std::vector<double> many(big + r);
+  for (int64_t i = 0; i < big + r; ++i) many[i] = r * 1e6 + i;
+  Work gb = rt.allgather(Tensor{many.data(), DataType::kFloat64, {big + r}});
+  const double* gbd = static_cast<const double*>(gb.output().data);
+  for (int k = 0, pos = 0; k < n; ++k)
+    for (int64_t i = 0; i < big + k; ++i, ++pos)
+      if (gbd[pos] != k * 1e6 + i) return fail("large allgather from rank " + std::to_string(k));
   double b = r * 10.0;
   rt.broadcast(Tensor{&b, DataType::kFloat64, {1}}, n - 1);
   if (b != (n - 1) * 10.0) return fail("broadcast");

@@ -6,8 +6,8 @@
 namespace chorus {
 
 namespace {
-// Below this, one cross-host allreduce by the leaders costs less than one per
-// local rank at once (latency-bound: 4 ranks on 2 simulated hosts, 64 KiB took
+// Below this, one cross-host op by the leaders costs less than one per local
+// rank at once (latency-bound: 4 ranks on 2 simulated hosts, 64 KiB took
 // 0.8 ms by the leaders and 1.8-2.0 ms by slices; from 1 MiB on slices were as
 // fast or faster, and on real hosts they split the network work).
 constexpr size_t kSlicedBytes = 1 << 20;
@@ -66,6 +66,7 @@ void HierarchicalCommunicator::allgatherv(const void* in, void* out, const std::
   if (!hierAllgather_) return flat_->allgatherv(in, out, bytes);
   const size_t total = std::accumulate(bytes.begin(), bytes.end(), size_t{0});
   if (total == 0) return;
+  if (sliced() && total >= kSlicedBytes) return allgatherSliced(in, out, bytes, total);
   const auto& hosts = layout_.hostRanks;
   const auto& mine = hosts[layout_.host];
   std::vector<size_t> localBytes;
@@ -95,6 +96,33 @@ void HierarchicalCommunicator::allgatherv(const void* in, void* out, const std::
     }
   }
   local_->broadcast(out, total, 0);
+}
+
+// Each rank exchanges its own piece with the ranks of its local index on the
+// other hosts, then the host's ranks share what they received, and the pieces
+// are laid out in set-rank order: no rank carries the whole host's data across.
+void HierarchicalCommunicator::allgatherSliced(const void* in, void* out, const std::vector<size_t>& bytes,
+                                               size_t total) {
+  const auto& hosts = layout_.hostRanks;
+  const int H = static_cast<int>(hosts.size()), L = local_->size(), me = local_->rank();
+  std::vector<size_t> crossBytes(H), localBytes(L, 0);
+  for (int i = 0; i < L; ++i)
+    for (int h = 0; h < H; ++h) localBytes[i] += bytes[hosts[h][i]];
+  for (int h = 0; h < H; ++h) crossBytes[h] = bytes[hosts[h][me]];
+  slice_.resize(std::max<size_t>(localBytes[me], 1));
+  cross_->allgatherv(in, slice_.data(), crossBytes);  // cross ranks are host indices
+  scratch_.resize(total);
+  local_->allgatherv(slice_.data(), scratch_.data(), localBytes);  // blocks [local index][host]
+  std::vector<size_t> offset(bytes.size() + 1, 0);
+  for (size_t r = 0; r < bytes.size(); ++r) offset[r + 1] = offset[r] + bytes[r];
+  size_t pos = 0;
+  for (int i = 0; i < L; ++i) {
+    for (int h = 0; h < H; ++h) {
+      const int r = hosts[h][i];
+      if (bytes[r]) std::memcpy(static_cast<char*>(out) + offset[r], scratch_.data() + pos, bytes[r]);
+      pos += bytes[r];
+    }
+  }
 }
 
 void HierarchicalCommunicator::barrier() {

@@ -1,10 +1,12 @@
 #pragma once
 // A process set spanning hosts: allreduce and allgather go through shared memory
 // within each host and TCP (or MPI) between hosts; the other collectives use a
-// flat communicator over all members. When every host holds as many ranks, an
-// allreduce is reduce-scattered within each host, each rank allreduces its slice
-// with the ranks of its local index on the other hosts, and the slices are
-// gathered back within the host; otherwise one leader per host carries it all.
+// flat communicator over all members. When every host holds as many ranks, large
+// ones go by slices: an allreduce is reduce-scattered within each host, each rank
+// allreduces its slice with the ranks of its local index on the other hosts, and
+// the slices are gathered back within the host (allgather: each rank exchanges
+// its own piece across hosts, then the host shares them); otherwise, and for
+// small ones, one leader per host carries it all.
 #include <memory>
 #include <vector>
 
@@ -48,6 +50,7 @@ class HierarchicalCommunicator : public Communicator {
   // allreduce goes by slices.
   bool sliced() const { return sliced_; }
   void allreduceSliced(void* buf, size_t count, DataType dtype, ReduceOp op);
+  void allgatherSliced(const void* in, void* out, const std::vector<size_t>& bytes, size_t total);
 
   HierarchyLayout layout_;
   std::unique_ptr<Communicator> local_, cross_, flat_;
