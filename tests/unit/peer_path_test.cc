@@ -80,6 +80,19 @@ TEST(PeerPath, FollowsAChangeOfTheMachine) {
   EXPECT_GE(memoryCount(later, 40), 40 - 40 / PeerPathChooser::kExploreEvery);
 }
 
+TEST(PeerPath, OneSlowCallDoesNotFlipTheChoice) {
+  PeerPathChooser c;
+  int cacheCalls = 0, memoryPicks = 0;
+  for (int i = 0; i < 4 + 80; ++i) {
+    const bool m = c.viaMemory(kOp, kBytes);
+    // The cache path is bimodal: one call in four is slow, the others fast.
+    const double t = m ? 0.010 : (cacheCalls++ % 4 == 3 ? 0.030 : 0.006);
+    c.record(kOp, kBytes, m, t);
+    if (i >= 4) memoryPicks += m;
+  }
+  EXPECT_LE(memoryPicks, 80 / PeerPathChooser::kExploreEvery + 1);
+}
+
 TEST(PeerPath, KindsAndSizesAreMeasuredApart) {
   PeerPathChooser c;
   run(c, 40, 0.010, 0.006, 0, kBytes);        // allgather of 64 MiB: memory faster

@@ -1,13 +1,22 @@
 #include "comm/shm/peer_path.h"
 
+#include <algorithm>
+
 #include "chorus/error.h"
 
 namespace chorus {
 
 namespace {
-constexpr int kFirstTries = 2;      // samples of each path before trusting the averages
-constexpr double kWeight = 0.3;     // of the newest sample in an average
+constexpr int kFirstTries = 2;  // samples of each path before comparing them
 }  // namespace
+
+double PeerPathChooser::Arm::median() const {
+  const int n = std::min(samples, kKept);
+  double v[kKept];
+  std::copy(secondsPerByte, secondsPerByte + n, v);
+  std::sort(v, v + n);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
 
 PeerPath parsePeerPath(const std::string& value) {
   if (value == "auto") return PeerPath::kAuto;
@@ -26,16 +35,14 @@ bool PeerPathChooser::viaMemory(int op, size_t bytes) {
   Stats& s = stats_[key(op, bytes)];
   const uint64_t call = s.calls++;
   if (s.arms[0].samples < kFirstTries || s.arms[1].samples < kFirstTries) return call % 2 == 1;
-  const bool memoryFaster = s.arms[1].secondsPerByte < s.arms[0].secondsPerByte;
+  const bool memoryFaster = s.arms[1].median() < s.arms[0].median();
   return call % kExploreEvery == 0 ? !memoryFaster : memoryFaster;
 }
 
 void PeerPathChooser::record(int op, size_t bytes, bool viaMemory, double seconds) {
   if (forced_ != PeerPath::kAuto || bytes == 0) return;
   Arm& a = stats_[key(op, bytes)].arms[viaMemory ? 1 : 0];
-  const double x = seconds / static_cast<double>(bytes);
-  a.secondsPerByte = a.samples == 0 ? x : (1 - kWeight) * a.secondsPerByte + kWeight * x;
-  ++a.samples;
+  a.secondsPerByte[a.samples++ % Arm::kKept] = seconds / static_cast<double>(bytes);
 }
 
 }  // namespace chorus

@@ -34,9 +34,13 @@ class PeerPathChooser {
   static constexpr int kExploreEvery = 8;  // one call in this many tries the slower path
 
  private:
+  // The latest few times of one path, compared by their median: on these VMs a
+  // path's times are often bimodal, and one slow call must not flip the choice.
   struct Arm {
-    double secondsPerByte = 0;
+    static constexpr int kKept = 5;
+    double secondsPerByte[kKept] = {};
     int samples = 0;
+    double median() const;
   };
   struct Stats {
     Arm arms[2];  // [0] cache, [1] memory
