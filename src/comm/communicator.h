@@ -43,8 +43,9 @@ class Communicator {
   virtual void allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) = 0;
   virtual void broadcast(void* buf, size_t bytes, int root) = 0;
   // sendBytes[r] go to rank r (in rank order in `in`); recvBytes[r] come from rank r.
+  // largestPiece: the most bytes any rank sends any other, the same on every rank.
   virtual void alltoallv(const void* in, const std::vector<size_t>& sendBytes, void* out,
-                         const std::vector<size_t>& recvBytes) = 0;
+                         const std::vector<size_t>& recvBytes, size_t largestPiece) = 0;
   // Reduces buf (counts[r] elements for each rank r, back to back) and leaves
   // rank r's reduced piece in out. buf may be clobbered.
   virtual void reducescatter(void* buf, void* out, const std::vector<size_t>& counts,

@@ -205,7 +205,11 @@ void Executor::runAlltoall(const Response& r, EntryTable& entries) {
   outShape.insert(outShape.begin(), rows);
   std::exception_ptr allocErr;
   void* out = allocateOutput(e, outShape, &allocErr);
-  comm_.alltoallv(e.input.data, sendBytes, out, recvBytes);
+  size_t largest = 0;  // every rank computes it from the same splits
+  for (int j = 0; j < n; ++j)
+    for (int k = 0; k < n; ++k)
+      if (j != k) largest = std::max(largest, static_cast<size_t>(r.splits[j][k]) * rb);
+  comm_.alltoallv(e.input.data, sendBytes, out, recvBytes, largest);
   e.work->receivedSplits = received;
   finishEntry(entries, it, release_, allocErr);
 }

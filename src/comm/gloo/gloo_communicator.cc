@@ -153,7 +153,7 @@ void GlooCommunicator::broadcast(void* buf, size_t bytes, int root) {
 }
 
 void GlooCommunicator::alltoallv(const void* in, const std::vector<size_t>& sendBytes, void* out,
-                                 const std::vector<size_t>& recvBytes) {
+                                 const std::vector<size_t>& recvBytes, size_t) {
   if (size() == 1) {
     if (sendBytes[0]) std::memcpy(out, in, sendBytes[0]);
     return;

@@ -26,7 +26,7 @@ class GlooCommunicator : public Communicator {
   void allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) override;
   void broadcast(void* buf, size_t bytes, int root) override;
   void alltoallv(const void* in, const std::vector<size_t>& sendBytes, void* out,
-                 const std::vector<size_t>& recvBytes) override;
+                 const std::vector<size_t>& recvBytes, size_t largestPiece) override;
   void reducescatter(void* buf, void* out, const std::vector<size_t>& counts, DataType dtype,
                      ReduceOp op) override;
   void barrier() override;

@@ -33,8 +33,8 @@ class HierarchicalCommunicator : public Communicator {
   void allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) override;
   void broadcast(void* buf, size_t bytes, int root) override { flat_->broadcast(buf, bytes, root); }
   void alltoallv(const void* in, const std::vector<size_t>& sendBytes, void* out,
-                 const std::vector<size_t>& recvBytes) override {
-    flat_->alltoallv(in, sendBytes, out, recvBytes);
+                 const std::vector<size_t>& recvBytes, size_t largestPiece) override {
+    flat_->alltoallv(in, sendBytes, out, recvBytes, largestPiece);
   }
   void reducescatter(void* buf, void* out, const std::vector<size_t>& counts, DataType dtype,
                      ReduceOp op) override {

@@ -128,7 +128,7 @@ void MpiCommunicator::broadcast(void* buf, size_t bytes, int root) {
 }
 
 void MpiCommunicator::alltoallv(const void* in, const std::vector<size_t>& sendBytes, void* out,
-                                const std::vector<size_t>& recvBytes) {
+                                const std::vector<size_t>& recvBytes, size_t) {
   std::vector<int> sc(size_), sd(size_), rc(size_), rd(size_);
   size_t so = 0, ro = 0;
   for (int r = 0; r < size_; ++r) {

@@ -207,7 +207,7 @@ void ShmCommunicator::broadcast(void* buf, size_t bytes, int root) {
 // Each slot is split into one sub-slot per destination; my piece for myself is
 // copied directly.
 void ShmCommunicator::alltoallv(const void* in, const std::vector<size_t>& sendBytes, void* out,
-                                const std::vector<size_t>& recvBytes) {
+                                const std::vector<size_t>& recvBytes, size_t largestPiece) {
   const int n = size(), me = rank();
   std::vector<size_t> sendOff(n + 1, 0), recvOff(n + 1, 0);
   for (int j = 0; j < n; ++j) {
@@ -220,15 +220,7 @@ void ShmCommunicator::alltoallv(const void* in, const std::vector<size_t>& sendB
   if (sendBytes[me]) writeOut(dst + recvOff[me], src + sendOff[me], sendBytes[me], stream);
   if (n == 1) return;
   const size_t sub = (seg_->slotBytes() / n) & ~size_t{63};
-  // Rounds: enough for the largest piece anyone sends to another rank (each rank
-  // knows only its own sizes, so the maximum is agreed by OR-ing).
-  uint64_t most = 0;
-  for (int j = 0; j < n; ++j)
-    if (j != me) most = std::max<uint64_t>(most, std::max(sendBytes[j], recvBytes[j]));
-  std::vector<uint64_t> all(n, 0);
-  all[me] = most;
-  allreduceBitsOr(all.data(), n);
-  most = *std::max_element(all.begin(), all.end());
+  const size_t most = largestPiece;  // rounds: enough for it, the same on every rank
   PathTimer timer(paths_, kAlltoallOp, recvOff[n], stream);
   for (size_t pos = 0; pos < most; pos += sub) {
     const int bank = nextBank();
