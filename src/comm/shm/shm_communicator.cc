@@ -169,7 +169,6 @@ void ShmCommunicator::allgatherv(const void* in, void* out, const std::vector<si
         std::memcpy(slot, src + pos, len);
         std::memcpy(dst + offset[me] + pos, src + pos, len);
       }
-      if (timer.viaMemory) _mm_sfence();  // the slot is in memory before peers read it
     }
     seg_->barrier();
     for (int j = 0; j < n; ++j) {
@@ -194,10 +193,7 @@ void ShmCommunicator::broadcast(void* buf, size_t bytes, int root) {
   for (size_t pos = 0; pos < bytes; pos += S) {
     const size_t len = std::min(S, bytes - pos);
     const int bank = nextBank();
-    if (rank() == root) {
-      writeOut(seg_->slot(bank, root), data + pos, len, timer.viaMemory);
-      if (timer.viaMemory) _mm_sfence();
-    }
+    if (rank() == root) writeOut(seg_->slot(bank, root), data + pos, len, timer.viaMemory);
     seg_->barrier();
     if (rank() != root) writeOut(data + pos, seg_->slot(bank, root), len, stream);
   }
@@ -228,7 +224,6 @@ void ShmCommunicator::alltoallv(const void* in, const std::vector<size_t>& sendB
     for (int j = 0; j < n; ++j)
       if (j != me && pos < sendBytes[j])
         writeOut(mine + j * sub, src + sendOff[j] + pos, std::min(sub, sendBytes[j] - pos), timer.viaMemory);
-    if (timer.viaMemory) _mm_sfence();
     seg_->barrier();
     for (int j = 0; j < n; ++j)
       if (j != me && pos < recvBytes[j])

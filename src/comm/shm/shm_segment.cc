@@ -35,6 +35,11 @@ long futexWait(std::atomic<uint32_t>* addr, uint32_t expected, int64_t ns) {
 void futexWakeAll(std::atomic<uint32_t>* addr) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
+inline void storeFence() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_sfence();
+#endif
+}
 inline void cpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -185,6 +190,9 @@ void ShmSegment::checkPeers() {
 }
 
 void ShmSegment::barrier() {
+  // Everything written before a barrier is visible to the ranks after it,
+  // non-temporal stores to the slots included (they are weakly ordered).
+  storeFence();
   const uint32_t gen = header_->generation.load(std::memory_order_acquire);
   if (header_->count.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(size_)) {
     header_->count.store(0, std::memory_order_relaxed);

@@ -28,7 +28,8 @@ class ShmSegment {
   size_t slotBytes() const { return slotBytes_; }
   char* slot(int bank, int rank) const;
 
-  // Every rank must call it, in the same order. Spins briefly, then sleeps on a
+  // Every rank must call it, in the same order; what a rank wrote before it
+  // (streamed stores too) is visible to all after it. Spins briefly, then sleeps on a
   // futex. Throws PeerFailure when a peer died or failed, Timeout after the timeout.
   void barrier();
 
