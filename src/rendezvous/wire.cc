@@ -50,7 +50,7 @@ bool recvFrame(int fd, std::vector<char>* payload) {
   return readAll(fd, payload->data(), n);
 }
 
-int connectWithRetry(const std::string& host, int port, std::chrono::milliseconds timeout) {
+int connectWithRetry(const std::string& host, int port, std::chrono::milliseconds timeout, const std::string& what) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
   std::string lastError = "no attempt made";
   while (true) {
@@ -63,7 +63,7 @@ int connectWithRetry(const std::string& host, int port, std::chrono::millisecond
       lastError = gai_strerror(rc);
     } else {
       for (addrinfo* ai = res; ai; ai = ai->ai_next) {
-        int fd = ::socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
+        int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
         if (fd < 0) continue;
         if (::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
           int one = 1;
@@ -79,7 +79,7 @@ int connectWithRetry(const std::string& host, int port, std::chrono::millisecond
     if (std::chrono::steady_clock::now() >= deadline) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  throw Timeout("could not connect to the rendezvous store at " + host + ":" +
+  throw Timeout("could not connect to " + what + " at " + host + ":" +
                 std::to_string(port) + " within " + std::to_string(timeout.count()) +
                 " ms: " + lastError);
 }

@@ -13,7 +13,8 @@ enum class StoreStatus : uint8_t { kOk = 0, kTimeout = 1, kRefused = 2, kError =
 bool sendFrame(int fd, const std::vector<char>& payload);
 bool recvFrame(int fd, std::vector<char>* payload);
 
-// Connects to host:port, retrying until the deadline. Throws chorus::Error.
-int connectWithRetry(const std::string& host, int port, std::chrono::milliseconds timeout);
+// Connects to host:port (what: for the error), retrying until the deadline. Throws chorus::Timeout.
+int connectWithRetry(const std::string& host, int port, std::chrono::milliseconds timeout,
+                     const std::string& what = "the rendezvous store");
 
 }  // namespace chorus::rendezvous

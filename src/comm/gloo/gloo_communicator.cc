@@ -3,12 +3,13 @@
 #include <gloo/allgatherv.h>
 #include <gloo/allreduce.h>
 #include <gloo/alltoallv.h>
-#include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
+#include <gloo/types.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 
@@ -44,29 +45,24 @@ char gEmpty[8];
 void* nonNull(void* p) { return p ? p : gEmpty; }
 
 constexpr uint8_t kReduceScatterSlotPrefix = 0x7c;
-constexpr uint8_t kExchangeSlotPrefix = 0x7d;
-constexpr size_t kExchangeMaxBytes = 64 << 10;
+// Collectives in which no rank sends more than this go over the direct mesh:
+// with 2 ranks on a 2-core VM it beat Gloo up to 2 MiB (allreduce 1 MiB: 1.4
+// against 4.4 ms; allgather 2 MiB: 1.1 against 1.9 ms), Gloo's rings the larger.
+constexpr size_t kMeshMaxSend = 1 << 20;
 
 }  // namespace
-
-uint64_t GlooCommunicator::nextSlot() { return gloo::Slot::build(kExchangeSlotPrefix, slotSeq_++); }
 
 void GlooCommunicator::exchangeReduce(void* buf, size_t bytes,
                                       const std::function<void(void*, const void*, size_t)>& reduceInto) {
   const int n = size(), me = rank();
   gather_.resize(bytes * n);
-  const uint64_t slot = nextSlot();
-  auto sendBuf = ctx_->createUnboundBuffer(buf, bytes);
-  auto recvBuf = ctx_->createUnboundBuffer(gather_.data(), gather_.size());
+  std::vector<DirectMesh::Transfer> sends, recvs;
   for (int p = 0; p < n; ++p) {
     if (p == me) continue;
-    sendBuf->send(p, slot);
-    recvBuf->recv(p, slot, p * bytes, bytes);
+    sends.push_back({p, static_cast<char*>(buf), bytes});
+    recvs.push_back({p, gather_.data() + p * bytes, bytes});
   }
-  for (int p = 0; p < n; ++p)
-    if (p != me) recvBuf->waitRecv(timeout_);
-  for (int p = 0; p < n; ++p)
-    if (p != me) sendBuf->waitSend(timeout_);
+  mesh_->run(sends, recvs);
   std::memcpy(gather_.data() + me * bytes, buf, bytes);
   // The same order on every rank, so every rank gets bit-identical results.
   std::memcpy(buf, gather_.data(), bytes);
@@ -76,7 +72,7 @@ void GlooCommunicator::exchangeReduce(void* buf, size_t bytes,
 void GlooCommunicator::allreduce(void* buf, size_t count, DataType dtype, ReduceOp op) {
   if (count == 0 || size() == 1) return;
   const size_t esize = dtypeSize(dtype);
-  if (count * esize <= kExchangeMaxBytes) {
+  if (count * esize * (size() - 1) <= kMeshMaxSend) {
     guarded("allreduce", rank(), [&] {
       exchangeReduce(buf, count * esize, [&](void* acc, const void* other, size_t bytes) {
         reduceBuffers(dtype, op, acc, acc, other, bytes / esize);
@@ -104,7 +100,7 @@ void GlooCommunicator::allreduce(void* buf, size_t count, DataType dtype, Reduce
 void GlooCommunicator::allreduceBitsOr(uint64_t* words, size_t count) {
   if (count == 0 || size() == 1) return;
   guarded("control allreduce", rank(), [&] {
-    if (count * 8 <= kExchangeMaxBytes) {
+    if (count * 8 * (size() - 1) <= kMeshMaxSend) {
       exchangeReduce(words, count * 8, [](void* acc, const void* other, size_t bytes) {
         auto* a = static_cast<uint64_t*>(acc);
         auto* b = static_cast<const uint64_t*>(other);
@@ -132,6 +128,21 @@ void GlooCommunicator::allgatherv(const void* in, void* out, const std::vector<s
     if (out != in) std::memcpy(out, in, bytes[0]);
     return;
   }
+  if (*std::max_element(bytes.begin(), bytes.end()) * (size() - 1) <= kMeshMaxSend) {
+    const int me = rank();
+    std::vector<DirectMesh::Transfer> sends, recvs;
+    char* dst = static_cast<char*>(out);
+    for (int p = 0, at = 0; p < size(); at += static_cast<int>(bytes[p]), ++p) {
+      if (p == me) {
+        if (dst + at != in) std::memcpy(dst + at, in, bytes[p]);
+        continue;
+      }
+      sends.push_back({p, static_cast<char*>(const_cast<void*>(in)), bytes[me]});
+      recvs.push_back({p, dst + at, bytes[p]});
+    }
+    mesh_->run(sends, recvs);
+    return;
+  }
   guarded("allgather", rank(), [&] {
     gloo::AllgathervOptions opts(ctx_);
     opts.setTimeout(timeout_);
@@ -143,6 +154,17 @@ void GlooCommunicator::allgatherv(const void* in, void* out, const std::vector<s
 
 void GlooCommunicator::broadcast(void* buf, size_t bytes, int root) {
   if (bytes == 0 || size() == 1) return;
+  if (bytes * (size() - 1) <= kMeshMaxSend) {
+    std::vector<DirectMesh::Transfer> sends, recvs;
+    if (rank() == root) {
+      for (int p = 0; p < size(); ++p)
+        if (p != root) sends.push_back({p, static_cast<char*>(buf), bytes});
+    } else {
+      recvs.push_back({root, static_cast<char*>(buf), bytes});
+    }
+    mesh_->run(sends, recvs);
+    return;
+  }
   guarded("broadcast", rank(), [&] {
     gloo::BroadcastOptions opts(ctx_);
     opts.setTimeout(timeout_);
@@ -153,13 +175,30 @@ void GlooCommunicator::broadcast(void* buf, size_t bytes, int root) {
 }
 
 void GlooCommunicator::alltoallv(const void* in, const std::vector<size_t>& sendBytes, void* out,
-                                 const std::vector<size_t>& recvBytes, size_t) {
+                                 const std::vector<size_t>& recvBytes, size_t largestPiece) {
   if (size() == 1) {
     if (sendBytes[0]) std::memcpy(out, in, sendBytes[0]);
     return;
   }
   const size_t sendTotal = std::accumulate(sendBytes.begin(), sendBytes.end(), size_t{0});
   const size_t recvTotal = std::accumulate(recvBytes.begin(), recvBytes.end(), size_t{0});
+  if (largestPiece * (size() - 1) <= kMeshMaxSend) {  // the same choice on every rank
+    const int me = rank();
+    std::vector<DirectMesh::Transfer> sends, recvs;
+    const char* src = static_cast<const char*>(in);
+    char* dst = static_cast<char*>(out);
+    size_t s = 0, r = 0;
+    for (int p = 0; p < size(); s += sendBytes[p], r += recvBytes[p], ++p) {
+      if (p == me) {
+        if (sendBytes[p]) std::memcpy(dst + r, src + s, sendBytes[p]);
+        continue;
+      }
+      sends.push_back({p, const_cast<char*>(src) + s, sendBytes[p]});
+      recvs.push_back({p, dst + r, recvBytes[p]});
+    }
+    mesh_->run(sends, recvs);
+    return;
+  }
   guarded("alltoall", rank(), [&] {
     gloo::AlltoallvOptions opts(ctx_);
     opts.setTimeout(timeout_);
@@ -180,6 +219,23 @@ void GlooCommunicator::reducescatter(void* buf, void* out, const std::vector<siz
   const size_t esize = dtypeSize(dtype);
   std::vector<size_t> offset(n + 1, 0);
   for (int i = 0; i < n; ++i) offset[i + 1] = offset[i] + counts[i] * esize;
+  if (n > 1 && offset[n] > 0 && offset[n] <= kMeshMaxSend) {
+    // Every rank sends each piece straight to its owner, which reduces them in rank order.
+    const size_t mine = offset[r + 1] - offset[r];
+    gather_.resize(mine * n);
+    std::vector<DirectMesh::Transfer> sends, recvs;
+    for (int p = 0; p < n; ++p) {
+      if (p == r) continue;
+      sends.push_back({p, static_cast<char*>(buf) + offset[p], offset[p + 1] - offset[p]});
+      recvs.push_back({p, gather_.data() + p * mine, mine});
+    }
+    mesh_->run(sends, recvs);
+    if (mine == 0) return;
+    std::memcpy(gather_.data() + r * mine, static_cast<char*>(buf) + offset[r], mine);
+    std::memcpy(out, gather_.data(), mine);
+    for (int p = 1; p < n; ++p) reduceBuffers(dtype, op, out, out, gather_.data() + p * mine, mine / esize);
+    return;
+  }
   if (n > 1 && offset[n] > 0) {
     size_t maxPiece = *std::max_element(counts.begin(), counts.end()) * esize;
     if (recvScratch_.size() < maxPiece) recvScratch_.resize(maxPiece);
@@ -208,13 +264,13 @@ void GlooCommunicator::reducescatter(void* buf, void* out, const std::vector<siz
   if (mine) std::memcpy(out, static_cast<char*>(buf) + offset[r], mine);
 }
 
+// Everyone sends everyone an empty message: nobody gets all of them before all have sent.
 void GlooCommunicator::barrier() {
   if (size() == 1) return;
-  guarded("barrier", rank(), [&] {
-    gloo::BarrierOptions opts(ctx_);
-    opts.setTimeout(timeout_);
-    gloo::barrier(opts);
-  });
+  std::vector<DirectMesh::Transfer> msgs;
+  for (int p = 0; p < size(); ++p)
+    if (p != rank()) msgs.push_back({p, nullptr, 0});
+  mesh_->run(msgs, msgs);
 }
 
 std::shared_ptr<TransportDevice> makeTransportDevice(const CommOptions& opts) {
@@ -245,7 +301,12 @@ std::unique_ptr<Communicator> makeTcpCommunicator(const std::shared_ptr<Transpor
   GlooStoreAdapter adapter(store, storePrefix, connectTimeout);
   guarded("connecting the TCP mesh", rank, [&] { ctx->connectFullMesh(adapter, device->gloo); });
   ctx->setTimeout(opTimeout);
-  return std::make_unique<GlooCommunicator>(std::move(ctx), opTimeout);
+  std::unique_ptr<DirectMesh> mesh;
+  if (size > 1)
+    mesh = std::make_unique<DirectMesh>(store, storePrefix, rank, size,
+                                        opts.bindAddress.empty() ? "127.0.0.1" : opts.bindAddress, opts.iface,
+                                        connectTimeout, opTimeout);
+  return std::make_unique<GlooCommunicator>(std::move(ctx), std::move(mesh), opTimeout);
 }
 
 }  // namespace chorus

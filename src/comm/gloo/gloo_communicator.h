@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "comm/communicator.h"
+#include "comm/gloo/direct_mesh.h"
 
 namespace chorus {
 
@@ -16,8 +17,10 @@ class TransportDevice {
 
 class GlooCommunicator : public Communicator {
  public:
-  GlooCommunicator(std::shared_ptr<gloo::Context> ctx, std::chrono::milliseconds timeout)
-      : ctx_(std::move(ctx)), timeout_(timeout) {}
+  // mesh carries the small messages; null only for a group of one.
+  GlooCommunicator(std::shared_ptr<gloo::Context> ctx, std::unique_ptr<DirectMesh> mesh,
+                   std::chrono::milliseconds timeout)
+      : ctx_(std::move(ctx)), mesh_(std::move(mesh)), timeout_(timeout) {}
 
   int rank() const override { return ctx_->rank; }
   int size() const override { return ctx_->size; }
@@ -36,10 +39,9 @@ class GlooCommunicator : public Communicator {
   // Small buffers: every rank sends its whole buffer to every other rank and
   // reduces locally in rank order (one message latency instead of a ring's 2(n-1)).
   void exchangeReduce(void* buf, size_t bytes, const std::function<void(void*, const void*, size_t)>& reduceInto);
-  uint64_t nextSlot();
 
   std::shared_ptr<gloo::Context> ctx_;
-  uint32_t slotSeq_ = 0;
+  std::unique_ptr<DirectMesh> mesh_;
   std::vector<char> gather_;
   std::chrono::milliseconds timeout_;
   std::vector<char> recvScratch_;

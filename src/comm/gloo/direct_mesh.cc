@@ -1,0 +1,235 @@
+#include "comm/gloo/direct_mesh.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <sstream>
+
+#include "chorus/error.h"
+#include "chorus/store.h"
+#include "rendezvous/wire.h"
+
+namespace chorus {
+
+namespace {
+
+constexpr uint32_t kHello = 0x63686d31;
+
+struct Header {
+  uint32_t bytes;
+  uint32_t seq;
+};
+
+std::string numericHost(const sockaddr* sa, socklen_t len) {
+  char buf[NI_MAXHOST];
+  if (getnameinfo(sa, len, buf, sizeof(buf), nullptr, 0, NI_NUMERICHOST) != 0) return "";
+  return buf;
+}
+
+std::string interfaceAddress(const std::string& iface) {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) throw Error("cannot list network interfaces: " + std::string(std::strerror(errno)));
+  std::string v4, v6;
+  for (ifaddrs* a = list; a; a = a->ifa_next) {
+    if (!a->ifa_addr || iface != a->ifa_name) continue;
+    if (a->ifa_addr->sa_family == AF_INET && v4.empty()) v4 = numericHost(a->ifa_addr, sizeof(sockaddr_in));
+    if (a->ifa_addr->sa_family == AF_INET6 && v6.empty()) v6 = numericHost(a->ifa_addr, sizeof(sockaddr_in6));
+  }
+  freeifaddrs(list);
+  if (v4.empty() && v6.empty()) throw InvalidArgument("network interface '" + iface + "' has no IP address");
+  return v4.empty() ? v6 : v4;
+}
+
+// Listens on host, any port; returns the socket and the address peers connect to.
+int listenOn(const std::string& host, int backlog, std::string* addr, int* port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (int rc = getaddrinfo(host.c_str(), "0", &hints, &res); rc != 0)
+    throw InvalidArgument("cannot resolve the TCP transport's address '" + host + "': " + gai_strerror(rc));
+  int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0 || ::bind(fd, res->ai_addr, res->ai_addrlen) != 0 || ::listen(fd, backlog) != 0) {
+    const std::string why = std::strerror(errno);
+    if (fd >= 0) ::close(fd);
+    freeaddrinfo(res);
+    throw Error("cannot listen for TCP peers on " + host + ": " + why);
+  }
+  freeaddrinfo(res);
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
+  *port = ntohs(ss.ss_family == AF_INET ? reinterpret_cast<sockaddr_in*>(&ss)->sin_port
+                                        : reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port);
+  *addr = numericHost(reinterpret_cast<sockaddr*>(&ss), len);
+  if (*addr == "0.0.0.0" || *addr == "::") {  // listening everywhere: peers use the host name
+    char name[256] = {0};
+    gethostname(name, sizeof(name) - 1);
+    *addr = name;
+  }
+  return fd;
+}
+
+bool ready(int fd, short events, int timeoutMs) {
+  pollfd p{fd, events, 0};
+  int rc;
+  do rc = ::poll(&p, 1, timeoutMs); while (rc < 0 && errno == EINTR);
+  return rc > 0;
+}
+
+int msLeft(std::chrono::steady_clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+  return static_cast<int>(std::max<int64_t>(0, left.count() + 1));
+}
+
+}  // namespace
+
+DirectMesh::DirectMesh(Store& store, const std::string& prefix, int rank, int size, const std::string& host,
+                       const std::string& iface, std::chrono::milliseconds connectTimeout,
+                       std::chrono::milliseconds timeout)
+    : rank_(rank), fds_(size, -1), timeout_(timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + connectTimeout;
+  std::string addr;
+  int port = 0;
+  const int lfd = listenOn(iface.empty() ? host : interfaceAddress(iface), size, &addr, &port);
+  auto key = [&](int r) { return prefix + "direct/" + std::to_string(r); };
+  const std::string mine = addr + " " + std::to_string(port);
+  try {
+    store.set(key(rank), std::vector<char>(mine.begin(), mine.end()));
+    // Lower ranks listen for higher ones: each rank connects down, accepts up.
+    for (int peer = 0; peer < rank; ++peer) {
+      const std::vector<char> v = store.get(key(peer), connectTimeout);
+      std::istringstream in(std::string(v.begin(), v.end()));
+      std::string peerAddr;
+      int peerPort = 0;
+      in >> peerAddr >> peerPort;
+      fds_[peer] = rendezvous::connectWithRetry(peerAddr, peerPort, std::chrono::milliseconds(msLeft(deadline)),
+                                                "rank " + std::to_string(peer) + " of a TCP group");
+      const uint32_t hello[2] = {kHello, static_cast<uint32_t>(rank)};
+      if (::send(fds_[peer], hello, sizeof(hello), MSG_NOSIGNAL) != sizeof(hello))
+        throw PeerFailure("peer failure: rank " + std::to_string(peer) + " closed its TCP connection while connecting");
+    }
+    for (int accepted = 0; accepted < size - 1 - rank; ++accepted) {
+      if (!ready(lfd, POLLIN, msLeft(deadline)))
+        throw Timeout("timed out after " + std::to_string(connectTimeout.count()) + " ms waiting for " +
+                      std::to_string(size - 1 - rank - accepted) + " higher rank(s) of a TCP group to connect");
+      const int fd = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) continue;
+      uint32_t hello[2] = {0, 0};
+      const bool got = ready(fd, POLLIN, msLeft(deadline)) && ::recv(fd, hello, sizeof(hello), MSG_WAITALL) == sizeof(hello);
+      const int peer = static_cast<int>(hello[1]);
+      if (!got || hello[0] != kHello || peer <= rank || peer >= size || fds_[peer] >= 0) {
+        ::close(fd);  // not one of ours: keep waiting for the real peers
+        --accepted;
+        continue;
+      }
+      fds_[peer] = fd;
+    }
+  } catch (...) {
+    ::close(lfd);
+    for (int fd : fds_)
+      if (fd >= 0) ::close(fd);
+    throw;
+  }
+  ::close(lfd);
+  for (int fd : fds_) {
+    if (fd < 0) continue;
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  }
+}
+
+DirectMesh::~DirectMesh() {
+  for (int fd : fds_)
+    if (fd >= 0) ::close(fd);
+}
+
+void DirectMesh::fail(const std::string& why, bool timeout) {
+  broken_ = why;
+  if (timeout) throw Timeout(why);
+  throw PeerFailure(why);
+}
+
+void DirectMesh::run(const std::vector<Transfer>& sends, const std::vector<Transfer>& recvs) {
+  if (!broken_.empty()) throw PeerFailure("the TCP group failed before: " + broken_);
+  const uint32_t seq = seq_++;
+  struct Op {
+    Transfer t;
+    bool sending;
+    Header hdr;  // to send, or as received
+    size_t done = 0;  // of header and data
+  };
+  std::vector<Op> ops;
+  ops.reserve(sends.size() + recvs.size());
+  for (const auto& t : sends) ops.push_back({t, true, {static_cast<uint32_t>(t.bytes), seq}});
+  for (const auto& t : recvs) ops.push_back({t, false, {0, 0}});
+  const std::string me = "rank " + std::to_string(rank_);
+  // Moves one op forward as far as its socket allows; true once it is complete.
+  auto step = [&](Op& op) {
+    const size_t total = sizeof(Header) + op.t.bytes;
+    while (op.done < total) {
+      iovec iov[2];
+      int n = 0;
+      if (op.done < sizeof(Header)) iov[n++] = {reinterpret_cast<char*>(&op.hdr) + op.done, sizeof(Header) - op.done};
+      const size_t dataDone = op.done > sizeof(Header) ? op.done - sizeof(Header) : 0;
+      if (op.t.bytes > dataDone) iov[n++] = {op.t.data + dataDone, op.t.bytes - dataDone};
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = n;
+      const int fd = fds_[op.t.peer];
+      const ssize_t r = op.sending ? ::sendmsg(fd, &msg, MSG_NOSIGNAL) : ::recvmsg(fd, &msg, 0);
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
+      const std::string peer = "rank " + std::to_string(op.t.peer);
+      if (r == 0 || r < 0)
+        fail("peer failure: " + peer + " closed its TCP connection to " + me +
+                 (r < 0 ? " (" + std::string(std::strerror(errno)) + ")" : ""),
+             false);
+      const bool hadHeader = op.done >= sizeof(Header);
+      op.done += static_cast<size_t>(r);
+      if (!op.sending && !hadHeader && op.done >= sizeof(Header) &&
+          (op.hdr.bytes != op.t.bytes || op.hdr.seq != seq)) {
+        broken_ = peer + " sent " + me + " a message of " + std::to_string(op.hdr.bytes) + " bytes (message " +
+                  std::to_string(op.hdr.seq) + ") where " + std::to_string(op.t.bytes) + " bytes (message " +
+                  std::to_string(seq) + ") were due: the ranks ran different collectives";
+        throw Error(broken_);
+      }
+    }
+    return true;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  std::vector<pollfd> polls;
+  std::vector<Op*> pending;
+  while (true) {
+    polls.clear();
+    pending.clear();
+    for (auto& op : ops) {
+      if (op.done == sizeof(Header) + op.t.bytes || step(op)) continue;
+      polls.push_back({fds_[op.t.peer], static_cast<short>(op.sending ? POLLOUT : POLLIN), 0});
+      pending.push_back(&op);
+    }
+    if (polls.empty()) return;
+    int rc;
+    do rc = ::poll(polls.data(), polls.size(), msLeft(deadline)); while (rc < 0 && errno == EINTR);
+    if (rc == 0) {
+      std::string who;
+      for (const Op* op : pending) who += (who.empty() ? "" : ", ") + std::to_string(op->t.peer);
+      fail(me + " timed out after " + std::to_string(timeout_.count()) + " ms waiting for rank(s) " + who +
+               " of its TCP group",
+           true);
+    }
+  }
+}
+
+}  // namespace chorus

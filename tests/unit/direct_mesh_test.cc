@@ -1,0 +1,126 @@
+// The direct TCP mesh that carries small collectives: messages pair up by peer
+// and order, large ones survive partial writes, and a dead, silent or
+// out-of-step peer is an error on the others, never a hang.
+#include "comm/gloo/direct_mesh.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "chorus/error.h"
+#include "chorus/store.h"
+
+namespace chorus {
+namespace {
+
+using std::chrono::milliseconds;
+
+// Builds one mesh per rank (threads), then runs fn(rank, mesh) on each; returns the errors.
+std::vector<std::string> withMeshes(int n, milliseconds timeout,
+                                    const std::function<void(int, std::unique_ptr<DirectMesh>&)>& fn) {
+  auto store = makeMemoryStore();
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        auto mesh = std::make_unique<DirectMesh>(*store, "t/", r, n, "127.0.0.1", "", milliseconds(10000), timeout);
+        fn(r, mesh);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+char valueOf(int from, int to, int round, size_t i) { return static_cast<char>(from * 31 + to * 7 + round + i % 251); }
+
+TEST(DirectMesh, EveryPairExchangesInOrderSmallEmptyAndLarge) {
+  const int n = 3;
+  // 24 MiB is far beyond what the sockets buffer: sends and receives must interleave.
+  const std::vector<size_t> sizes = {8, 0, 24 << 20, 1, 65536};
+  auto errors = withMeshes(n, milliseconds(20000), [&](int me, std::unique_ptr<DirectMesh>& mesh) {
+    for (size_t round = 0; round < sizes.size(); ++round) {
+      const size_t bytes = sizes[round];
+      std::vector<std::vector<char>> out(n, std::vector<char>(bytes)), in(n, std::vector<char>(bytes, 0));
+      std::vector<DirectMesh::Transfer> sends, recvs;
+      for (int p = 0; p < n; ++p) {
+        if (p == me) continue;
+        for (size_t i = 0; i < bytes; ++i) out[p][i] = valueOf(me, p, static_cast<int>(round), i);
+        sends.push_back({p, out[p].data(), bytes});
+        recvs.push_back({p, in[p].data(), bytes});
+      }
+      mesh->run(sends, recvs);
+      for (int p = 0; p < n; ++p) {
+        if (p == me) continue;
+        for (size_t i = 0; i < bytes; ++i)
+          ASSERT_EQ(in[p][i], valueOf(p, me, static_cast<int>(round), i)) << "from " << p << " round " << round;
+      }
+    }
+  });
+  for (int r = 0; r < n; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
+TEST(DirectMesh, APeerThatClosesIsAPeerFailure) {
+  auto errors = withMeshes(2, milliseconds(20000), [](int me, std::unique_ptr<DirectMesh>& mesh) {
+    if (me == 1) {
+      mesh.reset();  // closes its connections
+      return;
+    }
+    char buf[8];
+    try {
+      mesh->run({}, {{1, buf, sizeof(buf)}});
+      ADD_FAILURE() << "no error from a closed peer";
+    } catch (const Timeout&) {
+      ADD_FAILURE() << "a timeout instead of a peer failure";
+    } catch (const PeerFailure& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 1 closed its TCP connection"), std::string::npos) << e.what();
+    }
+  });
+  EXPECT_EQ(errors[0], "");
+}
+
+TEST(DirectMesh, ASilentPeerIsATimeoutAndTheMeshRefusesFurtherUse) {
+  auto errors = withMeshes(2, milliseconds(300), [](int me, std::unique_ptr<DirectMesh>& mesh) {
+    if (me == 1) {
+      std::this_thread::sleep_for(milliseconds(1500));  // never sends
+      return;
+    }
+    char buf[8];
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_THROW(mesh->run({}, {{1, buf, sizeof(buf)}}), Timeout);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(1400));
+    try {
+      mesh->run({{1, buf, sizeof(buf)}}, {});
+      ADD_FAILURE() << "a failed mesh was used again";
+    } catch (const PeerFailure& e) {
+      EXPECT_NE(std::string(e.what()).find("failed before"), std::string::npos) << e.what();
+    }
+  });
+  EXPECT_EQ(errors[0], "");
+}
+
+TEST(DirectMesh, AMessageOfAnotherSizeIsReportedAsRanksOutOfStep) {
+  auto errors = withMeshes(2, milliseconds(5000), [](int me, std::unique_ptr<DirectMesh>& mesh) {
+    char buf[16] = {0};
+    if (me == 1) {
+      mesh->run({{0, buf, 16}}, {});
+      return;
+    }
+    mesh->run({}, {{1, buf, 8}});
+  });
+  EXPECT_NE(errors[0].find("sent rank 0 a message of 16 bytes"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find("different collectives"), std::string::npos) << errors[0];
+  EXPECT_EQ(errors[1], "");
+}
+
+}  // namespace
+}  // namespace chorus
