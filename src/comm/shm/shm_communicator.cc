@@ -23,6 +23,10 @@ void splitRange(size_t m, int n, int r, size_t* lo, size_t* hi) {
   *lo = r * base + std::min<size_t>(r, extra);
   *hi = *lo + base + (static_cast<size_t>(r) < extra ? 1 : 0);
 }
+// Allreduces up to this size are reduced whole by every rank: one barrier less.
+// 2 ranks, 8 B-4 KiB: 5.5-6.4 us against 5.9-11; 4 ranks on 2 cores: 34-62
+// against 42-58 us (interleaved runs on a 2-core VM).
+constexpr size_t kReduceAloneBytes = 16 << 10;
 // Outputs of this size and more (larger than a core's L2) are unlikely to be in
 // cache when they are read next: they are written with non-temporal stores.
 constexpr size_t kStreamOutputBytes = 1 << 20;
@@ -80,9 +84,24 @@ void ShmCommunicator::allreduceSpans(const std::vector<Span>& spans, DataType dt
       a = std::max(a, end);
     }
   };
+  inputs_.resize(n);
+  if (count * es <= std::min(kReduceAloneBytes, seg_->slotBytes())) {
+    // Small: every rank publishes all of its data and reduces all of it itself,
+    // in rank order like the others (the same bits everywhere): one barrier
+    // instead of two. This bank is written again two rounds on, after everyone
+    // has passed the next round's barrier, so nobody reads it any more by then.
+    const int bank = nextBank();
+    char* mine = seg_->slot(bank, me);
+    pieces(0, count, [&](char*, const char* in, size_t at, size_t len) { std::memcpy(mine + at * es, in, len * es); });
+    seg_->barrier();
+    pieces(0, count, [&](char* t, const char*, size_t at, size_t len) {
+      for (int j = 0; j < n; ++j) inputs_[j] = seg_->slot(bank, j) + at * es;
+      reduceMany(dtype, op, t, inputs_.data(), n, len);
+    });
+    return;
+  }
   const size_t chunk = seg_->slotBytes() / es;
   const bool stream = count * es >= kStreamOutputBytes;
-  inputs_.resize(n);
   std::vector<size_t> lo(n), hi(n);
   for (size_t off = 0; off < count; off += chunk) {
     const size_t m = std::min(chunk, count - off);
