@@ -47,5 +47,30 @@ Wr = [torch.full((counts[k], 2), float(k + 1), dtype=torch.float64) for k in ran
 (hvd.reducescatter(x, op=hvd.Sum, name="g.rs") * Wr[r]).sum().backward()
 assert torch.allclose(x.grad, torch.cat(Wr)), x.grad
 
+# Without gradients to track (no requires_grad, or under no_grad) the results are
+# the same values and carry no graph.
+for grad_on in (False, True):
+    x = torch.full((n + 1, 2), float(r + 1), dtype=torch.float64, requires_grad=grad_on)
+    with torch.no_grad():
+        outs = {
+            "allreduce": hvd.allreduce(x, op=hvd.Sum, name="ng.ar"),
+            "grouped": hvd.grouped_allreduce([x, x], op=hvd.Sum, name="ng.gar")[1],
+            "allgather": hvd.allgather(x, name="ng.ag"),
+            "broadcast": hvd.broadcast(x, root_rank=0, name="ng.bc"),
+            "alltoall": hvd.alltoall(x, splits=[1] * (n - 1) + [2], name="ng.a2a")[0],
+            "reducescatter": hvd.reducescatter(x, op=hvd.Sum, name="ng.rs"),
+        }
+    total = float(sum(k + 1 for k in range(n)))
+    assert torch.equal(outs["allreduce"], torch.full((n + 1, 2), total, dtype=torch.float64))
+    assert torch.equal(outs["grouped"], outs["allreduce"])
+    assert torch.equal(outs["allgather"][:, 0], torch.tensor(
+        [float(k + 1) for k in range(n) for _ in range(n + 1)], dtype=torch.float64))
+    assert torch.equal(outs["broadcast"], torch.ones(n + 1, 2, dtype=torch.float64))
+    assert torch.equal(outs["alltoall"][:, 0], torch.tensor(
+        [float(k + 1) for k in range(n) for _ in range(2 if r == n - 1 else 1)], dtype=torch.float64))
+    assert torch.equal(outs["reducescatter"], torch.full((counts[r], 2), total, dtype=torch.float64))
+    for what, t in outs.items():
+        assert t.grad_fn is None and not t.requires_grad, (what, grad_on)
+
 hvd.shutdown()
 print(f"rank {r}: autograd ok")
