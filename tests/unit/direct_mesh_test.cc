@@ -4,17 +4,21 @@
 #include "comm/gloo/direct_mesh.h"
 
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "chorus/error.h"
 #include "chorus/store.h"
+#include "rendezvous/wire.h"
 
 namespace chorus {
 namespace {
@@ -120,6 +124,46 @@ TEST(DirectMesh, AMessageOfAnotherSizeIsReportedAsRanksOutOfStep) {
   EXPECT_NE(errors[0].find("sent rank 0 a message of 16 bytes"), std::string::npos) << errors[0];
   EXPECT_NE(errors[0].find("different collectives"), std::string::npos) << errors[0];
   EXPECT_EQ(errors[1], "");
+}
+
+// Connections to a rank's listening port that do not introduce themselves as a
+// member (wrong greeting, or none) are dropped; the real peer still gets in.
+TEST(DirectMesh, ConnectionsFromStrangersAreIgnored) {
+  auto store = makeMemoryStore();
+  std::vector<std::string> errors(2);
+  std::vector<char> got(2, 0);
+  auto rankThread = [&](int r) {
+    return std::thread([&, r] {
+      try {
+        DirectMesh mesh(*store, "s/", r, 2, "127.0.0.1", "", milliseconds(10000), milliseconds(5000));
+        char mine = static_cast<char>(10 + r);
+        mesh.run({{1 - r, &mine, 1}}, {{1 - r, &got[r], 1}});
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  };
+  std::thread r0 = rankThread(0);
+  {
+    const std::vector<char> v = store->get("s/direct/0", milliseconds(10000));
+    std::istringstream in(std::string(v.begin(), v.end()));
+    std::string host;
+    int port = 0;
+    in >> host >> port;
+    const int wrong = rendezvous::connectWithRetry(host, port, milliseconds(5000), "rank 0");
+    const uint32_t junk[2] = {0xdeadbeef, 1};
+    ASSERT_EQ(::send(wrong, junk, sizeof(junk), MSG_NOSIGNAL), static_cast<ssize_t>(sizeof(junk)));
+    const int silent = rendezvous::connectWithRetry(host, port, milliseconds(5000), "rank 0");
+    ::close(silent);
+    ::close(wrong);
+  }
+  std::thread r1 = rankThread(1);
+  r0.join();
+  r1.join();
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+  EXPECT_EQ(got[0], 11);
+  EXPECT_EQ(got[1], 10);
 }
 
 }  // namespace

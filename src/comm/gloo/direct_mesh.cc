@@ -119,10 +119,10 @@ DirectMesh::DirectMesh(Store& store, const std::string& prefix, int rank, int si
       if (::send(fds_[peer], hello, sizeof(hello), MSG_NOSIGNAL) != sizeof(hello))
         throw PeerFailure("peer failure: rank " + std::to_string(peer) + " closed its TCP connection while connecting");
     }
-    for (int accepted = 0; accepted < size - 1 - rank; ++accepted) {
+    for (int missing = size - 1 - rank; missing > 0;) {
       if (!ready(lfd, POLLIN, msLeft(deadline)))
         throw Timeout("timed out after " + std::to_string(connectTimeout.count()) + " ms waiting for " +
-                      std::to_string(size - 1 - rank - accepted) + " higher rank(s) of a TCP group to connect");
+                      std::to_string(missing) + " higher rank(s) of a TCP group to connect");
       const int fd = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
       if (fd < 0) continue;
       uint32_t hello[2] = {0, 0};
@@ -130,10 +130,10 @@ DirectMesh::DirectMesh(Store& store, const std::string& prefix, int rank, int si
       const int peer = static_cast<int>(hello[1]);
       if (!got || hello[0] != kHello || peer <= rank || peer >= size || fds_[peer] >= 0) {
         ::close(fd);  // not one of ours: keep waiting for the real peers
-        --accepted;
         continue;
       }
       fds_[peer] = fd;
+      --missing;
     }
   } catch (...) {
     ::close(lfd);
