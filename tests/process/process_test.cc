@@ -52,8 +52,9 @@ TEST(ChorusRun, MismatchIsReportedOnAllRanksAndTheNextCollectiveRuns) {
   }
 }
 
-TEST(ChorusRun, KilledRankBecomesPeerFailureOnTheSurvivors) {
-  auto r = run("CHORUS_TIMEOUT_SECONDS=10 " + kRun + " --keep-going -np 3 " + kWorker + " kill");
+// env: settings for the job (the data path); scenario: kill or kill_small.
+void expectKilledRankIsPeerFailure(const std::string& env, const std::string& scenario = "kill") {
+  auto r = run(env + " CHORUS_TIMEOUT_SECONDS=10 " + kRun + " --keep-going -np 3 " + kWorker + " " + scenario);
   EXPECT_EQ(r.exitCode, 128 + 9) << r.output;
   EXPECT_NE(r.output.find("chorusrun: rank 1 was killed by signal 9"), std::string::npos) << r.output;
   for (int rank : {0, 2}) {
@@ -64,6 +65,14 @@ TEST(ChorusRun, KilledRankBecomesPeerFailureOnTheSurvivors) {
     EXPECT_NE(r.output.find("later collective failed too on rank " + std::to_string(rank)), std::string::npos);
     EXPECT_NE(r.output.find("shutdown done on rank " + std::to_string(rank)), std::string::npos);
   }
+}
+
+TEST(ChorusRun, KilledRankBecomesPeerFailureOnTheSurvivors) { expectKilledRankIsPeerFailure(""); }
+
+// Over TCP the kill lands in Gloo's large allreduces, or in the small ones over the direct mesh.
+TEST(ChorusRun, KilledRankBecomesPeerFailureOverTcp) {
+  expectKilledRankIsPeerFailure("CHORUS_CPU_OPERATIONS=tcp");
+  expectKilledRankIsPeerFailure("CHORUS_CPU_OPERATIONS=tcp", "kill_small");
 }
 
 // The CPUs the rank's process may run on, as the kernel reports them.

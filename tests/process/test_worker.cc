@@ -52,10 +52,11 @@ int mismatch() {
   return 0;
 }
 
-int killed() {
+// elements: 4M (16 MiB of float32) lands the kill inside a large allreduce; a
+// few hundred, among small ones.
+int killed(int64_t n) {
   init();
   Runtime& rt = defaultRuntime();
-  const int64_t n = 4 << 20;  // 16 MiB of float32: the kill lands inside a large allreduce
   std::vector<float> buf(n, 1.0f);
   if (rank() == 1) {
     std::thread([] {
@@ -313,7 +314,8 @@ int main(int argc, char** argv) {
   std::string s = argv[1];
   try {
     if (s == "mismatch") return mismatch();
-    if (s == "kill") return killed();
+    if (s == "kill") return killed(int64_t{4} << 20);
+    if (s == "kill_small") return killed(300);
     if (s == "stall") return stall();
     if (s == "two_sets") return twoSets();
     if (s == "bad_secret") return badSecret();
