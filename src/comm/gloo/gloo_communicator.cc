@@ -133,7 +133,8 @@ void GlooCommunicator::allgatherv(const void* in, void* out, const std::vector<s
     const int me = rank();
     std::vector<DirectMesh::Transfer> sends, recvs;
     char* dst = static_cast<char*>(out);
-    for (int p = 0, at = 0; p < size(); at += static_cast<int>(bytes[p]), ++p) {
+    size_t at = 0;
+    for (int p = 0; p < size(); at += bytes[p], ++p) {
       if (p == me) {
         if (dst + at != in) std::memcpy(dst + at, in, bytes[p]);
         continue;
