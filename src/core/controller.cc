@@ -105,7 +105,7 @@ void Controller::enqueue(std::vector<Entry> entries, bool wake) {
       }
     }
     for (auto& e : entries) {
-      namesInFlight_[e.req.name] = true;
+      namesInFlight_.insert(e.req.name);
       incoming_.push_back(std::move(e));
     }
     if (!wake) return;

@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 #include "chorus/config.h"
@@ -76,7 +77,7 @@ class Controller {
   std::condition_variable wake_;
   std::vector<Entry> incoming_;
   bool wakePending_ = false;                   // guarded by mu_: an enqueue asked for a cycle
-  std::map<std::string, bool> namesInFlight_;  // guarded by mu_
+  std::unordered_set<std::string> namesInFlight_;  // guarded by mu_
   std::exception_ptr failure_;                 // guarded by mu_
   std::atomic<bool> shutdownRequested_{false};
   std::thread thread_;

@@ -1,7 +1,7 @@
 #pragma once
 // One rank's side of one tensor in flight: the request plus its buffers.
 #include <chrono>
-#include <map>
+#include <unordered_map>
 #include <memory>
 #include <string>
 
@@ -21,6 +21,7 @@ struct Entry {
   std::chrono::steady_clock::time_point enqueued;
 };
 
-using EntryTable = std::map<std::string, Entry>;
+// Looked up by name several times per tensor and cycle: hashed, not ordered.
+using EntryTable = std::unordered_map<std::string, Entry>;
 
 }  // namespace chorus

@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -39,7 +40,7 @@ class NameRegistry {
 
  private:
   mutable std::mutex mu_;
-  std::map<std::string, int32_t> inFlight_;
+  std::unordered_map<std::string, int32_t> inFlight_;
   std::map<int32_t, std::vector<int>> members_;
   std::map<int32_t, std::map<std::string, std::vector<int>>> missing_;
   std::map<int32_t, std::vector<std::pair<std::string, int32_t>>> markers_;
