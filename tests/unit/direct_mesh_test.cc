@@ -27,14 +27,17 @@ using std::chrono::milliseconds;
 
 // Builds one mesh per rank (threads), then runs fn(rank, mesh) on each; returns the errors.
 std::vector<std::string> withMeshes(int n, milliseconds timeout,
-                                    const std::function<void(int, std::unique_ptr<DirectMesh>&)>& fn) {
+                                    const std::function<void(int, std::unique_ptr<DirectMesh>&)>& fn,
+                                    const std::string& iface = "") {
   auto store = makeMemoryStore();
   std::vector<std::string> errors(n);
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       try {
-        auto mesh = std::make_unique<DirectMesh>(*store, "t/", r, n, "127.0.0.1", "", milliseconds(10000), timeout);
+        // With an interface the host must not matter: an unresolvable one proves it.
+        const std::string host = iface.empty() ? "127.0.0.1" : "chorus-unresolvable.invalid";
+        auto mesh = std::make_unique<DirectMesh>(*store, "t/", r, n, host, iface, milliseconds(10000), timeout);
         fn(r, mesh);
       } catch (const std::exception& e) {
         errors[r] = e.what();
@@ -124,6 +127,29 @@ TEST(DirectMesh, AMessageOfAnotherSizeIsReportedAsRanksOutOfStep) {
   EXPECT_NE(errors[0].find("sent rank 0 a message of 16 bytes"), std::string::npos) << errors[0];
   EXPECT_NE(errors[0].find("different collectives"), std::string::npos) << errors[0];
   EXPECT_EQ(errors[1], "");
+}
+
+TEST(DirectMesh, ListensOnANamedInterface) {
+  std::vector<char> got(2, 0);
+  auto errors = withMeshes(2, milliseconds(5000), [&](int me, std::unique_ptr<DirectMesh>& mesh) {
+    char mine = static_cast<char>(20 + me);
+    mesh->run({{1 - me, &mine, 1}}, {{1 - me, &got[me], 1}});
+  }, "lo");
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+  EXPECT_EQ(got[0], 21);
+  EXPECT_EQ(got[1], 20);
+}
+
+TEST(DirectMesh, AnInterfaceWithoutAnAddressIsAClearError) {
+  auto store = makeMemoryStore();
+  try {
+    DirectMesh mesh(*store, "u/", 0, 2, "127.0.0.1", "chorus-none0", milliseconds(1000), milliseconds(1000));
+    FAIL() << "no error for a missing interface";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("network interface 'chorus-none0' has no IP address"), std::string::npos)
+        << e.what();
+  }
 }
 
 // Connections to a rank's listening port that do not introduce themselves as a
