@@ -174,7 +174,8 @@ void DirectMesh::run(const std::vector<Transfer>& sends, const std::vector<Trans
   ops.reserve(sends.size() + recvs.size());
   for (const auto& t : sends) ops.push_back({t, true, {static_cast<uint32_t>(t.bytes), seq}});
   for (const auto& t : recvs) ops.push_back({t, false, {0, 0}});
-  const std::string me = "rank " + std::to_string(rank_);
+  // Names for errors only: built when one happens.
+  auto who = [](int r) { return "rank " + std::to_string(r); };
   // Moves one op forward as far as its socket allows; true once it is complete.
   auto step = [&](Op& op) {
     const size_t total = sizeof(Header) + op.t.bytes;
@@ -191,16 +192,15 @@ void DirectMesh::run(const std::vector<Transfer>& sends, const std::vector<Trans
       const ssize_t r = op.sending ? ::sendmsg(fd, &msg, MSG_NOSIGNAL) : ::recvmsg(fd, &msg, 0);
       if (r < 0 && errno == EINTR) continue;
       if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
-      const std::string peer = "rank " + std::to_string(op.t.peer);
-      if (r == 0 || r < 0)
-        fail("peer failure: " + peer + " closed its TCP connection to " + me +
-                 (r < 0 ? " (" + std::string(std::strerror(errno)) + ")" : ""),
-             false);
+      if (r <= 0) {
+        const std::string why = r < 0 ? " (" + std::string(std::strerror(errno)) + ")" : "";
+        fail("peer failure: " + who(op.t.peer) + " closed its TCP connection to " + who(rank_) + why, false);
+      }
       const bool hadHeader = op.done >= sizeof(Header);
       op.done += static_cast<size_t>(r);
       if (!op.sending && !hadHeader && op.done >= sizeof(Header) &&
           (op.hdr.bytes != op.t.bytes || op.hdr.seq != seq)) {
-        broken_ = peer + " sent " + me + " a message of " + std::to_string(op.hdr.bytes) + " bytes (message " +
+        broken_ = who(op.t.peer) + " sent " + who(rank_) + " a message of " + std::to_string(op.hdr.bytes) + " bytes (message " +
                   std::to_string(op.hdr.seq) + ") where " + std::to_string(op.t.bytes) + " bytes (message " +
                   std::to_string(seq) + ") were due: the ranks ran different collectives";
         throw Error(broken_);
@@ -223,9 +223,9 @@ void DirectMesh::run(const std::vector<Transfer>& sends, const std::vector<Trans
     int rc;
     do rc = ::poll(polls.data(), polls.size(), msLeft(deadline)); while (rc < 0 && errno == EINTR);
     if (rc == 0) {
-      std::string who;
-      for (const Op* op : pending) who += (who.empty() ? "" : ", ") + std::to_string(op->t.peer);
-      fail(me + " timed out after " + std::to_string(timeout_.count()) + " ms waiting for rank(s) " + who +
+      std::string late;
+      for (const Op* op : pending) late += (late.empty() ? "" : ", ") + std::to_string(op->t.peer);
+      fail(who(rank_) + " timed out after " + std::to_string(timeout_.count()) + " ms waiting for rank(s) " + late +
                " of its TCP group",
            true);
     }
