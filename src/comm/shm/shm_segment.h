@@ -56,6 +56,7 @@ class ShmSegment {
   std::string name_;
   std::chrono::milliseconds timeout_;
   int spinMicros_;  // spin this long in a barrier before sleeping on the futex
+  bool oversubscribed_ = false;  // more ranks than cores: yield at once
   bool singleCopy_ = false;
 };
 
