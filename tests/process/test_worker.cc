@@ -192,8 +192,8 @@ int matrix() {
                           DataType::kBFloat16, DataType::kFloat32, DataType::kFloat64};
   for (DataType dt : dts) {
     for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct}) {
-      // 20011: 20-160 KiB (2 shared-memory ranks reduce it whole); 300001: over
-      // 1 MiB for 4- and 8-byte types (sliced hierarchical allreduce).
+      // 20011: 20-160 KiB, one shared-memory round; 300001: over 1 MiB for 4-
+      // and 8-byte types (sliced hierarchical allreduce).
       for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{1031}, int64_t{20011}, int64_t{300001}}) {
         // value(rank, i) in a small range every dtype holds exactly
         auto value = [&](int rk, int64_t i) -> double {

@@ -72,8 +72,7 @@ double reference(ReduceOp op, DataType dtype, int n, int64_t i) {
 
 const std::vector<ReduceOp> kOps = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin, ReduceOp::kMax,
                                     ReduceOp::kProduct};
-// 20011: 20-160 KiB fused with the others, which 2 ranks reduce whole and more
-// ranks by parts.
+// 20011: 20-160 KiB fused with the others, past the size reduced whole.
 const std::vector<int64_t> kCounts = {0, 1, 7, 1031, 20011};
 
 TEST_P(Collectives, AllreduceEveryDtypeOpAndSize) {

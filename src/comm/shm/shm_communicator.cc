@@ -27,11 +27,6 @@ void splitRange(size_t m, int n, int r, size_t* lo, size_t* hi) {
 // 2 ranks, 8 B-4 KiB: 5.5-6.4 us against 5.9-11; 4 ranks on 2 cores: 34-62
 // against 42-58 us (interleaved runs on a 2-core VM).
 constexpr size_t kReduceAloneBytes = 16 << 10;
-// With 2 ranks each rank reads as much of the other's data either way, so the
-// saved barrier pays off further: 64 KiB 24-26 against 33 us, 128 KiB 46-52
-// against 57-63, 256 KiB 96-111 against 102-116; 1 MiB (past L2) is slower.
-// With more ranks, whole reduction reads n-1 peers' data instead of ~2.
-constexpr size_t kReduceAloneBytesTwoRanks = 256 << 10;
 // Outputs of this size and more (larger than a core's L2) are unlikely to be in
 // cache when they are read next: they are written with non-temporal stores.
 constexpr size_t kStreamOutputBytes = 1 << 20;
@@ -90,8 +85,7 @@ void ShmCommunicator::allreduceSpans(const std::vector<Span>& spans, DataType dt
     }
   };
   inputs_.resize(n);
-  const size_t alone = n == 2 ? kReduceAloneBytesTwoRanks : kReduceAloneBytes;
-  if (count * es <= std::min(alone, seg_->slotBytes())) {
+  if (count * es <= std::min(kReduceAloneBytes, seg_->slotBytes())) {
     // Small: every rank publishes all of its data and reduces all of it itself,
     // in rank order like the others (the same bits everywhere): one barrier
     // instead of two. This bank is written again two rounds on, after everyone
