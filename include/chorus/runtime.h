@@ -41,6 +41,7 @@ struct ProcessSetStats {
   int64_t cachedOps = 0;         // ops served from the response cache
   int64_t allreduceBatches = 0;  // allreduce collectives run (a fused batch counts once)
   int64_t allreduceTensors = 0;  // tensors they carried
+  int64_t payloadOps = 0;        // small allreduces whose data went with the negotiation
 };
 
 class RuntimeImpl;

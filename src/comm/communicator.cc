@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "chorus/error.h"
+
 namespace chorus {
 
 void copySpanInputs(const std::vector<Span>& spans, size_t elementBytes) {
@@ -29,6 +31,14 @@ void Communicator::allreduceSpans(const std::vector<Span>& spans, DataType dtype
     if (s.count) std::memcpy(s.data, packed_.data() + off, s.count * es);
     off += s.count * es;
   }
+}
+
+void Communicator::allreduceBitsOrWithPayload(uint64_t*, size_t, const void*, size_t) {
+  throw Error("internal error: a speculative payload on a transport that carries none");
+}
+
+void Communicator::allreducePayload(const Span&, DataType, ReduceOp) {
+  throw Error("internal error: a speculative payload on a transport that carries none");
 }
 
 }  // namespace chorus

@@ -89,6 +89,7 @@ class Controller {
   std::atomic<int64_t> cycles_{0};
   std::atomic<int64_t> negotiated_{0};
   std::atomic<int64_t> cached_{0};
+  std::atomic<int64_t> speculated_{0};
 
   // Cycle state, guarded by cycleMu_.
   EntryTable entries_;

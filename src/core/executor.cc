@@ -68,7 +68,7 @@ void finishEntry(EntryTable& entries, EntryTable::iterator it, const Executor::R
   e.work->complete(err);
 }
 
-void Executor::execute(const std::vector<Response>& responses, EntryTable& entries) {
+void Executor::execute(const std::vector<Response>& responses, EntryTable& entries, bool fromPayload) {
   size_t i = 0;
   while (i < responses.size()) {
     const Response& r = responses[i];
@@ -88,7 +88,7 @@ void Executor::execute(const std::vector<Response>& responses, EntryTable& entri
           group.push_back(&responses[j]);
           ++j;
         }
-        runAllreduce(group, entries);
+        runAllreduce(group, entries, fromPayload);
         i = j;
         continue;
       }
@@ -112,7 +112,7 @@ void Executor::fail(const Response& r, EntryTable& entries) {
   finishEntry(entries, it, release_, err);
 }
 
-void Executor::runAllreduce(const std::vector<const Response*>& group, EntryTable& entries) {
+void Executor::runAllreduce(const std::vector<const Response*>& group, EntryTable& entries, bool fromPayload) {
   const Response& head = *group.front();
   ++batches_;
   tensors_ += static_cast<int64_t>(group.size());
@@ -141,7 +141,8 @@ void Executor::runAllreduce(const std::vector<const Response*>& group, EntryTabl
       zeroAt += r->bytes();
     }
   }
-  comm_.allreduceSpans(spans, head.dtype, head.op);
+  if (fromPayload) comm_.allreducePayload(spans.front(), head.dtype, head.op);
+  else comm_.allreduceSpans(spans, head.dtype, head.op);
   for (const Response* r : group) {
     auto it = entries.find(r->name);
     if (it != entries.end()) {

@@ -21,13 +21,15 @@ class Executor {
   // Takes the matching entries out of `entries` and completes them. A rank with
   // no entry for a response (it has joined) takes part with zeros. Transport
   // errors propagate after the entries of the failed step were failed with them.
-  void execute(const std::vector<Response>& responses, EntryTable& entries);
+  // fromPayload: responses is one allreduce whose inputs every rank sent with
+  // the negotiation just before (Controller): reduced from there, no exchange.
+  void execute(const std::vector<Response>& responses, EntryTable& entries, bool fromPayload = false);
 
   int64_t allreduceBatches() const { return batches_; }
   int64_t allreduceTensors() const { return tensors_; }
 
  private:
-  void runAllreduce(const std::vector<const Response*>& group, EntryTable& entries);
+  void runAllreduce(const std::vector<const Response*>& group, EntryTable& entries, bool fromPayload);
   void runAllgather(const Response& r, EntryTable& entries);
   void runBroadcast(const Response& r, EntryTable& entries);
   void runAlltoall(const Response& r, EntryTable& entries);

@@ -41,35 +41,6 @@ class Collectives : public ::testing::TestWithParam<std::tuple<int, std::string>
   }
 };
 
-double reference(ReduceOp op, DataType dtype, int n, int64_t i) {
-  if (dtype == DataType::kBool) {
-    bool any = false, all = true;
-    for (int r = 0; r < n; ++r) {
-      bool v = testValue(r, i, dtype, op) != 0;
-      any |= v;
-      all &= v;
-    }
-    return (op == ReduceOp::kMin || op == ReduceOp::kProduct) ? all : any;
-  }
-  double acc = testValue(0, i, dtype, op);
-  for (int r = 1; r < n; ++r) {
-    double v = testValue(r, i, dtype, op);
-    switch (op) {
-      case ReduceOp::kSum:
-      case ReduceOp::kAverage: acc += v; break;
-      case ReduceOp::kMin: acc = std::min(acc, v); break;
-      case ReduceOp::kMax: acc = std::max(acc, v); break;
-      case ReduceOp::kProduct: acc *= v; break;
-    }
-  }
-  if (op == ReduceOp::kAverage) {
-    const bool integer = dtype == DataType::kUInt8 || dtype == DataType::kInt8 ||
-                         dtype == DataType::kInt32 || dtype == DataType::kInt64;
-    acc = integer ? static_cast<double>(static_cast<int64_t>(acc) / n) : acc / n;
-  }
-  return acc;
-}
-
 const std::vector<ReduceOp> kOps = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin, ReduceOp::kMax,
                                     ReduceOp::kProduct};
 // 20011: 20-160 KiB fused with the others, past the size reduced whole.

@@ -28,6 +28,8 @@ void runRanksOk(int size, const std::function<void(RankContext&)>& fn, const Con
 
 // Deterministic test data, exactly representable in every dtype.
 double testValue(int rank, int64_t i, DataType dtype, ReduceOp op);
+// Element i of the reduction of every rank's testValue, computed in double.
+double reference(ReduceOp op, DataType dtype, int n, int64_t i);
 
 // Typed buffers read and written as double.
 class HostBuffer {

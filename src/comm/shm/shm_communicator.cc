@@ -8,6 +8,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "chorus/error.h"
 #include "comm/shm/stream_copy.h"
 #include "reduce/reduce.h"
 
@@ -145,6 +146,45 @@ void ShmCommunicator::allreduceBitsOr(uint64_t* words, size_t count) {
       for (size_t i = 0; i < m; ++i) words[off + i] |= theirs[i];
     }
   }
+}
+
+// Payloads up to the size that allreduceSpans reduces whole, after the words.
+size_t ShmCommunicator::payloadCapacity(size_t words) const {
+  const size_t at = (words * 8 + 63) & ~size_t{63};
+  return size() > 1 && at < seg_->slotBytes() ? std::min(kReduceAloneBytes, seg_->slotBytes() - at) : 0;
+}
+
+// One round: words and payload published together, the words OR-ed. The bank is
+// written again two rounds on, after everyone has passed the next round's barrier,
+// so the payloads stay readable until then.
+void ShmCommunicator::allreduceBitsOrWithPayload(uint64_t* words, size_t count, const void* payload, size_t bytes) {
+  const int n = size(), me = rank();
+  if (bytes > payloadCapacity(count)) throw Error("internal error: negotiation payload too large");
+  const int bank = nextBank();
+  char* mine = seg_->slot(bank, me);
+  const size_t at = (count * 8 + 63) & ~size_t{63};
+  std::memcpy(mine, words, count * 8);
+  if (bytes) std::memcpy(mine + at, payload, bytes);
+  seg_->barrier();
+  for (int j = 0; j < n; ++j) {
+    if (j == me) continue;
+    const auto* theirs = reinterpret_cast<const uint64_t*>(seg_->slot(bank, j));
+    for (size_t i = 0; i < count; ++i) words[i] |= theirs[i];
+  }
+  payloadBank_ = bank;
+  payloadOffset_ = at;
+  payloadRound_ = round_;
+}
+
+// Reduced whole, in rank order (my own part from my input: the same values), so
+// every rank gets the same bits, as in allreduceSpans' small path.
+void ShmCommunicator::allreducePayload(const Span& span, DataType dtype, ReduceOp op) {
+  const int n = size(), me = rank();
+  if (payloadRound_ != round_) throw Error("internal error: the negotiation's payload is gone");
+  payloadRound_ = ~uint64_t{0};
+  inputs_.resize(n);
+  for (int j = 0; j < n; ++j) inputs_[j] = j == me ? span.input() : seg_->slot(payloadBank_, j) + payloadOffset_;
+  reduceMany(dtype, op, span.data, inputs_.data(), n, span.count);
 }
 
 void ShmCommunicator::allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) {

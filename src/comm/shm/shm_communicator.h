@@ -22,6 +22,9 @@ class ShmCommunicator : public Communicator {
   // Straight from and to the tensors: no packing into a fusion buffer.
   void allreduceSpans(const std::vector<Span>& spans, DataType dtype, ReduceOp op) override;
   void allreduceBitsOr(uint64_t* words, size_t count) override;
+  size_t payloadCapacity(size_t words) const override;
+  void allreduceBitsOrWithPayload(uint64_t* words, size_t count, const void* payload, size_t bytes) override;
+  void allreducePayload(const Span& span, DataType dtype, ReduceOp op) override;
   void allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) override;
   void broadcast(void* buf, size_t bytes, int root) override;
   void alltoallv(const void* in, const std::vector<size_t>& sendBytes, void* out,
@@ -39,6 +42,11 @@ class ShmCommunicator : public Communicator {
   uint64_t round_ = 0;
   PeerPathChooser paths_;
   std::vector<const void*> inputs_;
+  // Where the last negotiation left the payloads: bank, offset in each slot, and
+  // the round after it (a payload is readable only until the next round).
+  int payloadBank_ = 0;
+  size_t payloadOffset_ = 0;
+  uint64_t payloadRound_ = ~uint64_t{0};
 };
 
 }  // namespace chorus
