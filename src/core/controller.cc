@@ -231,8 +231,7 @@ void Controller::cycle() {
     cachedPending_.clear();
   }
   for (auto& e : fresh) {
-    Request req = e.req;
-    entries_.emplace(req.name, std::move(e));
+    const Request& req = e.req;
     int pos = -1;
     auto look = bypass || !cacheable(req.type) ? ResponseCache::Lookup::kMiss : cache_.lookup(req, &pos);
     if (look == ResponseCache::Lookup::kHit) {
@@ -241,6 +240,7 @@ void Controller::cycle() {
       if (look == ResponseCache::Lookup::kStale) setBit(invalid, pos);
       uncached.push_back(req);
     }
+    entries_.emplace(req.name, std::move(e));  // the key is copied before e moves
   }
   const bool stallCheck = !config_.stallCheckDisable && config_.stallCheckSeconds > 0;
   for (const auto& [pos, name] : cachedPending_) {
@@ -368,8 +368,9 @@ void Controller::cycle() {
     ++negotiated_;
     ready.push_back(std::move(resp));
   }
-  std::stable_sort(ready.begin(), ready.end(),
-                   [](const Response& a, const Response& b) { return a.priority > b.priority; });
+  if (ready.size() > 1)  // (stable_sort allocates a buffer even for one element)
+    std::stable_sort(ready.begin(), ready.end(),
+                     [](const Response& a, const Response& b) { return a.priority > b.priority; });
   // The same on every rank: the words are, and so are the cache and the coordinator.
   const bool fromPayload = specAgreed && total == 0 && ready.size() == 1 &&
                            ready[0].errorKind == ErrorKind::kNone &&

@@ -38,17 +38,24 @@ Entry makeEntry(Request req, const Tensor& input, const Tensor& output,
   return e;
 }
 
-void checkTensor(const Tensor& t, const std::string& what) {
+// Names an op in error messages; the text is built only when there is an error.
+struct OpWhere {
+  const char* kind;
+  const std::string& name;
+  std::string str() const { return std::string(kind) + " '" + name + "'"; }
+};
+
+void checkTensor(const Tensor& t, const OpWhere& where) {
   for (int64_t d : t.shape) {
-    if (d < 0) throw InvalidArgument(what + ": negative dimension in shape " + shapeString(t.shape));
+    if (d < 0) throw InvalidArgument(where.str() + " input: negative dimension in shape " + shapeString(t.shape));
   }
-  if (!t.data && t.numel() > 0) throw InvalidArgument(what + ": data pointer is null");
+  if (!t.data && t.numel() > 0) throw InvalidArgument(where.str() + " input: data pointer is null");
   dtypeSize(t.dtype);  // throws on an unknown dtype code
 }
 
-void checkSameLayout(const Tensor& in, const Tensor& out, const std::string& what) {
+void checkSameLayout(const Tensor& in, const Tensor& out, const OpWhere& where) {
   if (in.dtype != out.dtype || in.shape != out.shape) {
-    throw InvalidArgument(what + ": output (" + dtypeName(out.dtype) + " " + shapeString(out.shape) +
+    throw InvalidArgument(where.str() + ": output (" + dtypeName(out.dtype) + " " + shapeString(out.shape) +
                           ") must match input (" + dtypeName(in.dtype) + " " + shapeString(in.shape) + ")");
   }
 }
@@ -76,18 +83,17 @@ Work submitGroup(RuntimeImpl& impl, OpType type, const char* kind, const char* g
   auto work = std::make_shared<WorkState>(inputs.size());
   std::vector<Entry> entries;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    const std::string name = grouped ? base + "." + std::to_string(i) : base;
-    const std::string what = std::string(kind) + " '" + name + "'";
-    checkTensor(inputs[i], what + " input");
+    Request q;
+    q.name = grouped ? base + "." + std::to_string(i) : base;
+    const OpWhere where{kind, q.name};
+    checkTensor(inputs[i], where);
     if (outputs) {
-      checkSameLayout(inputs[i], (*outputs)[i], what);
+      checkSameLayout(inputs[i], (*outputs)[i], where);
       work->outputs[i] = (*outputs)[i];
     } else if (inputs[i].shape.empty() && type != OpType::kAllgather) {
-      throw InvalidArgument(what + ": input needs at least one dimension");
+      throw InvalidArgument(where.str() + ": input needs at least one dimension");
     }
-    Request q;
     q.type = type;
-    q.name = name;
     q.dtype = inputs[i].dtype;
     q.shape = inputs[i].shape;
     q.priority = opts.priority;
@@ -200,8 +206,8 @@ Work Runtime::broadcastAsync(const Tensor& input, const Tensor& output, int root
   impl_->sets.controllerFor(opts.processSet, impl_->rank);
   ProcessSet ps = impl_->sets.get(opts.processSet);
   std::string name = impl_->resolveName(opts, "broadcast");
-  checkTensor(input, "broadcast '" + name + "' input");
-  checkSameLayout(input, output, "broadcast '" + name + "'");
+  checkTensor(input, {"broadcast", name});
+  checkSameLayout(input, output, {"broadcast", name});
   auto it = std::find(ps.ranks().begin(), ps.ranks().end(), rootRank);
   if (it == ps.ranks().end()) {
     throw InvalidArgument("broadcast '" + name + "': root rank " + std::to_string(rootRank) +
@@ -227,7 +233,7 @@ Work Runtime::alltoallAsync(const Tensor& input, const std::vector<int64_t>& spl
   impl_->sets.controllerFor(opts.processSet, impl_->rank);
   ProcessSet ps = impl_->sets.get(opts.processSet);
   std::string name = impl_->resolveName(opts, "alltoall");
-  checkTensor(input, "alltoall '" + name + "' input");
+  checkTensor(input, {"alltoall", name});
   if (input.shape.empty()) throw InvalidArgument("alltoall '" + name + "': input needs at least one dimension");
   const int64_t rows = input.shape[0];
   std::vector<int64_t> s = splits;
