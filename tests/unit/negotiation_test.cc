@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <future>
 #include <mutex>
 #include <numeric>
@@ -243,6 +244,39 @@ TEST(Negotiation, BadArgumentsFailImmediately) {
     EXPECT_THROW(c.rt.reducescatterAsync(a.tensor(), ro), InvalidArgument);
     EXPECT_THROW(c.rt.allreduceAsync(Tensor{nullptr, DataType::kFloat32, {3}}, Tensor{nullptr, DataType::kFloat32, {3}}),
                  InvalidArgument);
+  });
+}
+
+// The message names the op, the tensor and what is wrong with it.
+TEST(Negotiation, BadArgumentErrorsNameTheOpAndTheTensor) {
+  runRanksOk(1, [&](RankContext& c) {
+    auto message = [](const std::function<void()>& f) -> std::string {
+      try {
+        f();
+      } catch (const InvalidArgument& e) {
+        return e.what();
+      }
+      return "(no error)";
+    };
+    auto has = [](const std::string& text, const std::string& part) {
+      return text.find(part) != std::string::npos;
+    };
+    HostBuffer a(DataType::kFloat32, {6}), b(DataType::kFloat32, {5});
+    AllreduceOptions ao;
+    ao.name = "w.grad";
+    std::string m = message([&] { c.rt.allreduceAsync(a.tensor(), b.tensor(), ao); });
+    EXPECT_TRUE(has(m, "allreduce 'w.grad': output (float32 [5]) must match input (float32 [6])")) << m;
+    ao.name = "grp";
+    m = message([&] {
+      c.rt.groupedAllreduceAsync({a.tensor(), Tensor{nullptr, DataType::kFloat32, {3}}},
+                                 {a.tensor(), Tensor{nullptr, DataType::kFloat32, {3}}}, ao);
+    });
+    EXPECT_TRUE(has(m, "allreduce 'grp.1' input: data pointer is null")) << m;
+    OpOptions o;
+    o.name = "b";
+    Tensor negative{a.tensor().data, DataType::kFloat32, {-2}};
+    m = message([&] { c.rt.broadcastAsync(negative, negative, 0, o); });
+    EXPECT_TRUE(has(m, "broadcast 'b' input: negative dimension")) << m;
   });
 }
 
