@@ -67,10 +67,20 @@ void checkReduceOp(ReduceOp op, const std::string& what, bool sumOrAverageOnly) 
     throw InvalidArgument(what + ": reducescatter supports Sum and Average, not " + reduceOpName(op));
 }
 
+// The tensors of a call, one or a group, seen without copying them into a vector.
+struct TensorList {
+  TensorList(const std::vector<Tensor>& v) : first(v.data()), count(v.size()) {}
+  TensorList(const Tensor& t) : first(&t), count(1) {}
+  size_t size() const { return count; }
+  const Tensor& operator[](size_t i) const { return first[i]; }
+  const Tensor* first;
+  size_t count;
+};
+
 // One request per tensor of a (possibly grouped) call, submitted together.
 // fill() sets the op-specific fields of each request.
 Work submitGroup(RuntimeImpl& impl, OpType type, const char* kind, const char* groupedKind,
-                 const std::vector<Tensor>& inputs, const std::vector<Tensor>* outputs, const OpOptions& opts,
+                 TensorList inputs, const TensorList* outputs, const OpOptions& opts,
                  const std::function<void(Request&)>& fill, const Allocator& alloc) {
   impl.requireInit();
   impl.sets.controllerFor(opts.processSet, impl.rank);
@@ -176,10 +186,11 @@ void RuntimeImpl::synchronize() {
   if (first) std::rethrow_exception(first);
 }
 
-Work Runtime::groupedAllreduceAsync(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
-                                    const AllreduceOptions& opts) {
+namespace {
+
+Work submitAllreduce(RuntimeImpl& impl, TensorList inputs, TensorList outputs, const AllreduceOptions& opts) {
   checkReduceOp(opts.op, "allreduce", false);
-  return submitGroup(*impl_, OpType::kAllreduce, "allreduce", "grouped_allreduce", inputs, &outputs, opts,
+  return submitGroup(impl, OpType::kAllreduce, "allreduce", "grouped_allreduce", inputs, &outputs, opts,
                      [&](Request& q) {
                        q.op = opts.op;
                        q.prescale = opts.prescaleFactor;
@@ -188,8 +199,27 @@ Work Runtime::groupedAllreduceAsync(const std::vector<Tensor>& inputs, const std
                      nullptr);
 }
 
+Work submitReducescatter(RuntimeImpl& impl, TensorList inputs, const ReducescatterOptions& opts,
+                         const Allocator& alloc) {
+  checkReduceOp(opts.op, "reducescatter", true);
+  return submitGroup(impl, OpType::kReducescatter, "reducescatter", "grouped_reducescatter", inputs, nullptr, opts,
+                     [&](Request& q) {
+                       q.op = opts.op;
+                       q.prescale = opts.prescaleFactor;
+                       q.postscale = opts.postscaleFactor;
+                     },
+                     alloc);
+}
+
+}  // namespace
+
+Work Runtime::groupedAllreduceAsync(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                                    const AllreduceOptions& opts) {
+  return submitAllreduce(*impl_, inputs, outputs, opts);
+}
+
 Work Runtime::allreduceAsync(const Tensor& input, const Tensor& output, const AllreduceOptions& opts) {
-  return groupedAllreduceAsync({input}, {output}, opts);
+  return submitAllreduce(*impl_, input, output, opts);
 }
 
 Work Runtime::groupedAllgatherAsync(const std::vector<Tensor>& inputs, const OpOptions& opts, Allocator alloc) {
@@ -198,7 +228,8 @@ Work Runtime::groupedAllgatherAsync(const std::vector<Tensor>& inputs, const OpO
 }
 
 Work Runtime::allgatherAsync(const Tensor& input, const OpOptions& opts, Allocator alloc) {
-  return groupedAllgatherAsync({input}, opts, std::move(alloc));
+  return submitGroup(*impl_, OpType::kAllgather, "allgather", "grouped_allgather", input, nullptr, opts,
+                     [](Request&) {}, alloc);
 }
 
 Work Runtime::broadcastAsync(const Tensor& input, const Tensor& output, int rootRank, const OpOptions& opts) {
@@ -271,19 +302,11 @@ Work Runtime::alltoallAsync(const Tensor& input, const std::vector<int64_t>& spl
 
 Work Runtime::groupedReducescatterAsync(const std::vector<Tensor>& inputs, const ReducescatterOptions& opts,
                                         Allocator alloc) {
-  checkReduceOp(opts.op, "reducescatter", true);
-  return submitGroup(*impl_, OpType::kReducescatter, "reducescatter", "grouped_reducescatter", inputs, nullptr,
-                     opts,
-                     [&](Request& q) {
-                       q.op = opts.op;
-                       q.prescale = opts.prescaleFactor;
-                       q.postscale = opts.postscaleFactor;
-                     },
-                     alloc);
+  return submitReducescatter(*impl_, inputs, opts, alloc);
 }
 
 Work Runtime::reducescatterAsync(const Tensor& input, const ReducescatterOptions& opts, Allocator alloc) {
-  return groupedReducescatterAsync({input}, opts, std::move(alloc));
+  return submitReducescatter(*impl_, input, opts, alloc);
 }
 
 Work Runtime::barrierAsync(int32_t processSet) {
