@@ -218,5 +218,8 @@ PYBIND11_MODULE(_core, m) {
     py::gil_scoped_release release;
     rt().synchronize();
   });
+  m.def("start_timeline", [](const std::string& path, bool markCycles) { rt().startTimeline(path, markCycles); },
+        py::arg("file_path"), py::arg("mark_cycles") = false);
+  m.def("stop_timeline", [] { rt().stopTimeline(); });
   bindZero(m);
 }

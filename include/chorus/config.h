@@ -49,6 +49,8 @@ struct Config {
   bool stallCheckDisable = false;
   double stallShutdownSeconds = 0.0;  // 0: never shut down on a stall
   LogLevel logLevel = LogLevel::kWarning;
+  std::string timeline;             // Chrome trace written by rank 0 ("" none)
+  bool timelineMarkCycles = false;  // mark every negotiation cycle in it
 
   // MPI: -2 not requested (but detected when mpirun started the process and
   // chorusrun did not), -1 MPI_COMM_WORLD, else a Fortran communicator handle

@@ -116,6 +116,12 @@ class Runtime {
 
   ProcessSetStats stats(int32_t processSet = kGlobalProcessSetId) const;
 
+  // Horovod's timeline (CHORUS_TIMELINE starts one at init): rank 0 writes a
+  // Chrome trace of every tensor's negotiation and execution to path, moved into
+  // place by stopTimeline() or shutdown(). The other ranks ignore both calls.
+  void startTimeline(const std::string& path, bool markCycles = false);
+  void stopTimeline();
+
   // A fresh name, the same on every rank of the set when ranks call this in the
   // same order (for objects, such as a ZeRO engine, that name their ops).
   std::string uniqueName(int32_t processSet, const std::string& kind);

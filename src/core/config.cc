@@ -72,6 +72,11 @@ const std::vector<SettingInfo>& settingsTable() {
        "trace, debug, info, warning, error or fatal."},
       {"CHORUS_DYNAMIC_PROCESS_SETS", "HOROVOD_DYNAMIC_PROCESS_SETS", "0",
        "1 allows adding and removing process sets at run time."},
+      {"CHORUS_TIMELINE", "HOROVOD_TIMELINE", "",
+       "File for a Chrome trace of every tensor's negotiation and execution, written by rank 0 "
+       "(moved into place at shutdown or stop_timeline)."},
+      {"CHORUS_TIMELINE_MARK_CYCLES", "HOROVOD_TIMELINE_MARK_CYCLES", "0",
+       "1 marks every negotiation cycle in the timeline."},
   };
   return table;
 }
@@ -174,6 +179,8 @@ void Config::applyEnv() {
   if (readSetting("CHORUS_STALL_CHECK_DISABLE", &v)) stallCheckDisable = (v == "1" || v == "true");
   if (readSetting("CHORUS_DYNAMIC_PROCESS_SETS", &v)) dynamicProcessSets = (v == "1" || v == "true");
   if (readSetting("CHORUS_LOG_LEVEL", &v)) logLevel = parseLevel(v);
+  if (timeline.empty() && readSetting("CHORUS_TIMELINE", &v)) timeline = v;
+  if (readSetting("CHORUS_TIMELINE_MARK_CYCLES", &v)) timelineMarkCycles = (v == "1" || v == "true");
 
   if (fusionThresholdBytes < 0) throw InvalidArgument("CHORUS_FUSION_THRESHOLD must be >= 0");
   if (cycleTimeMs < 0) throw InvalidArgument("CHORUS_CYCLE_TIME must be >= 0");

@@ -43,7 +43,8 @@ constexpr uint64_t kFlagStallShutdown = 2;
 
 Controller::Controller(int32_t setId, std::vector<int> globalRanks, int globalRank,
                        std::unique_ptr<Communicator> comm, const Config& config,
-                       std::unique_ptr<Communicator> control, std::shared_ptr<NameRegistry> registry)
+                       std::unique_ptr<Communicator> control, std::shared_ptr<NameRegistry> registry,
+                       std::shared_ptr<Timeline> timeline)
     : setId_(setId),
       globalRanks_(globalRanks),
       globalRank_(globalRank),
@@ -53,7 +54,9 @@ Controller::Controller(int32_t setId, std::vector<int> globalRanks, int globalRa
       coordinator_(std::move(globalRanks), setId),
       cache_(config.cacheCapacity),
       registry_(std::move(registry)),
-      executor_(*comm_, config.fusionThresholdBytes, [this](const std::string& name) { releaseName(name); }) {
+      executor_(*comm_, config.fusionThresholdBytes, [this](const std::string& name) { releaseName(name); },
+                timeline.get()),
+      timeline_(std::move(timeline)) {
   registry_->setMembers(setId_, globalRanks_);
   CycleDriver::Hooks hooks;
   hooks.run = [this](const std::function<bool()>& done) { return driveCycle(done); };
@@ -206,6 +209,8 @@ void Controller::failAll(std::exception_ptr err) {
 
 void Controller::cycle() {
   const auto now = Clock::now();
+  Timeline* tl = timeline_ && timeline_->active() ? timeline_.get() : nullptr;
+  if (tl) tl->cycleStart();
   std::vector<Entry> fresh;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -232,6 +237,7 @@ void Controller::cycle() {
   }
   for (auto& e : fresh) {
     const Request& req = e.req;
+    if (tl) tl->negotiateStart(req.name, req.type);
     int pos = -1;
     auto look = bypass || !cacheable(req.type) ? ResponseCache::Lookup::kMiss : cache_.lookup(req, &pos);
     if (look == ResponseCache::Lookup::kHit) {
@@ -337,7 +343,13 @@ void Controller::cycle() {
     for (int r = 0; r < n; ++r) {
       if (sizes[r] > 0) {
         ByteReader reader(all.data() + off, sizes[r]);
-        for (const auto& q : readRequests(reader)) coordinator_.submit(r, q, now);
+        for (const auto& q : readRequests(reader)) {
+          if (tl && q.conflictSet < 0) {  // (conflict markers are not the tensor's own requests)
+            tl->negotiateStart(q.name, q.type);
+            tl->rankReady(q.name, globalRanks_[r]);
+          }
+          coordinator_.submit(r, q, now);
+        }
       }
       off += sizes[r];
     }
@@ -376,6 +388,8 @@ void Controller::cycle() {
                            ready[0].errorKind == ErrorKind::kNone &&
                            ready[0].name == specName;
   if (fromPayload) ++speculated_;
+  if (tl)
+    for (const auto& r : ready) tl->negotiateEnd(r.name);
   executor_.execute(ready, entries_, fromPayload);
   lastCycleBusy_ = !ready.empty() || total > 0;
   ++cycles_;

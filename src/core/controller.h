@@ -22,6 +22,7 @@
 #include "core/executor.h"
 #include "core/name_registry.h"
 #include "core/response_cache.h"
+#include "core/timeline.h"
 
 namespace chorus {
 
@@ -32,7 +33,8 @@ class Controller {
   Controller(int32_t setId, std::vector<int> globalRanks, int globalRank,
              std::unique_ptr<Communicator> comm, const Config& config,
              std::unique_ptr<Communicator> control = nullptr,
-             std::shared_ptr<NameRegistry> registry = std::make_shared<NameRegistry>());
+             std::shared_ptr<NameRegistry> registry = std::make_shared<NameRegistry>(),
+             std::shared_ptr<Timeline> timeline = nullptr);
   ~Controller();
 
   void start();
@@ -90,6 +92,7 @@ class Controller {
   std::atomic<int64_t> negotiated_{0};
   std::atomic<int64_t> cached_{0};
   std::atomic<int64_t> speculated_{0};
+  std::shared_ptr<Timeline> timeline_;  // null, or recording when rank 0 started it
 
   // Cycle state, guarded by cycleMu_.
   EntryTable entries_;

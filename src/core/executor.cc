@@ -68,6 +68,24 @@ void finishEntry(EntryTable& entries, EntryTable::iterator it, const Executor::R
   e.work->complete(err);
 }
 
+namespace {
+// The <OP> spans of the responses one collective runs, in the timeline.
+class OpSpans {
+ public:
+  OpSpans(Timeline* t, const Response* const* rs, size_t n) : t_(t && t->active() ? t : nullptr), rs_(rs), n_(n) {
+    for (size_t i = 0; t_ && i < n_; ++i) t_->opStart(rs_[i]->name, rs_[i]->type);
+  }
+  ~OpSpans() {
+    for (size_t i = 0; t_ && i < n_; ++i) t_->opEnd(rs_[i]->name);
+  }
+
+ private:
+  Timeline* t_;
+  const Response* const* rs_;
+  size_t n_;
+};
+}  // namespace
+
 void Executor::execute(const std::vector<Response>& responses, EntryTable& entries, bool fromPayload) {
   size_t i = 0;
   while (i < responses.size()) {
@@ -88,10 +106,17 @@ void Executor::execute(const std::vector<Response>& responses, EntryTable& entri
           group.push_back(&responses[j]);
           ++j;
         }
+        OpSpans spans(timeline_, group.data(), group.size());
         runAllreduce(group, entries, fromPayload);
         i = j;
         continue;
       }
+      default: break;
+    }
+    const Response* one = &r;
+    OpSpans spans(timeline_, &one, 1);
+    switch (r.type) {
+      case OpType::kAllreduce: break;
       case OpType::kAllgather: runAllgather(r, entries); break;
       case OpType::kBroadcast: runBroadcast(r, entries); break;
       case OpType::kAlltoall: runAlltoall(r, entries); break;

@@ -7,6 +7,7 @@
 
 #include "comm/communicator.h"
 #include "core/entry.h"
+#include "core/timeline.h"
 
 namespace chorus {
 
@@ -15,8 +16,9 @@ class Executor {
   using Release = std::function<void(const std::string& name)>;
   // release(name) runs just before an entry's Work completes, so that the name
   // may be reused by the caller as soon as it sees the result.
-  Executor(Communicator& comm, int64_t fusionThresholdBytes, Release release)
-      : comm_(comm), threshold_(fusionThresholdBytes), release_(std::move(release)) {}
+  // timeline: where ops are recorded while it is active (may be null).
+  Executor(Communicator& comm, int64_t fusionThresholdBytes, Release release, Timeline* timeline = nullptr)
+      : comm_(comm), threshold_(fusionThresholdBytes), release_(std::move(release)), timeline_(timeline) {}
 
   // Takes the matching entries out of `entries` and completes them. A rank with
   // no entry for a response (it has joined) takes part with zeros. Transport
@@ -40,6 +42,7 @@ class Executor {
   Communicator& comm_;
   int64_t threshold_;
   Release release_;
+  Timeline* timeline_;
   std::vector<char> scratch_;
   std::atomic<int64_t> batches_{0};
   std::atomic<int64_t> tensors_{0};

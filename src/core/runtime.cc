@@ -76,6 +76,8 @@ void RuntimeImpl::init(Config cfg) {
   const int64_t gen = store->add("chorus/generation/" + std::to_string(rank), 1);
   prefix = "chorus/g" + std::to_string(gen) + "/";
   device = makeTransportDevice(commOptions());
+  // Before the first exchange, so that a bad file name fails before any rank waits on this one.
+  if (rank == 0 && !cfg.timeline.empty()) timeline->start(cfg.timeline, cfg.timelineMarkCycles);
 
   std::vector<std::shared_ptr<Controller>> started;
   try {
@@ -88,7 +90,7 @@ void RuntimeImpl::init(Config cfg) {
     auto global = makeDataComm(globalSet);
     checkStaticSetsAgree(*global);
     auto gc = std::make_shared<Controller>(kGlobalProcessSetId, all, rank, std::move(global), config,
-                                           std::move(control), names_);
+                                           std::move(control), names_, timeline);
     sets.add(globalSet, gc);
     started.push_back(gc);
     nextSetId_ = 1;
@@ -102,6 +104,7 @@ void RuntimeImpl::init(Config cfg) {
     sets.clear();
     device.reset();
     store.reset();
+    discardTimeline();
     throw;
   }
   for (auto& c : started) c->start();
@@ -144,7 +147,7 @@ std::shared_ptr<Controller> RuntimeImpl::makeController(const ProcessSet& ps) {
   auto comm = makeDataComm(ps);
   if (!comm) return nullptr;
   return std::make_shared<Controller>(ps.id(), ps.ranks(), rank, std::move(comm), config, std::move(control),
-                                      names_);
+                                      names_, timeline);
 }
 
 void RuntimeImpl::bootstrapFromMpi(Config& cfg) {
@@ -290,6 +293,11 @@ void RuntimeImpl::shutdown() {
   for (auto& c : controllers) c->join();
   sets.clear();
   controllers.clear();
+  try {
+    timeline->stop();
+  } catch (const Error& e) {
+    CHORUS_WARN(rank, e.what());
+  }
   device.reset();
   store.reset();
   storeServer_.reset();
@@ -314,6 +322,24 @@ Runtime::~Runtime() {
 }
 void Runtime::init(Config config) { impl_->init(std::move(config)); }
 void Runtime::shutdown() { impl_->shutdown(); }
+
+void RuntimeImpl::discardTimeline() {
+  try {
+    timeline->stop();
+  } catch (const Error&) {
+    // init is failing already; that error is the one to report
+  }
+}
+
+void Runtime::startTimeline(const std::string& path, bool markCycles) {
+  impl_->requireInit();
+  if (impl_->rank == 0) impl_->timeline->start(path, markCycles);
+}
+
+void Runtime::stopTimeline() {
+  impl_->requireInit();
+  impl_->timeline->stop();
+}
 bool Runtime::isInitialized() const { return impl_->initialized; }
 #define CHORUS_GETTER(type, fn, field) \
   type Runtime::fn() const {           \

@@ -11,6 +11,7 @@
 #include "core/entry.h"
 #include "core/name_registry.h"
 #include "core/process_set_table.h"
+#include "core/timeline.h"
 
 namespace chorus {
 
@@ -38,6 +39,8 @@ class RuntimeImpl {
   std::shared_ptr<TransportDevice> device;
   std::vector<std::string> hosts;  // host name of every global rank
   ProcessSetTable sets;
+  // Written on rank 0 only; shared by this rank's controllers.
+  std::shared_ptr<Timeline> timeline = std::make_shared<Timeline>();
 
  private:
   void exchangeHosts();
@@ -53,6 +56,7 @@ class RuntimeImpl {
   // Every rank states `what`; throws on every rank if any two differ.
   void agree(const std::string& op, const std::string& what);
   CommOptions commOptions() const;
+  void discardTimeline();  // stops it, dropping any error (init failed)
 
   // Set when the job runs under mpirun: MPI bootstraps the store (rank 0 serves it).
   std::unique_ptr<MpiWorld> mpi_;

@@ -1,4 +1,5 @@
 """chorus.torch under chorusrun: collectives, autograd, optimizer, helpers, errors."""
+import os
 import re
 
 import pytest
@@ -41,6 +42,13 @@ def test_peer_failure_raises_horovod_internal_error(ranks):
 def test_join_returns_last_rank(ranks):
     out = ok(ranks(3, "join.py"))
     assert out.count("join ok") == 3
+
+
+def test_timeline(ranks, tmp_path):
+    out = ok(ranks(2, "timeline.py", str(tmp_path / "trace.json")))
+    assert out.count("timeline ok") == 2
+    assert (tmp_path / "trace.json").exists()
+    assert not [p for p in os.listdir(tmp_path) if ".tmp." in p]  # no temporary file left
 
 
 def test_digits_main_job(ranks, tmp_path):

@@ -2,7 +2,7 @@
 from chorus.torch.basics import (ProcessSet, add_process_set, cross_rank, cross_size, gloo_enabled,
                                  global_process_set, init, is_homogeneous, is_initialized,
                                  local_rank, local_size, mpi_enabled, mpi_threads_supported, rank,
-                                 remove_process_set, shutdown, size)
+                                 remove_process_set, shutdown, size, start_timeline, stop_timeline)
 from chorus.torch.compression import Compression
 from chorus.torch.functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                                     broadcast_parameters)

@@ -147,6 +147,16 @@ def is_initialized():
     return _core.is_initialized()
 
 
+def start_timeline(file_path, mark_cycles=False):
+    """Rank 0 records a Chrome trace of every tensor's negotiation and execution
+    into file_path (moved into place by stop_timeline() or shutdown())."""
+    _core.start_timeline(str(file_path), bool(mark_cycles))
+
+
+def stop_timeline():
+    _core.stop_timeline()
+
+
 rank = _core.rank
 size = _core.size
 local_rank = _core.local_rank

@@ -1,0 +1,148 @@
+#include "core/timeline.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "chorus/error.h"
+
+namespace chorus {
+
+const char* timelineOpName(OpType type) {
+  switch (type) {
+    case OpType::kAllreduce: return "ALLREDUCE";
+    case OpType::kAllgather: return "ALLGATHER";
+    case OpType::kBroadcast: return "BROADCAST";
+    case OpType::kAlltoall: return "ALLTOALL";
+    case OpType::kReducescatter: return "REDUCESCATTER";
+    case OpType::kBarrier: return "BARRIER";
+    case OpType::kJoin: return "JOIN";
+  }
+  return "UNKNOWN";
+}
+
+Timeline::~Timeline() {
+  try {
+    stop();
+  } catch (...) {
+    // A destructor cannot report it; stop() called explicitly does.
+  }
+}
+
+void Timeline::start(const std::string& path, bool markCycles) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (file_) throw InvalidArgument("timeline: already writing " + path_ + "; stop it before starting another");
+  if (path.empty()) throw InvalidArgument("timeline: empty file name");
+  const std::string tmp = path + ".tmp." + std::to_string(getpid());
+  std::FILE* f = std::fopen(tmp.c_str(), "w");
+  if (!f) throw InvalidArgument("timeline: cannot write " + tmp + ": " + std::strerror(errno));
+  file_ = f;
+  path_ = path;
+  markCycles_ = markCycles;
+  start_ = std::chrono::steady_clock::now();
+  pids_.clear();
+  negotiating_.clear();
+  first_ = true;
+  std::fputs("[\n", file_);
+  const int64_t epochMicros =
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
+  write(nlohmann::json{{"name", "process_name"}, {"ph", "M"}, {"pid", 0},
+                       {"args", {{"name", "chorus"}, {"start_time_since_epoch_in_micros", epochMicros}}}}
+            .dump());
+}
+
+void Timeline::stop() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (file_) finish();
+}
+
+// The closing bracket, then flushed, synced and renamed into place.
+void Timeline::finish() {
+  std::FILE* f = file_;
+  file_ = nullptr;
+  const std::string tmp = path_ + ".tmp." + std::to_string(getpid());
+  const bool written = std::fputs("\n]\n", f) >= 0 && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
+  const bool closed = std::fclose(f) == 0;
+  if (!written || !closed || ::rename(tmp.c_str(), path_.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    ::unlink(tmp.c_str());
+    throw Error("timeline: cannot complete " + path_ + ": " + why);
+  }
+  const auto slash = path_.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : path_.substr(0, slash + 1);
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+int64_t Timeline::micros() const {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start_).count();
+}
+
+void Timeline::write(const std::string& event) {
+  if (!first_) std::fputs(",\n", file_);
+  first_ = false;
+  std::fputs(event.c_str(), file_);
+}
+
+// Each tensor name gets its own trace process, named once.
+int Timeline::pidOf(const std::string& name) {
+  auto it = pids_.find(name);
+  if (it != pids_.end()) return it->second;
+  const int pid = static_cast<int>(pids_.size()) + 1;
+  pids_.emplace(name, pid);
+  write(nlohmann::json{{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"args", {{"name", name}}}}.dump());
+  write(nlohmann::json{{"name", "process_sort_index"}, {"ph", "M"}, {"pid", pid}, {"args", {{"sort_index", pid}}}}
+            .dump());
+  return pid;
+}
+
+void Timeline::negotiateStart(const std::string& name, OpType type) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!file_ || negotiating_[name]) return;
+  negotiating_[name] = true;
+  const std::string phase = std::string("NEGOTIATE_") + timelineOpName(type);
+  write(nlohmann::json{{"ph", "B"}, {"name", phase}, {"ts", micros()}, {"pid", pidOf(name)}}.dump());
+}
+
+void Timeline::rankReady(const std::string& name, int rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!file_ || !negotiating_[name]) return;
+  write(nlohmann::json{{"ph", "X"}, {"name", std::to_string(rank)}, {"ts", micros()}, {"pid", pidOf(name)},
+                       {"dur", 0}}
+            .dump());
+}
+
+void Timeline::negotiateEnd(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = negotiating_.find(name);
+  if (!file_ || it == negotiating_.end() || !it->second) return;
+  negotiating_.erase(it);
+  write(nlohmann::json{{"ph", "E"}, {"ts", micros()}, {"pid", pidOf(name)}}.dump());
+}
+
+void Timeline::opStart(const std::string& name, OpType type) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!file_) return;
+  write(nlohmann::json{{"ph", "B"}, {"name", timelineOpName(type)}, {"ts", micros()}, {"pid", pidOf(name)}}.dump());
+}
+
+void Timeline::opEnd(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!file_) return;
+  write(nlohmann::json{{"ph", "E"}, {"ts", micros()}, {"pid", pidOf(name)}}.dump());
+}
+
+void Timeline::cycleStart() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!file_ || !markCycles_) return;
+  write(nlohmann::json{{"ph", "i"}, {"name", "CYCLE_START"}, {"ts", micros()}, {"pid", 0}, {"s", "g"}}.dump());
+}
+
+}  // namespace chorus
