@@ -1,6 +1,5 @@
 #include "core/timeline.h"
 
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -8,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "chorus/error.h"
+#include "core/sync_dir.h"
 
 namespace chorus {
 
@@ -40,6 +40,7 @@ void Timeline::start(const std::string& path, bool markCycles) {
   std::FILE* f = std::fopen(tmp.c_str(), "w");
   if (!f) throw InvalidArgument("timeline: cannot write " + tmp + ": " + std::strerror(errno));
   file_ = f;
+  active_ = true;
   path_ = path;
   markCycles_ = markCycles;
   start_ = std::chrono::steady_clock::now();
@@ -64,6 +65,7 @@ void Timeline::stop() {
 void Timeline::finish() {
   std::FILE* f = file_;
   file_ = nullptr;
+  active_ = false;
   const std::string tmp = path_ + ".tmp." + std::to_string(getpid());
   const bool written = std::fputs("\n]\n", f) >= 0 && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
   const bool closed = std::fclose(f) == 0;
@@ -72,13 +74,7 @@ void Timeline::finish() {
     ::unlink(tmp.c_str());
     throw Error("timeline: cannot complete " + path_ + ": " + why);
   }
-  const auto slash = path_.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : path_.substr(0, slash + 1);
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  syncParentDir(path_);
 }
 
 int64_t Timeline::micros() const {
@@ -105,15 +101,14 @@ int Timeline::pidOf(const std::string& name) {
 
 void Timeline::negotiateStart(const std::string& name, OpType type) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!file_ || negotiating_[name]) return;
-  negotiating_[name] = true;
+  if (!file_ || !negotiating_.insert(name).second) return;
   const std::string phase = std::string("NEGOTIATE_") + timelineOpName(type);
   write(nlohmann::json{{"ph", "B"}, {"name", phase}, {"ts", micros()}, {"pid", pidOf(name)}}.dump());
 }
 
 void Timeline::rankReady(const std::string& name, int rank) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!file_ || !negotiating_[name]) return;
+  if (!file_ || !negotiating_.count(name)) return;
   write(nlohmann::json{{"ph", "X"}, {"name", std::to_string(rank)}, {"ts", micros()}, {"pid", pidOf(name)},
                        {"dur", 0}}
             .dump());
@@ -121,9 +116,7 @@ void Timeline::rankReady(const std::string& name, int rank) {
 
 void Timeline::negotiateEnd(const std::string& name) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = negotiating_.find(name);
-  if (!file_ || it == negotiating_.end() || !it->second) return;
-  negotiating_.erase(it);
+  if (!file_ || negotiating_.erase(name) == 0) return;
   write(nlohmann::json{{"ph", "E"}, {"ts", micros()}, {"pid", pidOf(name)}}.dump());
 }
 

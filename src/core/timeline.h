@@ -5,11 +5,13 @@
 // was seen (requests served from the response cache have none), and its <OP>
 // span covers the collective. The file is written to `path.tmp` and renamed to
 // `path` when the timeline stops, so a reader never sees half a trace.
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "core/message.h"
 
@@ -23,7 +25,7 @@ class Timeline {
   void start(const std::string& path, bool markCycles);
   // Completes the trace and moves it into place; a no-op when not started.
   void stop();
-  bool active() const { return file_ != nullptr; }
+  bool active() const { return active_.load(std::memory_order_relaxed); }
 
   void negotiateStart(const std::string& name, OpType type);
   void rankReady(const std::string& name, int rank);
@@ -40,12 +42,13 @@ class Timeline {
 
   std::mutex mu_;
   std::FILE* file_ = nullptr;
+  std::atomic<bool> active_{false};  // file_ != nullptr, readable without mu_
   std::string path_;
   bool markCycles_ = false;
   bool first_ = true;  // no comma before the first event
   std::chrono::steady_clock::time_point start_;
   std::unordered_map<std::string, int> pids_;
-  std::unordered_map<std::string, bool> negotiating_;
+  std::unordered_set<std::string> negotiating_;  // names inside a NEGOTIATE span
 };
 
 // "ALLREDUCE", "ALLGATHER", ...: the phase names Horovod's timeline uses.

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "chorus/error.h"
+#include "core/sync_dir.h"
 
 namespace chorus::zero {
 
@@ -77,13 +78,7 @@ void writeFileAtomic(const std::string& path, const std::string& bytes) {
     ::unlink(tmp.c_str());
     sysFail("cannot rename into", path);
   }
-  const auto slash = path.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  syncParentDir(path);
 }
 
 std::string readFile(const std::string& path) {
