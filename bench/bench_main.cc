@@ -79,6 +79,11 @@ int main(int argc, char** argv) {
   bool reuse = false;
   app.add_option("--compare", compare, "peers measured beside chorus in the same run: tcp, mpi (comma-separated)");
   app.add_flag("--reuse-buffers", reuse, "reuse one buffer set (default: rotate fresh buffers)");
+  std::string outputs = "bench";
+  app.add_option("--outputs", outputs,
+                 "who allocates the outputs of chorus's allgather, alltoall and reducescatter: bench (its rotating "
+                 "buffers) or chorus (as Horovod's API, which returns new tensors)")
+      ->check(CLI::IsMember({"bench", "chorus"}));
   std::string mpiChild;
   app.add_option("--mpi-child", mpiChild, "(internal) measure Open MPI under mpirun and write JSON here");
   try {
@@ -191,9 +196,12 @@ int main(int argc, char** argv) {
               floorUs[bytes] = floorUs.count(bytes) ? std::min(floorUs[bytes], fl) : fl;
             }
             auto& rows = results[pathName][op];
-            BenchCase bc(*prt, op, dtype, redop, bytes, sets);
+            BenchCase bc(*prt, op, dtype, redop, bytes, sets, outputs == "chorus");
             int64_t wrong = checkFlag ? sumAcrossRanks(*prt, bc.check()) : 0;
-            for (int i = 0; i < warm; ++i) bc.run(i);
+            // Chorus-allocated outputs: every buffer of the rotation is made (and
+            // mapped by the peers) before the timing, as the bench's own are.
+            const int warmRuns = outputs == "chorus" ? std::max(warm, sets + 1) : warm;
+            for (int i = 0; i < warmRuns; ++i) bc.run(i);
             prt->barrier();
             auto start = std::chrono::steady_clock::now();
             for (int i = 0; i < timed; ++i) bc.run(i);
@@ -212,9 +220,11 @@ int main(int argc, char** argv) {
     nlohmann::json rows = nlohmann::json::array();
     for (BenchOp op : ops) {
       if (root) {
-        std::printf("#\n# chorus-bench %s  ranks %d  dtype %s  redop %s  warmup %d  iters %d  buffers %s  rounds %d\n#\n",
-                    benchOpName(op), n, dtypeName.c_str(), reduceOpName(redop), warmup, iters,
-                    rotate ? "rotating" : "reused", repeat);
+        std::printf(
+            "#\n# chorus-bench %s  ranks %d  dtype %s  redop %s  warmup %d  iters %d  buffers %s  outputs %s  "
+            "rounds %d\n#\n",
+            benchOpName(op), n, dtypeName.c_str(), reduceOpName(redop), warmup, iters, rotate ? "rotating" : "reused",
+            outputs.c_str(), repeat);
         std::printf("# %12s %12s %7s %12s %9s %9s %7s %8s %8s\n", "size", "count", "path", "time", "algbw",
                     "busbw", "#wrong", "vs_mpi", "floor");
         std::printf("# %12s %12s %7s %12s %9s %9s %7s %8s %8s\n", "(B)", "(elements)", "", "(us)", "(GB/s)",
@@ -239,7 +249,7 @@ int main(int argc, char** argv) {
           nlohmann::json row = {{"op", benchOpName(op)}, {"path", pathName}, {"bytes", r.bytes},
                                 {"count", r.count}, {"dtype", dtypeName}, {"ranks", n}, {"time_us", us},
                                 {"algbw_gbs", algbw}, {"busbw_gbs", busbw}, {"wrong", r.wrong},
-                                {"rounds_us", r.roundsUs}};
+                                {"rounds_us", r.roundsUs}, {"outputs", outputs}};
           if (pathName == "chorus") {
             row["floor_fraction"] = floorFrac;
             row["floor_time_us"] = fl;

@@ -99,8 +99,10 @@ double busFactor(BenchOp op, int n) {
   }
 }
 
-BenchCase::BenchCase(Runtime& rt, BenchOp op, DataType dtype, ReduceOp redop, size_t bytes, int sets)
-    : rt_(rt), op_(op), dtype_(dtype), redop_(redop), rank_(rt.rank()), size_(rt.size()) {
+BenchCase::BenchCase(Runtime& rt, BenchOp op, DataType dtype, ReduceOp redop, size_t bytes, int sets,
+                     bool chorusOutputs)
+    : rt_(rt), op_(op), dtype_(dtype), redop_(redop), rank_(rt.rank()), size_(rt.size()),
+      chorusOutputs_(chorusOutputs && op != BenchOp::kAllreduce && op != BenchOp::kBroadcast) {
   const size_t es = dtypeSize(dtype);
   int64_t elems = static_cast<int64_t>(bytes / es);
   const bool perRank = op == BenchOp::kAllgather || op == BenchOp::kReducescatter || op == BenchOp::kAlltoall;
@@ -120,16 +122,29 @@ BenchCase::BenchCase(Runtime& rt, BenchOp op, DataType dtype, ReduceOp redop, si
       outCount_ = elems;
   }
   in_.assign(std::max(sets, 1), std::vector<char>(std::max<size_t>(count_ * es, 1), 0));
-  out_.assign(std::max(sets, 1), std::vector<char>(std::max<size_t>(outCount_ * es, 1), 0));
+  if (chorusOutputs_) held_.resize(std::max(sets, 1));
+  else out_.assign(std::max(sets, 1), std::vector<char>(std::max<size_t>(outCount_ * es, 1), 0));
   name_ = std::string("bench.") + benchOpName(op) + "." + std::to_string(bytes_);
+}
+
+// The Work replaced is released after the new op allocated its output, so the
+// pool hands out sets + 1 buffers in turn.
+void BenchCase::hold(int i, Work w) {
+  if (!held_.empty()) held_[i % held_.size()].emplace(std::move(w));
+}
+
+const char* BenchCase::output0() const {
+  return chorusOutputs_ ? static_cast<const char*>(held_[0]->outputs().at(0).data) : out_[0].data();
 }
 
 void BenchCase::run(int i) {
   auto& inBuf = in_[i % in_.size()];
-  auto& outBuf = out_[i % out_.size()];
   Tensor in{inBuf.data(), dtype_, {count_}};
-  Tensor out{outBuf.data(), dtype_, {outCount_}};
-  auto into = [&outBuf](const Shape&, DataType) -> void* { return outBuf.data(); };
+  // Broadcast and allreduce write their own buffers (never chorus-allocated).
+  char* outBuf = chorusOutputs_ ? inBuf.data() : out_[i % out_.size()].data();
+  Tensor out{outBuf, dtype_, {outCount_}};
+  Allocator into = [outBuf](const Shape&, DataType) -> void* { return outBuf; };
+  if (chorusOutputs_) into = nullptr;
   OpOptions o;
   o.name = name_;
   switch (op_) {
@@ -140,14 +155,14 @@ void BenchCase::run(int i) {
       rt_.allreduce(in, out, ao);
       break;
     }
-    case BenchOp::kAllgather: rt_.allgather(in, o, into); break;
+    case BenchOp::kAllgather: hold(i, rt_.allgather(in, o, into)); break;
     case BenchOp::kBroadcast: rt_.broadcast(out, 0, o); break;
-    case BenchOp::kAlltoall: rt_.alltoall(in, {}, o, into); break;
+    case BenchOp::kAlltoall: hold(i, rt_.alltoall(in, {}, o, into)); break;
     case BenchOp::kReducescatter: {
       ReducescatterOptions ro;
       ro.name = name_;
       ro.op = redop_ == ReduceOp::kAverage ? ReduceOp::kAverage : ReduceOp::kSum;
-      rt_.reducescatter(in, ro, into);
+      hold(i, rt_.reducescatter(in, ro, into));
       break;
     }
   }
@@ -187,7 +202,7 @@ int64_t BenchCase::check() {
     char tmp[8];
     store(tmp, dtype_, 0, want);
     double rounded = load(tmp, dtype_, 0);
-    double got = load(out_[0].data(), dtype_, j);
+    double got = load(output0(), dtype_, j);
     if (std::fabs(got - rounded) > relTol * std::max(1.0, std::fabs(rounded))) ++wrong;
   }
   return wrong;

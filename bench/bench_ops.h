@@ -1,5 +1,6 @@
 #pragma once
 // One collective of chorus-bench: how to size it, run it, and check it.
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,7 +20,11 @@ double busFactor(BenchOp op, int n);
 class BenchCase {
  public:
   // sets: how many buffer sets to rotate through, so that caches do not flatter.
-  BenchCase(Runtime& rt, BenchOp op, DataType dtype, ReduceOp redop, size_t bytes, int sets = 1);
+  // chorusOutputs: chorus allocates the outputs of allgather, alltoall and
+  // reducescatter (Horovod's API returns new tensors) instead of writing into the
+  // bench's buffers; the last `sets` outputs are held, so that they rotate too.
+  BenchCase(Runtime& rt, BenchOp op, DataType dtype, ReduceOp redop, size_t bytes, int sets = 1,
+            bool chorusOutputs = false);
   size_t bytes() const { return bytes_; }
   int64_t count() const { return count_; }
   // Runs the op once on buffer set i % sets.
@@ -30,6 +35,8 @@ class BenchCase {
 
  private:
   void fillInput();
+  void hold(int i, Work w);
+  const char* output0() const;
   double expected(int64_t outIndex) const;
 
   Runtime& rt_;
@@ -41,6 +48,8 @@ class BenchCase {
   int64_t count_ = 0;   // elements of the input on this rank
   int64_t outCount_ = 0;
   std::vector<std::vector<char>> in_, out_;
+  bool chorusOutputs_;
+  std::vector<std::optional<Work>> held_;  // chorus-allocated outputs, by buffer set
   std::string name_;
 };
 

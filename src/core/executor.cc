@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "chorus/error.h"
+#include "comm/shm/shared_pool.h"
 #include "reduce/reduce.h"
 
 namespace chorus {
@@ -51,8 +52,12 @@ void* allocateOutput(Entry& e, const Shape& shape, std::exception_ptr* err) {
     }
   }
   if (!p) {
-    auto buf = std::make_shared<std::vector<char>>(std::max<size_t>(bytes, 1));
-    p = buf->data();
+    // Large outputs from the shared pool: peers on this host write into them
+    // directly, and a reused buffer costs no page faults or zero-filling.
+    std::shared_ptr<void> buf;
+    if (bytes >= SharedPool::kMinBytes) buf = SharedPool::instance()->allocate(bytes);
+    if (!buf) buf = std::shared_ptr<char[]>(new char[std::max<size_t>(bytes, 1)]);
+    p = buf.get();
     e.work->owned.push_back(std::move(buf));
   }
   e.output = Tensor{p, e.req.dtype, shape};

@@ -26,7 +26,7 @@ class WorkState {
 
   // Written by the controller before complete(); read after done().
   std::vector<Tensor> outputs;
-  std::vector<std::shared_ptr<std::vector<char>>> owned;  // storage chorus allocated
+  std::vector<std::shared_ptr<void>> owned;  // storage chorus allocated
   std::vector<int64_t> receivedSplits;
   int joinResult = -1;
   std::shared_ptr<CycleDriver> driver;  // set before the op is enqueued

@@ -18,12 +18,12 @@ torch::Tensor staged(const torch::Tensor& t) {
   return s.contiguous();
 }
 
-// Outputs whose size is known only after negotiation are allocated as torch tensors.
-Allocator torchAllocator(const torch::Tensor& like, torch::Tensor* slot) {
-  return [like, slot](const Shape& shape, DataType) -> void* {
-    *slot = torch::empty(shape, like.options().device(torch::kCPU));
-    return slot->data_ptr();
-  };
+// Outputs whose size is known only after negotiation are chorus's own (large
+// ones from its shared pool, which peers on this host write into directly),
+// seen by torch as a tensor that keeps the op's storage alive.
+torch::Tensor adopt(const Work& w, const torch::Tensor& like) {
+  const Tensor& o = w.output();
+  return torch::from_blob(o.data, o.shape, [w](void*) {}, like.options().device(torch::kCPU));
 }
 
 torch::Tensor onDevice(const torch::Tensor& cpu, const torch::Tensor& like) {
@@ -76,9 +76,8 @@ std::vector<torch::Tensor> groupedAllreduce(const std::vector<torch::Tensor>& ts
 }
 
 torch::Tensor allgather(const torch::Tensor& t, const OpOptions& opts) {
-  torch::Tensor in = staged(t), out;
-  defaultRuntime().allgather(viewOf(in), opts, torchAllocator(in, &out));
-  return onDevice(out, t);
+  torch::Tensor in = staged(t);
+  return onDevice(adopt(defaultRuntime().allgather(viewOf(in), opts), in), t);
 }
 
 torch::Tensor broadcast(const torch::Tensor& t, int rootRank, const OpOptions& opts) {
@@ -96,15 +95,14 @@ void broadcast_(torch::Tensor& t, int rootRank, const OpOptions& opts) {
 
 std::pair<torch::Tensor, std::vector<int64_t>> alltoall(const torch::Tensor& t, const std::vector<int64_t>& splits,
                                                         const OpOptions& opts) {
-  torch::Tensor in = staged(t), out;
-  Work w = defaultRuntime().alltoall(viewOf(in), splits, opts, torchAllocator(in, &out));
-  return {onDevice(out, t), w.receivedSplits()};
+  torch::Tensor in = staged(t);
+  Work w = defaultRuntime().alltoall(viewOf(in), splits, opts);
+  return {onDevice(adopt(w, in), t), w.receivedSplits()};
 }
 
 torch::Tensor reducescatter(const torch::Tensor& t, const ReducescatterOptions& opts) {
-  torch::Tensor in = staged(t), out;
-  defaultRuntime().reducescatter(viewOf(in), opts, torchAllocator(in, &out));
-  return onDevice(out, t);
+  torch::Tensor in = staged(t);
+  return onDevice(adopt(defaultRuntime().reducescatter(viewOf(in), opts), in), t);
 }
 
 void broadcastParameters(const std::vector<std::pair<std::string, torch::Tensor>>& named, int rootRank) {

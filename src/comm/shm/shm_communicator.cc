@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "chorus/error.h"
+#include "comm/shm/shared_pool.h"
 #include "comm/shm/stream_copy.h"
 #include "reduce/reduce.h"
 
@@ -187,11 +188,60 @@ void ShmCommunicator::allreducePayload(const Span& span, DataType dtype, ReduceO
   reduceMany(dtype, op, span.data, inputs_.data(), n, span.count);
 }
 
+namespace {
+// What a rank publishes about its allgather output for the direct path.
+struct OutputNotice {
+  uint32_t shared;  // the output lies in the sender's SharedPool
+  SharedBufferRef ref;
+};
+// Where, after the notices, each rank says whether it mapped every peer's output.
+constexpr size_t kMappedAt = 64;
+static_assert(sizeof(OutputNotice) <= kMappedAt, "notice overlaps the mapped flag");
+}  // namespace
+
+// When every rank's output comes from the SharedPool, each writes its piece
+// straight into all outputs: one read of the input, no slot to hand over (a
+// 2-rank 64 MiB allgather moves 1.5S through memory per rank instead of 2.5S).
+// False (on every rank alike) when some output is private or cannot be mapped.
+bool ShmCommunicator::allgatherDirect(const void* in, void* out, const std::vector<size_t>& offset) {
+  const int n = size(), me = rank();
+  const size_t mine = offset[me + 1] - offset[me];
+  const int bank = nextBank();
+  auto notice = [&](int j) { return reinterpret_cast<OutputNotice*>(seg_->slot(bank, j)); };
+  OutputNotice* my = notice(me);
+  my->shared = SharedPool::instance()->describe(out, offset[n], &my->ref);
+  seg_->barrier();  // every rank's notice is readable
+  for (int j = 0; j < n; ++j)
+    if (!notice(j)->shared) return false;
+  peerOutputs_.assign(n, nullptr);
+  uint32_t mapped = 1;
+  for (int j = 0; j < n; ++j)
+    if (j != me && !(peerOutputs_[j] = SharedPool::instance()->mapPeer(notice(j)->ref))) mapped = 0;
+  *reinterpret_cast<uint32_t*>(seg_->slot(bank, me) + kMappedAt) = mapped;
+  seg_->barrier();  // every rank knows whether all could map
+  for (int j = 0; j < n; ++j)
+    if (!*reinterpret_cast<uint32_t*>(seg_->slot(bank, j) + kMappedAt)) return false;
+  const char* src = static_cast<const char*>(in);
+  char* own = static_cast<char*>(out) + offset[me];
+  int first = 0;  // the first peer's copy shares the read of the input with my own
+  for (int j = 0; j < n && mine; ++j) {
+    if (j == me) continue;
+    char* there = peerOutputs_[j].get() + notice(j)->ref.offset + offset[me];
+    if (!first++ && own != src) streamCopy(own, src, mine, there, true);
+    else streamCopy(there, src, mine);
+  }
+  if (mine && !first && own != src) streamCopy(own, src, mine);
+  peerOutputs_.clear();
+  seg_->barrier();  // every piece is in every output (streamed stores fenced by the barrier)
+  return true;
+}
+
 void ShmCommunicator::allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) {
   const int n = size(), me = rank();
   std::vector<size_t> offset(n + 1, 0);
   for (int j = 0; j < n; ++j) offset[j + 1] = offset[j] + bytes[j];
   const size_t most = *std::max_element(bytes.begin(), bytes.end());
+  if (n > 1 && seg_->singleCopy() && offset[n] >= SharedPool::kMinBytes && allgatherDirect(in, out, offset)) return;
   // Large outputs go through the slots with streamed stores instead: that skips
   // the read for ownership of every output byte that the kernel's copy pays.
   const bool stream = offset[n] >= kStreamOutputBytes;

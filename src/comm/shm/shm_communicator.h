@@ -37,11 +37,13 @@ class ShmCommunicator : public Communicator {
  private:
   // The bank for the next round; every collective's rounds advance it alike on all ranks.
   int nextBank() { return static_cast<int>(round_++ & 1); }
+  bool allgatherDirect(const void* in, void* out, const std::vector<size_t>& offset);
 
   std::unique_ptr<ShmSegment> seg_;
   uint64_t round_ = 0;
   PeerPathChooser paths_;
   std::vector<const void*> inputs_;
+  std::vector<std::shared_ptr<char>> peerOutputs_;
   // Where the last negotiation left the payloads: bank, offset in each slot, and
   // the round after it (a payload is readable only until the next round).
   int payloadBank_ = 0;

@@ -1,0 +1,137 @@
+// Outputs chorus allocates come from a pool of memfd-backed buffers; a shared-
+// memory allgather whose outputs all come from it writes every piece straight
+// into every output.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "comm/shm/shared_pool.h"
+#include "harness.h"
+
+namespace chorus::testing {
+namespace {
+
+void shm(Config& c) { c.cpuOperations = "shm"; }
+
+TEST(SharedPool, DescribesOnlyRangesInsideALiveBuffer) {
+  auto pool = SharedPool::instance();
+  auto buf = pool->allocate(3 << 20);
+  ASSERT_TRUE(buf);
+  char* p = static_cast<char*>(buf.get());
+  SharedBufferRef ref;
+  ASSERT_TRUE(pool->describe(p + 100, 1000, &ref));
+  EXPECT_EQ(ref.offset, 100u);
+  EXPECT_GE(ref.bytes, size_t{3} << 20);
+  EXPECT_FALSE(pool->describe(p + ref.bytes - 10, 11, &ref));  // runs past the end
+  int onStack = 0;
+  EXPECT_FALSE(pool->describe(&onStack, sizeof onStack, &ref));
+}
+
+TEST(SharedPool, AFreedBufferIsHandedOutAgainWithoutAFreshMapping) {
+  auto pool = SharedPool::instance();
+  const size_t before = pool->cachedBytes();
+  void* first;
+  uint64_t firstId;
+  {
+    auto buf = pool->allocate(13 << 20);
+    ASSERT_TRUE(buf);
+    first = buf.get();
+    SharedBufferRef ref;
+    ASSERT_TRUE(pool->describe(first, 1, &ref));
+    firstId = ref.id;
+    std::memset(first, 7, 13 << 20);
+  }
+  EXPECT_EQ(pool->cachedBytes(), before + (13u << 20));
+  auto again = pool->allocate(13 << 20);
+  SharedBufferRef ref;
+  ASSERT_TRUE(pool->describe(again.get(), 1, &ref));
+  EXPECT_EQ(ref.id, firstId);
+  EXPECT_EQ(again.get(), first);
+  EXPECT_EQ(pool->cachedBytes(), before);
+}
+
+TEST(SharedPool, APeerMappingSeesTheOwnersBytes) {
+  auto pool = SharedPool::instance();
+  auto buf = pool->allocate(2 << 20);
+  ASSERT_TRUE(buf);
+  char* p = static_cast<char*>(buf.get());
+  SharedBufferRef ref;
+  ASSERT_TRUE(pool->describe(p + 4096, 8, &ref));
+  auto peer = pool->mapPeer(ref);
+  ASSERT_TRUE(peer);
+  EXPECT_NE(peer.get(), p);  // another mapping of the same pages
+  std::memcpy(peer.get() + ref.offset, "written", 8);
+  EXPECT_STREQ(p + 4096, "written");
+  p[0] = 42;
+  EXPECT_EQ(peer.get()[0], 42);
+  SharedBufferRef bogus = ref;
+  bogus.fd = 1 << 20;  // no such descriptor
+  bogus.id = ~uint64_t{0};
+  EXPECT_FALSE(pool->mapPeer(bogus));
+}
+
+// Allgathers of over 1 MiB in all with uneven rows, chorus allocating the
+// outputs: every rank maps every other's output, and the results are exact,
+// step after step (buffers are reused: stale data would show).
+TEST(SharedPool, AllgatherWritesStraightIntoChorusAllocatedOutputs) {
+  for (int n : {2, 3, 4}) {
+    const uint64_t handed = SharedPool::instance()->peerMapsHanded();
+    const int steps = 3;
+    const std::vector<DataType> dtypes = {DataType::kFloat32, DataType::kFloat16, DataType::kInt64};
+    uint64_t direct = 0;  // ops of 1 MiB or more in all, on every rank
+    for (DataType dt : dtypes) {
+      int64_t rowsInAll = 0;
+      for (int k = 0; k < n; ++k) rowsInAll += 70001 + 313 * k;
+      if (rowsInAll * 2 * static_cast<int64_t>(dtypeSize(dt)) >= int64_t{1} << 20) direct += steps * n;
+    }
+    ASSERT_GE(direct, static_cast<uint64_t>(2 * steps * n));  // float16 is below it for 2 and 3 ranks
+    runRanksOk(n, [&](RankContext& c) {
+      for (DataType dt : dtypes) {
+        for (int step = 0; step < steps; ++step) {
+          const int64_t rows = 70001 + 313 * c.rank;  // uneven, not a multiple of 64 bytes
+          HostBuffer in(dt, {rows, 2});
+          for (int64_t i = 0; i < 2 * rows; ++i) in.set(i, testValue(c.rank, i + step, dt, ReduceOp::kSum));
+          OpOptions o;
+          o.name = std::string("direct.") + dtypeName(dt);
+          Work w = c.rt.allgather(in.tensor(), o);
+          const Tensor& out = w.output();
+          int64_t at = 0;
+          for (int k = 0; k < n; ++k) {
+            for (int64_t i = 0; i < 2 * (70001 + 313 * k); ++i, ++at) {
+              ASSERT_EQ(readAs(out.data, dt, at), testValue(k, i + step, dt, ReduceOp::kSum))
+                  << "n " << n << " " << dtypeName(dt) << " step " << step << " from rank " << k << " element " << i;
+            }
+          }
+          EXPECT_EQ(at, numElements(out.shape));
+        }
+      }
+    }, shm);
+    // Each rank mapped each other rank's output once per op.
+    EXPECT_EQ(SharedPool::instance()->peerMapsHanded() - handed, direct * (n - 1)) << n << " ranks";
+  }
+}
+
+// One rank gives its own output buffer: every rank falls back to the slots
+// together, with the same results.
+TEST(SharedPool, APrivateOutputOnOneRankSendsEveryRankThroughTheSlots) {
+  const int n = 3;
+  const uint64_t handed = SharedPool::instance()->peerMapsHanded();
+  runRanksOk(n, [&](RankContext& c) {
+    const int64_t rows = 300000;
+    std::vector<float> in(rows), own(rows * n);
+    for (int64_t i = 0; i < rows; ++i) in[i] = static_cast<float>(c.rank * rows + i);
+    Allocator mine = [&](const Shape&, DataType) -> void* { return own.data(); };
+    for (int step = 0; step < 2; ++step) {
+      Work w = c.rt.allgather(Tensor{in.data(), DataType::kFloat32, {rows}}, {}, c.rank == 1 ? mine : nullptr);
+      const float* got = static_cast<const float*>(w.output().data);
+      if (c.rank == 1) {
+        ASSERT_EQ(got, own.data());
+      }
+      for (int64_t i = 0; i < rows * n; ++i) ASSERT_EQ(got[i], static_cast<float>(i)) << "element " << i;
+    }
+  }, shm);
+  EXPECT_EQ(SharedPool::instance()->peerMapsHanded(), handed);
+}
+
+}  // namespace
+}  // namespace chorus::testing
