@@ -43,6 +43,23 @@ TEST(Kernels, StreamCopyEveryAlignmentAndLength) {
   }
 }
 
+TEST(Kernels, CopyBytesEveryAlignmentAndLength) {
+  std::vector<char> src(5000), dst(5200);
+  std::iota(src.begin(), src.end(), 1);
+  for (size_t srcOff : {0, 3, 16, 32}) {
+    for (size_t dstOff : {0, 1, 16, 40, 64}) {
+      for (size_t n : {0, 1, 63, 255, 256, 257, 319, 320, 1000, 4096 + 17}) {
+        std::fill(dst.begin(), dst.end(), 0);
+        copyBytes(dst.data() + dstOff, src.data() + srcOff, n);
+        SCOPED_TRACE(::testing::Message() << "src+" << srcOff << " dst+" << dstOff << " n " << n);
+        ASSERT_EQ(std::memcmp(dst.data() + dstOff, src.data() + srcOff, n), 0);
+        for (size_t i = 0; i < dstOff; ++i) ASSERT_EQ(dst[i], 0);
+        for (size_t i = dstOff + n; i < dst.size(); ++i) ASSERT_EQ(dst[i], 0);
+      }
+    }
+  }
+}
+
 constexpr int kOp = 0;
 constexpr size_t kBytes = 64 << 20;
 

@@ -94,7 +94,7 @@ void ShmCommunicator::allreduceSpans(const std::vector<Span>& spans, DataType dt
     // has passed the next round's barrier, so nobody reads it any more by then.
     const int bank = nextBank();
     char* mine = seg_->slot(bank, me);
-    pieces(0, count, [&](char*, const char* in, size_t at, size_t len) { std::memcpy(mine + at * es, in, len * es); });
+    pieces(0, count, [&](char*, const char* in, size_t at, size_t len) { copyBytes(mine + at * es, in, len * es); });
     seg_->barrier();
     pieces(0, count, [&](char* t, const char*, size_t at, size_t len) {
       for (int j = 0; j < n; ++j) inputs_[j] = seg_->slot(bank, j) + at * es;
@@ -113,7 +113,7 @@ void ShmCommunicator::allreduceSpans(const std::vector<Span>& spans, DataType dt
     for (int j = 0; j < n; ++j)
       if (j != me)
         pieces(off + lo[j], off + hi[j], [&](char*, const char* in, size_t at, size_t len) {
-          std::memcpy(mine + (at - off) * es, in, len * es);
+          copyBytes(mine + (at - off) * es, in, len * es);
         });
     seg_->barrier();  // every rank's parts are published
     pieces(off + lo[me], off + hi[me], [&](char* t, const char* in, size_t at, size_t len) {
@@ -165,7 +165,7 @@ void ShmCommunicator::allreduceBitsOrWithPayload(uint64_t* words, size_t count, 
   char* mine = seg_->slot(bank, me);
   const size_t at = (count * 8 + 63) & ~size_t{63};
   std::memcpy(mine, words, count * 8);
-  if (bytes) std::memcpy(mine + at, payload, bytes);
+  if (bytes) copyBytes(mine + at, static_cast<const char*>(payload), bytes);
   seg_->barrier();
   for (int j = 0; j < n; ++j) {
     if (j == me) continue;
@@ -252,7 +252,7 @@ void ShmCommunicator::allgatherv(const void* in, void* out, const std::vector<si
     char* dst = static_cast<char*>(out);
     for (int j = 0; j < n; ++j) {
       if (j == me) {
-        if (dst + offset[me] != in && bytes[me]) std::memcpy(dst + offset[me], in, bytes[me]);
+        if (dst + offset[me] != in && bytes[me]) copyBytes(dst + offset[me], static_cast<const char*>(in), bytes[me]);
       } else if (bytes[j]) {
         seg_->readPublished(j, 0, dst + offset[j], bytes[j]);
       }
@@ -275,8 +275,8 @@ void ShmCommunicator::allgatherv(const void* in, void* out, const std::vector<si
       } else if (stream) {
         streamCopy(dst + offset[me] + pos, src + pos, len, slot, timer.viaMemory);  // one read for both
       } else {
-        std::memcpy(slot, src + pos, len);
-        std::memcpy(dst + offset[me] + pos, src + pos, len);
+        copyBytes(slot, src + pos, len);
+        copyBytes(dst + offset[me] + pos, src + pos, len);
       }
     }
     seg_->barrier();
@@ -362,7 +362,7 @@ void ShmCommunicator::reducescatter(void* buf, void* out, const std::vector<size
     char* mine = seg_->slot(bank, me);
     for (int j = 0; j < n; ++j)
       if (j != me && pos < counts[j])
-        std::memcpy(mine + j * subElems * es, data + (off[j] + pos) * es, std::min(subElems, counts[j] - pos) * es);
+        copyBytes(mine + j * subElems * es, data + (off[j] + pos) * es, std::min(subElems, counts[j] - pos) * es);
     seg_->barrier();
     if (pos < counts[me]) {
       const size_t m = std::min(subElems, counts[me] - pos);

@@ -77,9 +77,53 @@ void streamCopy(char* dst, const char* src, size_t n, char* also, bool alsoStrea
   if (also) std::memcpy(also + done, src + done, n - done);
 }
 
+namespace {
+// Both sides are fetched this far ahead, within the buffers only: a line past
+// the end may be a peer's slot that it is writing. 2-rank 64-256 KiB allreduces
+// of fresh buffers 4-7% faster (Intel Ice Lake VM, A/B call by call); the
+// distance (512 B-2 KiB) and prefetchw against prefetcht0 made no difference.
+constexpr size_t kAhead = 1024;
+
+__attribute__((target("avx"))) void copyAvx(char* dst, const char* src, size_t n) {
+  for (size_t i = 0; i < n; i += 64) {
+    if (i + kAhead < n) {
+      _mm_prefetch(src + i + kAhead, _MM_HINT_T0);
+      _mm_prefetch(dst + i + kAhead, _MM_HINT_T0);
+    }
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 32));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), a);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i + 32), b);
+  }
+}
+void copySse(char* dst, const char* src, size_t n) {
+  for (size_t i = 0; i < n; i += 64) {
+    if (i + kAhead < n) {
+      _mm_prefetch(src + i + kAhead, _MM_HINT_T0);
+      _mm_prefetch(dst + i + kAhead, _MM_HINT_T0);
+    }
+    __m128i v[4];
+    for (int k = 0; k < 4; ++k) v[k] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16 * k));
+    for (int k = 0; k < 4; ++k) _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i + 16 * k), v[k]);
+  }
+}
+}  // namespace
+
+void copyBytes(char* dst, const char* src, size_t n) {
+  static const auto body = std::strcmp(simdLevel(), "generic") != 0 ? copyAvx : copySse;
+  if (n < 256) return static_cast<void>(std::memcpy(dst, src, n));
+  // Whole lines of the destination: a store never splits a line it shares with
+  // the next store's.
+  const size_t head = (64 - reinterpret_cast<uintptr_t>(dst) % 64) % 64;
+  std::memcpy(dst, src, head);
+  const size_t lines = (n - head) & ~size_t{63};
+  body(dst + head, src + head, lines);
+  std::memcpy(dst + head + lines, src + head + lines, n - head - lines);
+}
+
 void writeOut(char* dst, const char* src, size_t n, bool stream) {
   if (stream) streamCopy(dst, src, n);
-  else std::memcpy(dst, src, n);
+  else copyBytes(dst, src, n);
 }
 
 }  // namespace chorus

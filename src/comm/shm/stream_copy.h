@@ -11,7 +11,13 @@ namespace chorus {
 // The caller fences (_mm_sfence) before others may read what it wrote.
 void streamCopy(char* dst, const char* src, size_t n, char* also = nullptr, bool alsoStream = false);
 
-// streamCopy when stream, memcpy otherwise.
+// Copies n bytes with ordinary vector stores. Unlike glibc's memcpy, whose
+// `rep movsb` runs at half speed and worse on AMD Zen when source and
+// destination sit differently within a cache line (a 2-rank 64 KiB allreduce of
+// 16-byte-aligned buffers took 59 instead of 27 us).
+void copyBytes(char* dst, const char* src, size_t n);
+
+// streamCopy when stream, copyBytes otherwise.
 void writeOut(char* dst, const char* src, size_t n, bool stream);
 
 }  // namespace chorus
