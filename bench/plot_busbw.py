@@ -13,6 +13,16 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+# One colour per path in every panel.
+COLORS = {"chorus": "C0", "chorus, chorus outputs": "C4", "tcp": "C1", "tcp, chorus outputs": "C5", "mpi": "C2"}
+
+
+def label(row):
+    """The row's path; chorus rows whose outputs chorus allocated (--outputs chorus) apart."""
+    own = row.get("outputs") == "chorus" and row["path"] != "mpi" and row["op"] not in ("allreduce", "broadcast")
+    return row["path"] + (", chorus outputs" if own else "")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("json", help="rows written by chorus-bench --json")
@@ -30,10 +40,10 @@ def main():
         lines = defaultdict(list)
         for r in rows:
             if r["op"] == op and r["bytes"] > 0:
-                lines[r["path"]].append((r["bytes"], r["busbw_gbs"]))
+                lines[label(r)].append((r["bytes"], r["busbw_gbs"]))
         for path, pts in sorted(lines.items()):
             pts.sort()
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=path)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=path, color=COLORS.get(path))
         floor = sorted((r["bytes"], 2 * r["bytes"] / r["floor_time_us"] / 1e3 * (r["ranks"] - 1) / r["ranks"])
                        for r in rows if r["op"] == op and r.get("floor_time_us"))
         if floor and op == "allreduce":
