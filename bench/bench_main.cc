@@ -81,8 +81,9 @@ int main(int argc, char** argv) {
   app.add_flag("--reuse-buffers", reuse, "reuse one buffer set (default: rotate fresh buffers)");
   std::string outputs = "bench";
   app.add_option("--outputs", outputs,
-                 "who allocates the outputs of chorus's allgather, alltoall and reducescatter: bench (its rotating "
-                 "buffers) or chorus (as Horovod's API, which returns new tensors)")
+                 "who allocates chorus's outputs: bench (its rotating buffers) or chorus (as Horovod's API, which "
+                 "returns new tensors: allgather, alltoall and reducescatter allocate them, allreduce writes into "
+                 "buffers from chorus::allocateShared; broadcast is in place)")
       ->check(CLI::IsMember({"bench", "chorus"}));
   std::string mpiChild;
   app.add_option("--mpi-child", mpiChild, "(internal) measure Open MPI under mpirun and write JSON here");

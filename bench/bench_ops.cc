@@ -122,8 +122,13 @@ BenchCase::BenchCase(Runtime& rt, BenchOp op, DataType dtype, ReduceOp redop, si
       outCount_ = elems;
   }
   in_.assign(std::max(sets, 1), std::vector<char>(std::max<size_t>(count_ * es, 1), 0));
-  if (chorusOutputs_) held_.resize(std::max(sets, 1));
-  else out_.assign(std::max(sets, 1), std::vector<char>(std::max<size_t>(outCount_ * es, 1), 0));
+  if (chorusOutputs_) {
+    held_.resize(std::max(sets, 1));
+  } else if (chorusOutputs && op == BenchOp::kAllreduce) {
+    // Allreduce writes the caller's output: chorus's allocator provides it, as
+    // for the new tensor of Horovod's hvd.allreduce.
+    for (int k = 0; k < std::max(sets, 1); ++k) sharedOut_.push_back(allocateShared(std::max<size_t>(outCount_ * es, 1)));
+  } else out_.assign(std::max(sets, 1), std::vector<char>(std::max<size_t>(outCount_ * es, 1), 0));
   name_ = std::string("bench.") + benchOpName(op) + "." + std::to_string(bytes_);
 }
 
@@ -134,14 +139,17 @@ void BenchCase::hold(int i, Work w) {
 }
 
 const char* BenchCase::output0() const {
-  return chorusOutputs_ ? static_cast<const char*>(held_[0]->outputs().at(0).data) : out_[0].data();
+  if (chorusOutputs_) return static_cast<const char*>(held_[0]->outputs().at(0).data);
+  return sharedOut_.empty() ? out_[0].data() : static_cast<const char*>(sharedOut_[0].get());
 }
 
 void BenchCase::run(int i) {
   auto& inBuf = in_[i % in_.size()];
   Tensor in{inBuf.data(), dtype_, {count_}};
   // Broadcast and allreduce write their own buffers (never chorus-allocated).
-  char* outBuf = chorusOutputs_ ? inBuf.data() : out_[i % out_.size()].data();
+  char* outBuf = chorusOutputs_      ? inBuf.data()
+                 : sharedOut_.empty() ? out_[i % out_.size()].data()
+                                      : static_cast<char*>(sharedOut_[i % sharedOut_.size()].get());
   Tensor out{outBuf, dtype_, {outCount_}};
   Allocator into = [outBuf](const Shape&, DataType) -> void* { return outBuf; };
   if (chorusOutputs_) into = nullptr;

@@ -50,6 +50,7 @@ class BenchCase {
   std::vector<std::vector<char>> in_, out_;
   bool chorusOutputs_;
   std::vector<std::optional<Work>> held_;  // chorus-allocated outputs, by buffer set
+  std::vector<std::shared_ptr<void>> sharedOut_;  // allreduce outputs from allocateShared
   std::string name_;
 };
 

@@ -122,6 +122,13 @@ PYBIND11_MODULE(_core, m) {
       .def("received_splits", &PyWork::receivedSplits)
       .def("join_result", &PyWork::joinResult);
 
+  // Memory that the other ranks on this host can write into (hvd.allreduce's new tensors).
+  m.attr("SHARED_MIN_BYTES") = kSharedMinBytes;
+  m.def("shared_buffer", [](size_t bytes) {
+    auto* holder = new std::shared_ptr<void>(allocateShared(bytes));
+    py::capsule base(holder, [](void* p) { delete static_cast<std::shared_ptr<void>*>(p); });
+    return py::array_t<uint8_t>({static_cast<py::ssize_t>(bytes)}, {1}, static_cast<uint8_t*>(holder->get()), base);
+  });
   m.def("init", [](const std::vector<std::vector<int>>& processSets, bool dynamic, int64_t mpiComm) {
     Config c;
     c.processSets = processSets;

@@ -16,6 +16,13 @@ namespace chorus {
 // only known after negotiation; returns where to write it. Null: chorus allocates.
 using Allocator = std::function<void*(const Shape& shape, DataType dtype)>;
 
+// Memory for outputs that the other ranks on this host can write into: a
+// shared-memory allreduce or allgather whose outputs all come from here moves
+// its data straight between them (from kSharedMinBytes; smaller buffers, or when the
+// system refuses, are private memory). Contents undefined; never null.
+std::shared_ptr<void> allocateShared(size_t bytes);
+inline constexpr size_t kSharedMinBytes = size_t{1} << 20;
+
 struct OpOptions {
   std::string name;  // empty: an automatic name, the same on every rank in call order
   int32_t processSet = kGlobalProcessSetId;

@@ -39,6 +39,17 @@ void postProcess(const Response& r, void* buf, size_t n, int size) {
 
 }  // namespace
 
+// Large buffers from the shared pool: peers on this host write into them
+// directly, and a reused buffer costs no page faults or zero-filling.
+static_assert(SharedPool::kMinBytes == kSharedMinBytes, "the public threshold is the pool's");
+
+std::shared_ptr<void> allocateShared(size_t bytes) {
+  std::shared_ptr<void> buf;
+  if (bytes >= SharedPool::kMinBytes) buf = SharedPool::instance()->allocate(bytes);
+  if (!buf) buf = std::shared_ptr<char[]>(new char[std::max<size_t>(bytes, 1)]);
+  return buf;
+}
+
 void* allocateOutput(Entry& e, const Shape& shape, std::exception_ptr* err) {
   const size_t bytes = static_cast<size_t>(numElements(shape)) * dtypeSize(e.req.dtype);
   void* p = nullptr;
@@ -52,11 +63,7 @@ void* allocateOutput(Entry& e, const Shape& shape, std::exception_ptr* err) {
     }
   }
   if (!p) {
-    // Large outputs from the shared pool: peers on this host write into them
-    // directly, and a reused buffer costs no page faults or zero-filling.
-    std::shared_ptr<void> buf;
-    if (bytes >= SharedPool::kMinBytes) buf = SharedPool::instance()->allocate(bytes);
-    if (!buf) buf = std::shared_ptr<char[]>(new char[std::max<size_t>(bytes, 1)]);
+    std::shared_ptr<void> buf = allocateShared(bytes);
     p = buf.get();
     e.work->owned.push_back(std::move(buf));
   }

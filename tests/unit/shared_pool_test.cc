@@ -1,6 +1,6 @@
-// Outputs chorus allocates come from a pool of memfd-backed buffers; a shared-
-// memory allgather whose outputs all come from it writes every piece straight
-// into every output.
+// Outputs chorus allocates (and allocateShared's buffers) come from a pool of
+// memfd-backed buffers; a shared-memory allgather or allreduce whose outputs all
+// come from it writes straight into every output.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -131,6 +131,101 @@ TEST(SharedPool, APrivateOutputOnOneRankSendsEveryRankThroughTheSlots) {
     }
   }, shm);
   EXPECT_EQ(SharedPool::instance()->peerMapsHanded(), handed);
+}
+
+uint64_t fnv1a(const void* p, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const unsigned char*>(p)[i]) * 1099511628211ull;
+  return h;
+}
+
+// Allreduces of over 1 MiB whose outputs come from allocateShared: every rank
+// maps every other's output, the results match a float64 reference in and out
+// of place, step after step (the pool hands the same buffers out again, so stale
+// data would show), and every rank ends up with the same bits.
+TEST(SharedPool, AllreduceWritesStraightIntoSharedOutputs) {
+  struct Case {
+    DataType dt;
+    ReduceOp op;
+  };
+  const std::vector<Case> cases = {{DataType::kFloat32, ReduceOp::kSum},    {DataType::kBFloat16, ReduceOp::kSum},
+                                   {DataType::kInt32, ReduceOp::kMax},      {DataType::kFloat64, ReduceOp::kProduct},
+                                   {DataType::kFloat32, ReduceOp::kAverage}, {DataType::kInt64, ReduceOp::kMin}};
+  const int steps = 2;
+  for (int n : {2, 3, 4}) {
+    const uint64_t handed = SharedPool::instance()->peerMapsHanded();
+    std::vector<std::vector<uint64_t>> bits(n);
+    runRanksOk(n, [&](RankContext& c) {
+      for (const Case& k : cases) {
+        const size_t es = dtypeSize(k.dt);
+        const int64_t count = static_cast<int64_t>((1 << 20) / es) + 4099;  // odd, split unevenly
+        for (bool inPlace : {false, true}) {
+          for (int step = 0; step < steps; ++step) {
+            HostBuffer in(k.dt, {count});
+            for (int64_t i = 0; i < count; ++i) in.set(i, testValue(c.rank, i + step, k.dt, k.op));
+            auto out = allocateShared(count * es);
+            Tensor o{out.get(), k.dt, {count}};
+            if (inPlace) std::memcpy(out.get(), in.tensor().data, count * es);
+            AllreduceOptions opts;
+            opts.op = k.op;
+            opts.name = std::string("direct.") + dtypeName(k.dt) + (inPlace ? ".inplace" : "");
+            c.rt.allreduce(inPlace ? o : in.tensor(), o, opts);
+            for (int64_t i = 0; i < count; ++i) {
+              const double want = reference(k.op, k.dt, n, i + step);
+              ASSERT_NEAR(readAs(out.get(), k.dt, i), want, tolerance(k.dt, want))
+                  << n << " ranks " << dtypeName(k.dt) << (inPlace ? " in place" : "") << " step " << step
+                  << " element " << i;
+            }
+          }
+        }
+      }
+      // Sums whose rounding depends on the order of the ranks.
+      const int64_t count = 400009;
+      std::vector<float> in(count);
+      for (int64_t i = 0; i < count; ++i) in[i] = (c.rank + 1) / 3.0f + static_cast<float>(i % 1000) * 1e-3f;
+      auto out = allocateShared(count * 4);
+      AllreduceOptions sum;
+      sum.op = ReduceOp::kSum;
+      c.rt.allreduce(Tensor{in.data(), DataType::kFloat32, {count}}, Tensor{out.get(), DataType::kFloat32, {count}}, sum);
+      const float* got = static_cast<const float*>(out.get());
+      for (int64_t i = 0; i < count; ++i) {
+        double want = 0;
+        for (int r = 0; r < n; ++r) want += (r + 1) / 3.0f + static_cast<float>(i % 1000) * 1e-3f;
+        ASSERT_NEAR(got[i], want, 1e-5 * want) << "element " << i;
+      }
+      bits[c.rank].push_back(fnv1a(got, count * 4));
+    }, shm);
+    const uint64_t ops = cases.size() * 2 * steps + 1;
+    EXPECT_EQ(SharedPool::instance()->peerMapsHanded() - handed, ops * n * (n - 1)) << n << " ranks";
+    for (int r = 1; r < n; ++r) EXPECT_EQ(bits[r], bits[0]) << "rank " << r << " of " << n;
+  }
+}
+
+// One rank reduces into a private buffer: every rank takes the slots together.
+TEST(SharedPool, APrivateAllreduceOutputOnOneRankSendsEveryRankThroughTheSlots) {
+  const int n = 3;
+  const uint64_t handed = SharedPool::instance()->peerMapsHanded();
+  runRanksOk(n, [&](RankContext& c) {
+    const int64_t count = 700001;
+    std::vector<float> in(count), own(count);
+    for (int64_t i = 0; i < count; ++i) in[i] = static_cast<float>(c.rank * 1000 + i % 977);
+    auto shared = allocateShared(count * 4);
+    float* out = c.rank == 1 ? own.data() : static_cast<float*>(shared.get());
+    AllreduceOptions sum;
+    sum.op = ReduceOp::kSum;
+    c.rt.allreduce(Tensor{in.data(), DataType::kFloat32, {count}}, Tensor{out, DataType::kFloat32, {count}}, sum);
+    for (int64_t i = 0; i < count; ++i) ASSERT_EQ(out[i], static_cast<float>(3000 + 3 * (i % 977))) << "element " << i;
+  }, shm);
+  EXPECT_EQ(SharedPool::instance()->peerMapsHanded(), handed);
+}
+
+TEST(SharedPool, AllocateSharedIsPrivateBelowTheThreshold) {
+  auto small = allocateShared(4096);
+  auto large = allocateShared(SharedPool::kMinBytes);
+  SharedBufferRef ref;
+  ASSERT_TRUE(small && large);
+  EXPECT_FALSE(SharedPool::instance()->describe(small.get(), 4096, &ref));
+  EXPECT_TRUE(SharedPool::instance()->describe(large.get(), SharedPool::kMinBytes, &ref));
 }
 
 }  // namespace

@@ -166,10 +166,19 @@ def _name(name):
 
 # ---- allreduce ----
 
+def _new_output(like):
+    """A tensor like `like`; large ones in memory the other local ranks write into directly."""
+    nbytes = like.numel() * like.element_size()
+    if nbytes < _core.SHARED_MIN_BYTES:
+        return torch.empty_like(like)
+    raw = torch.from_numpy(_core.shared_buffer(nbytes))  # keeps the buffer alive
+    return raw.view(like.dtype).reshape(like.shape)
+
+
 def _grouped_allreduce_async(tensors, name, op, prescale_factor, postscale_factor, process_set, priority,
                              inplace):
     staged = [_stage(t) for t in tensors]
-    outs = staged if inplace else [torch.empty_like(s) for s in staged]
+    outs = staged if inplace else [_new_output(s) for s in staged]
     codes = [_dtype_code(t, "allreduce") for t in staged]
     work = _core.grouped_allreduce_async(
         [t.data_ptr() for t in staged], [o.data_ptr() for o in outs], codes,

@@ -19,12 +19,6 @@ namespace {
 // From this size on, allgather reads peers' memory directly (below the streamed sizes).
 constexpr size_t kSingleCopyBytes = 256 << 10;
 
-// Element range [lo, hi) of rank r when m elements are split among n ranks.
-void splitRange(size_t m, int n, int r, size_t* lo, size_t* hi) {
-  const size_t base = m / n, extra = m % n;
-  *lo = r * base + std::min<size_t>(r, extra);
-  *hi = *lo + base + (static_cast<size_t>(r) < extra ? 1 : 0);
-}
 // Allreduces up to this size are reduced whole by every rank: one barrier less.
 // 2 ranks, 8 B-4 KiB: 5.5-6.4 us against 5.9-11; 4 ranks on 2 cores: 34-62
 // against 42-58 us (interleaved runs on a 2-core VM).
@@ -74,6 +68,9 @@ void ShmCommunicator::allreduceSpans(const std::vector<Span>& spans, DataType dt
   const size_t es = dtypeSize(dtype);
   if (n == 1) return copySpanInputs(spans, es);
   if (count == 0) return;
+  if (spans.size() == 1 && count * es >= SharedPool::kMinBytes && seg_->singleCopy() &&
+      allreduceDirect(spans[0], dtype, op))
+    return;
   // fn(output memory, input memory, virtual index, elements) over the spans covering [a, b).
   auto pieces = [&](size_t a, size_t b, auto&& fn) {
     size_t i = static_cast<size_t>(std::upper_bound(start.begin(), start.end(), a) - start.begin()) - 1;
@@ -186,54 +183,6 @@ void ShmCommunicator::allreducePayload(const Span& span, DataType dtype, ReduceO
   inputs_.resize(n);
   for (int j = 0; j < n; ++j) inputs_[j] = j == me ? span.input() : seg_->slot(payloadBank_, j) + payloadOffset_;
   reduceMany(dtype, op, span.data, inputs_.data(), n, span.count);
-}
-
-namespace {
-// What a rank publishes about its allgather output for the direct path.
-struct OutputNotice {
-  uint32_t shared;  // the output lies in the sender's SharedPool
-  SharedBufferRef ref;
-};
-// Where, after the notices, each rank says whether it mapped every peer's output.
-constexpr size_t kMappedAt = 64;
-static_assert(sizeof(OutputNotice) <= kMappedAt, "notice overlaps the mapped flag");
-}  // namespace
-
-// When every rank's output comes from the SharedPool, each writes its piece
-// straight into all outputs: one read of the input, no slot to hand over (a
-// 2-rank 64 MiB allgather moves 1.5S through memory per rank instead of 2.5S).
-// False (on every rank alike) when some output is private or cannot be mapped.
-bool ShmCommunicator::allgatherDirect(const void* in, void* out, const std::vector<size_t>& offset) {
-  const int n = size(), me = rank();
-  const size_t mine = offset[me + 1] - offset[me];
-  const int bank = nextBank();
-  auto notice = [&](int j) { return reinterpret_cast<OutputNotice*>(seg_->slot(bank, j)); };
-  OutputNotice* my = notice(me);
-  my->shared = SharedPool::instance()->describe(out, offset[n], &my->ref);
-  seg_->barrier();  // every rank's notice is readable
-  for (int j = 0; j < n; ++j)
-    if (!notice(j)->shared) return false;
-  peerOutputs_.assign(n, nullptr);
-  uint32_t mapped = 1;
-  for (int j = 0; j < n; ++j)
-    if (j != me && !(peerOutputs_[j] = SharedPool::instance()->mapPeer(notice(j)->ref))) mapped = 0;
-  *reinterpret_cast<uint32_t*>(seg_->slot(bank, me) + kMappedAt) = mapped;
-  seg_->barrier();  // every rank knows whether all could map
-  for (int j = 0; j < n; ++j)
-    if (!*reinterpret_cast<uint32_t*>(seg_->slot(bank, j) + kMappedAt)) return false;
-  const char* src = static_cast<const char*>(in);
-  char* own = static_cast<char*>(out) + offset[me];
-  int first = 0;  // the first peer's copy shares the read of the input with my own
-  for (int j = 0; j < n && mine; ++j) {
-    if (j == me) continue;
-    char* there = peerOutputs_[j].get() + notice(j)->ref.offset + offset[me];
-    if (!first++ && own != src) streamCopy(own, src, mine, there, true);
-    else streamCopy(there, src, mine);
-  }
-  if (mine && !first && own != src) streamCopy(own, src, mine);
-  peerOutputs_.clear();
-  seg_->barrier();  // every piece is in every output (streamed stores fenced by the barrier)
-  return true;
 }
 
 void ShmCommunicator::allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) {

@@ -11,6 +11,13 @@
 
 namespace chorus {
 
+// Element range [lo, hi) of rank r when m elements are split among n ranks.
+inline void splitRange(size_t m, int n, int r, size_t* lo, size_t* hi) {
+  const size_t base = m / n, extra = m % n;
+  *lo = r * base + (static_cast<size_t>(r) < extra ? r : extra);
+  *hi = *lo + base + (static_cast<size_t>(r) < extra ? 1 : 0);
+}
+
 class ShmCommunicator : public Communicator {
  public:
   ShmCommunicator(std::unique_ptr<ShmSegment> seg, PeerPath peerPath = PeerPath::kAuto)
@@ -37,13 +44,19 @@ class ShmCommunicator : public Communicator {
  private:
   // The bank for the next round; every collective's rounds advance it alike on all ranks.
   int nextBank() { return static_cast<int>(round_++ & 1); }
+  // Direct paths (shm_direct.cc), taken when every rank's output lies in its
+  // SharedPool: ranks write into each other's outputs, no slot in between.
+  bool mapPeerOutputs(void* out, size_t bytes);
   bool allgatherDirect(const void* in, void* out, const std::vector<size_t>& offset);
+  bool allreduceDirect(const Span& span, DataType dtype, ReduceOp op);
 
   std::unique_ptr<ShmSegment> seg_;
   uint64_t round_ = 0;
   PeerPathChooser paths_;
   std::vector<const void*> inputs_;
-  std::vector<std::shared_ptr<char>> peerOutputs_;
+  std::vector<std::shared_ptr<char>> peerOutputs_;  // mappings held during a direct op
+  std::vector<char*> peerOut_;                       // where each rank's output starts in them
+  std::vector<char> block_;                          // reduced results on their way out
   // Where the last negotiation left the payloads: bank, offset in each slot, and
   // the round after it (a payload is readable only until the next round).
   int payloadBank_ = 0;

@@ -35,6 +35,21 @@ for dt in DTYPES:
                             name=f"scaled.{dt}")
         assert torch.allclose(got.double(), stacked.sum(0) * 2.0, atol=tol * 4)
 
+# Large outputs live in memory the other local ranks write into: right values
+# step after step (the buffers are handed out again), and they outlive the op.
+kept = []
+for step in range(3):
+    for dt in (torch.float32, torch.bfloat16, torch.int64):
+        shape = (517, 1031)  # over 1 MiB in every one of these dtypes
+        mine = data(r + step, shape, dt)
+        got = hvd.allreduce(mine, op=hvd.Sum, name=f"large.{dt}")
+        ref = sum(data(k + step, shape, dt).double() for k in range(n))
+        assert got.dtype == dt and got.shape == mine.shape
+        assert torch.equal(got.double(), ref), (step, dt)
+        kept.append((got, ref))
+for got, ref in kept:
+    assert torch.equal(got.double(), ref)
+
 # In place, async, poll, synchronize.
 t = torch.full((4,), float(r + 1))
 h = hvd.allreduce_async_(t, op=hvd.Sum, name="inplace")
