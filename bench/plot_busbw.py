@@ -19,7 +19,7 @@ COLORS = {"chorus": "C0", "chorus, chorus outputs": "C4", "tcp": "C1", "tcp, cho
 
 def label(row):
     """The row's path; chorus rows whose outputs chorus allocated (--outputs chorus) apart."""
-    own = row.get("outputs") == "chorus" and row["path"] != "mpi" and row["op"] not in ("allreduce", "broadcast")
+    own = row.get("outputs") == "chorus" and row["path"] != "mpi" and row["op"] != "broadcast"
     return row["path"] + (", chorus outputs" if own else "")
 
 
@@ -44,8 +44,12 @@ def main():
         for path, pts in sorted(lines.items()):
             pts.sort()
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=path, color=COLORS.get(path))
-        floor = sorted((r["bytes"], 2 * r["bytes"] / r["floor_time_us"] / 1e3 * (r["ranks"] - 1) / r["ranks"])
-                       for r in rows if r["op"] == op and r.get("floor_time_us"))
+        best = {}  # the lowest floor time per size, when several runs are merged
+        for r in rows:
+            if r["op"] == op and r.get("floor_time_us"):
+                best[r["bytes"]] = min(best.get(r["bytes"], r["floor_time_us"]), r["floor_time_us"])
+        ranks = rows[0]["ranks"]
+        floor = sorted((b, 2 * b / t / 1e3 * (ranks - 1) / ranks) for b, t in best.items())
         if floor and op == "allreduce":
             ax.plot([p[0] for p in floor], [p[1] for p in floor], linestyle="--", color="gray",
                     label="memory floor")
