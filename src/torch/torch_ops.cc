@@ -48,9 +48,21 @@ DataType toChorus(c10::ScalarType t) {
   }
 }
 
+namespace {
+// A new tensor like `like`; large ones in memory that the other local ranks
+// write into directly (chorus::allocateShared), as Python's hvd.allreduce.
+torch::Tensor newOutput(const torch::Tensor& like) {
+  const size_t bytes = static_cast<size_t>(like.numel()) * like.element_size();
+  if (bytes < kSharedMinBytes) return torch::empty_like(like);
+  std::shared_ptr<void> buf = allocateShared(bytes);
+  void* p = buf.get();
+  return torch::from_blob(p, like.sizes(), [buf](void*) {}, like.options());
+}
+}  // namespace
+
 torch::Tensor allreduce(const torch::Tensor& t, const AllreduceOptions& opts) {
   torch::Tensor in = staged(t);
-  torch::Tensor out = torch::empty_like(in);
+  torch::Tensor out = newOutput(in);
   defaultRuntime().allreduce(viewOf(in), viewOf(out), opts);
   return onDevice(out, t);
 }

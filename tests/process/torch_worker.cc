@@ -21,6 +21,13 @@ int main() {
   auto a = torch::arange(6, torch::kFloat64).reshape({2, 3}) + r;
   auto expect = torch::arange(6, torch::kFloat64).reshape({2, 3}) * n + n * (n - 1) / 2;
   CHECK(torch::equal(ct::allreduce(a, sum), expect));
+  // Over 1 MiB: the output lives in shared memory the other ranks write into; it
+  // stays right after later ops reuse the pool.
+  auto big = [&](int step) { return torch::arange(300007, torch::kFloat32) * (r + 1) + step; };
+  auto bigExpect = [&](int step) { return torch::arange(300007, torch::kFloat32) * (n * (n + 1) / 2) + step * n; };
+  auto first = ct::allreduce(big(0), sum);
+  for (int step = 1; step < 3; ++step) CHECK(torch::equal(ct::allreduce(big(step), sum), bigExpect(step)));
+  CHECK(torch::equal(first, bigExpect(0)));
   auto nc = a.t();  // not contiguous: staged, and copied back in place
   ct::allreduce_(nc, sum);
   CHECK(torch::equal(nc, expect.t()));
