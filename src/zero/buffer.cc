@@ -2,7 +2,10 @@
 
 #include <sys/mman.h>
 
+#include <cstdint>
 #include <new>
+
+#include "chorus/runtime.h"
 
 namespace chorus::zero {
 
@@ -16,17 +19,39 @@ Buffer::Buffer(size_t bytes, bool pin) : size_(bytes) {
   if (pin) pinned_ = ::mlock(data_, rounded) == 0;
 }
 
-Buffer::~Buffer() {
-  if (pinned_) ::munlock(data_, (size_ + 63) / 64 * 64);
-  std::free(data_);
+Buffer Buffer::shared(size_t bytes) {
+  if (bytes < kSharedMinBytes) return Buffer(bytes);
+  std::shared_ptr<void> mem = allocateShared(bytes);
+  if (reinterpret_cast<uintptr_t>(mem.get()) % 64 != 0) return Buffer(bytes);  // a private fallback
+  Buffer b;
+  b.data_ = static_cast<char*>(mem.get());
+  b.size_ = bytes;
+  b.shared_ = std::move(mem);
+  std::memset(b.data_, 0, bytes);  // the pool hands buffers out again
+  return b;
 }
+
+void Buffer::release() {
+  if (shared_) {
+    shared_.reset();
+  } else {
+    if (pinned_) ::munlock(data_, (size_ + 63) / 64 * 64);
+    std::free(data_);
+  }
+  data_ = nullptr;
+  size_ = 0;
+  pinned_ = false;
+}
+
+Buffer::~Buffer() { release(); }
 
 Buffer& Buffer::operator=(Buffer&& o) noexcept {
   if (this != &o) {
-    this->~Buffer();
+    release();
     data_ = o.data_;
     size_ = o.size_;
     pinned_ = o.pinned_;
+    shared_ = std::move(o.shared_);
     o.data_ = nullptr;
     o.size_ = 0;
     o.pinned_ = false;

@@ -11,6 +11,9 @@ class Buffer {
  public:
   Buffer() = default;
   explicit Buffer(size_t bytes, bool pin = false);
+  // From chorus::allocateShared (for 1 MiB and more): collectives whose outputs
+  // land here can be written by the other local ranks directly.
+  static Buffer shared(size_t bytes);
   ~Buffer();
   Buffer(Buffer&& o) noexcept { *this = std::move(o); }
   Buffer& operator=(Buffer&& o) noexcept;
@@ -23,9 +26,12 @@ class Buffer {
   void zero() { if (size_) std::memset(data_, 0, size_); }
 
  private:
+  void release();
+
   char* data_ = nullptr;
   size_t size_ = 0;
   bool pinned_ = false;
+  std::shared_ptr<void> shared_;  // owns data_ when set
 };
 
 }  // namespace chorus::zero

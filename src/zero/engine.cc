@@ -56,7 +56,8 @@ Engine::Engine(Runtime& rt, EngineSpec spec)
       unitBase_.push_back(total);
       total += u.flatElems();
     }
-    params_ = Buffer(total * es);
+    // The allgather after each step writes every rank's slices straight into it.
+    params_ = Buffer::shared(total * es);
     if (stage_ < 2) grads_ = Buffer(total * es);
   } else {
     paramPart_ = Buffer(part * es, pinOpt && z.offloadParam == "cpu");

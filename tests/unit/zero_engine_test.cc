@@ -7,6 +7,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "comm/shm/shared_pool.h"
 #include "harness.h"
 #include "zero/engine.h"
 #include "zero/lr_schedule.h"
@@ -24,17 +25,18 @@ double gradOf(int rank, size_t param, size_t e, int step, int micro) {
 double initOf(size_t param, size_t e) { return std::cos(0.2 * param + 0.05 * e); }
 
 // Plain Adam in double over the averaged, accumulated gradients.
-std::vector<std::vector<double>> reference(int world, int steps, int micros, double lr) {
+std::vector<std::vector<double>> reference(int world, int steps, int micros, double lr,
+                                           const std::vector<size_t>& numels) {
   std::vector<std::vector<double>> p, m, v;
-  for (size_t i = 0; i < kNumels.size(); ++i) {
-    p.emplace_back(kNumels[i]);
-    for (size_t e = 0; e < kNumels[i]; ++e) p[i][e] = static_cast<float>(initOf(i, e));
-    m.emplace_back(kNumels[i], 0.0);
-    v.emplace_back(kNumels[i], 0.0);
+  for (size_t i = 0; i < numels.size(); ++i) {
+    p.emplace_back(numels[i]);
+    for (size_t e = 0; e < numels[i]; ++e) p[i][e] = static_cast<float>(initOf(i, e));
+    m.emplace_back(numels[i], 0.0);
+    v.emplace_back(numels[i], 0.0);
   }
   for (int s = 0; s < steps; ++s)
-    for (size_t i = 0; i < kNumels.size(); ++i)
-      for (size_t e = 0; e < kNumels[i]; ++e) {
+    for (size_t i = 0; i < numels.size(); ++i)
+      for (size_t e = 0; e < numels[i]; ++e) {
         double g = 0;
         for (int r = 0; r < world; ++r)
           for (int k = 0; k < micros; ++k) g += static_cast<float>(gradOf(r, i, e, s, k));
@@ -49,21 +51,21 @@ std::vector<std::vector<double>> reference(int world, int steps, int micros, dou
 
 class EngineStages : public ::testing::TestWithParam<std::tuple<int, int>> {};
 
-TEST_P(EngineStages, AdamStepsMatchTheReference) {
-  const auto [stage, world] = GetParam();
+// Steps every stage's engine on `numels` and checks the parameters against the reference.
+void checkAdamSteps(int stage, int world, const std::vector<size_t>& numels, const testing::ConfigTweak& tweak) {
   const int steps = 4, micros = 2;
   const double lr = 1e-2;
-  const auto expect = reference(world, steps, micros, lr);
+  const auto expect = reference(world, steps, micros, lr, numels);
   testing::runRanksOk(world, [&](testing::RankContext& ctx) {
     EngineSpec spec;
     spec.config = DsConfig::parse(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": )" +
                                       std::to_string(stage) + R"(, "reduce_bucket_size": 90,
                                       "stage3_param_persistence_threshold": 6}})",
                                   world);
-    spec.numels = kNumels;
+    spec.numels = numels;
     Engine engine(ctx.rt, spec);
-    for (size_t i = 0; i < kNumels.size(); ++i) {
-      std::vector<float> init(kNumels[i]);
+    for (size_t i = 0; i < numels.size(); ++i) {
+      std::vector<float> init(numels[i]);
       for (size_t e = 0; e < init.size(); ++e) init[e] = static_cast<float>(initOf(i, e)) + (ctx.rank ? 5.0f : 0.0f);
       engine.loadParam(i, init.data());  // rank 0's values win
     }
@@ -72,8 +74,8 @@ TEST_P(EngineStages, AdamStepsMatchTheReference) {
     h.lr = static_cast<float>(lr);
     for (int s = 0; s < steps; ++s) {
       for (int k = 0; k < micros; ++k) {
-        for (size_t i = kNumels.size(); i-- > 0;) {
-          std::vector<float> g(kNumels[i]);
+        for (size_t i = numels.size(); i-- > 0;) {
+          std::vector<float> g(numels[i]);
           for (size_t e = 0; e < g.size(); ++e) g[e] = static_cast<float>(gradOf(ctx.rank, i, e, s, k));
           engine.gradReady(i, g.data());
         }
@@ -81,7 +83,7 @@ TEST_P(EngineStages, AdamStepsMatchTheReference) {
       }
       ASSERT_FALSE(engine.step({h}).skipped);
     }
-    for (size_t i = 0; i < kNumels.size(); ++i) {
+    for (size_t i = 0; i < numels.size(); ++i) {
       const float* p;
       std::shared_ptr<Buffer> hold;
       if (stage == 3) {
@@ -90,15 +92,31 @@ TEST_P(EngineStages, AdamStepsMatchTheReference) {
       } else {
         p = static_cast<const float*>(engine.paramStorage(i));
       }
-      for (size_t e = 0; e < kNumels[i]; ++e)
+      for (size_t e = 0; e < numels[i]; ++e)
         ASSERT_NEAR(p[e], expect[i][e], 2e-5) << "stage " << stage << " rank " << ctx.rank << " param " << i;
       if (stage == 3) engine.release(i);
     }
     // Stage 3: after the releases only the persistent parameters (5 and 1 elements) stay gathered.
-    if (stage == 3) {
+    if (stage == 3 && numels == kNumels) {
       EXPECT_EQ(engine.liveBytes(), 4u * world * (engine.plan().paramSlice(2) + engine.plan().paramSlice(4)));
     }
-  });
+  }, tweak);
+}
+
+TEST_P(EngineStages, AdamStepsMatchTheReference) {
+  const auto [stage, world] = GetParam();
+  checkAdamSteps(stage, world, kNumels, nullptr);
+}
+
+// Parameters of over 1 MiB in all live in shared memory (stages 0-2): the
+// allgather after each step writes every rank's slices straight into the other
+// ranks' storage, with the same results.
+TEST(EngineStagesShared, LargeParametersAreGatheredStraightIntoSharedStorage) {
+  for (int stage : {1, 2}) {
+    const uint64_t handed = SharedPool::instance()->peerMapsHanded();
+    checkAdamSteps(stage, 2, {300007, 11, 70001}, [](Config& c) { c.cpuOperations = "shm"; });
+    EXPECT_GT(SharedPool::instance()->peerMapsHanded(), handed) << "stage " << stage;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Zero, EngineStages,
