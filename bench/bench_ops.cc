@@ -124,11 +124,15 @@ BenchCase::BenchCase(Runtime& rt, BenchOp op, DataType dtype, ReduceOp redop, si
   in_.assign(std::max(sets, 1), std::vector<char>(std::max<size_t>(count_ * es, 1), 0));
   if (chorusOutputs_) {
     held_.resize(std::max(sets, 1));
-  } else if (chorusOutputs && op == BenchOp::kAllreduce) {
-    // Allreduce writes the caller's output: chorus's allocator provides it, as
-    // for the new tensor of Horovod's hvd.allreduce.
-    for (int k = 0; k < std::max(sets, 1); ++k) sharedOut_.push_back(allocateShared(std::max<size_t>(outCount_ * es, 1)));
-  } else out_.assign(std::max(sets, 1), std::vector<char>(std::max<size_t>(outCount_ * es, 1), 0));
+  } else {
+    // Allreduce with chorus outputs writes into buffers from chorus's allocator,
+    // as for the new tensor of Horovod's hvd.allreduce.
+    const bool shared = chorusOutputs && op == BenchOp::kAllreduce;
+    const size_t outBytes = std::max<size_t>(outCount_ * es, 1);
+    for (int k = 0; k < std::max(sets, 1); ++k) {
+      out_.push_back(shared ? allocateShared(outBytes) : std::shared_ptr<char[]>(new char[outBytes]()));
+    }
+  }
   name_ = std::string("bench.") + benchOpName(op) + "." + std::to_string(bytes_);
 }
 
@@ -140,16 +144,14 @@ void BenchCase::hold(int i, Work w) {
 
 const char* BenchCase::output0() const {
   if (chorusOutputs_) return static_cast<const char*>(held_[0]->outputs().at(0).data);
-  return sharedOut_.empty() ? out_[0].data() : static_cast<const char*>(sharedOut_[0].get());
+  return static_cast<const char*>(out_[0].get());
 }
 
 void BenchCase::run(int i) {
   auto& inBuf = in_[i % in_.size()];
   Tensor in{inBuf.data(), dtype_, {count_}};
   // Broadcast and allreduce write their own buffers (never chorus-allocated).
-  char* outBuf = chorusOutputs_      ? inBuf.data()
-                 : sharedOut_.empty() ? out_[i % out_.size()].data()
-                                      : static_cast<char*>(sharedOut_[i % sharedOut_.size()].get());
+  char* outBuf = chorusOutputs_ ? inBuf.data() : static_cast<char*>(out_[i % out_.size()].get());
   Tensor out{outBuf, dtype_, {outCount_}};
   Allocator into = [outBuf](const Shape&, DataType) -> void* { return outBuf; };
   if (chorusOutputs_) into = nullptr;
@@ -179,7 +181,7 @@ void BenchCase::run(int i) {
 void BenchCase::fillInput() {
   for (int64_t i = 0; i < count_; ++i) store(in_[0].data(), dtype_, i, genValue(rank_, i, dtype_, redop_));
   if (op_ == BenchOp::kBroadcast)
-    for (int64_t i = 0; i < count_; ++i) store(out_[0].data(), dtype_, i, genValue(rank_, i, dtype_, redop_));
+    for (int64_t i = 0; i < count_; ++i) store(static_cast<char*>(out_[0].get()), dtype_, i, genValue(rank_, i, dtype_, redop_));
 }
 
 double BenchCase::expected(int64_t j) const {

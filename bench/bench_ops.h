@@ -1,5 +1,6 @@
 #pragma once
 // One collective of chorus-bench: how to size it, run it, and check it.
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -47,10 +48,10 @@ class BenchCase {
   size_t bytes_ = 0;
   int64_t count_ = 0;   // elements of the input on this rank
   int64_t outCount_ = 0;
-  std::vector<std::vector<char>> in_, out_;
+  std::vector<std::vector<char>> in_;
+  std::vector<std::shared_ptr<void>> out_;  // the bench's outputs, by buffer set (zeroed or shared)
   bool chorusOutputs_;
   std::vector<std::optional<Work>> held_;  // chorus-allocated outputs, by buffer set
-  std::vector<std::shared_ptr<void>> sharedOut_;  // allreduce outputs from allocateShared
   std::string name_;
 };
 

@@ -39,10 +39,10 @@ void postProcess(const Response& r, void* buf, size_t n, int size) {
 
 }  // namespace
 
-// Large buffers from the shared pool: peers on this host write into them
-// directly, and a reused buffer costs no page faults or zero-filling.
 static_assert(SharedPool::kMinBytes == kSharedMinBytes, "the public threshold is the pool's");
 
+// Large buffers from the shared pool: peers on this host write into them
+// directly, and a reused buffer costs no page faults or zero-filling.
 std::shared_ptr<void> allocateShared(size_t bytes) {
   std::shared_ptr<void> buf;
   if (bytes >= SharedPool::kMinBytes) buf = SharedPool::instance()->allocate(bytes);

@@ -84,12 +84,15 @@ namespace {
 // distance (512 B-2 KiB) and prefetchw against prefetcht0 made no difference.
 constexpr size_t kAhead = 1024;
 
+inline void prefetchAhead(const char* dst, const char* src, size_t i, size_t n) {
+  if (i + kAhead >= n) return;
+  _mm_prefetch(src + i + kAhead, _MM_HINT_T0);
+  _mm_prefetch(dst + i + kAhead, _MM_HINT_T0);
+}
+
 __attribute__((target("avx"))) void copyAvx(char* dst, const char* src, size_t n) {
   for (size_t i = 0; i < n; i += 64) {
-    if (i + kAhead < n) {
-      _mm_prefetch(src + i + kAhead, _MM_HINT_T0);
-      _mm_prefetch(dst + i + kAhead, _MM_HINT_T0);
-    }
+    prefetchAhead(dst, src, i, n);
     const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
     const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 32));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), a);
@@ -98,10 +101,7 @@ __attribute__((target("avx"))) void copyAvx(char* dst, const char* src, size_t n
 }
 void copySse(char* dst, const char* src, size_t n) {
   for (size_t i = 0; i < n; i += 64) {
-    if (i + kAhead < n) {
-      _mm_prefetch(src + i + kAhead, _MM_HINT_T0);
-      _mm_prefetch(dst + i + kAhead, _MM_HINT_T0);
-    }
+    prefetchAhead(dst, src, i, n);
     __m128i v[4];
     for (int k = 0; k < 4; ++k) v[k] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16 * k));
     for (int k = 0; k < 4; ++k) _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i + 16 * k), v[k]);
