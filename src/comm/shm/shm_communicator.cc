@@ -26,6 +26,9 @@ constexpr size_t kReduceAloneBytes = 16 << 10;
 // Outputs of this size and more (larger than a core's L2) are unlikely to be in
 // cache when they are read next: they are written with non-temporal stores.
 constexpr size_t kStreamOutputBytes = 1 << 20;
+// Reduced in blocks of this size when streamed out: 2 ranks, 16-64 MiB, 3-5%
+// faster than reducing a whole 512 KiB part first (Intel VM, A/B round by round).
+constexpr size_t kStreamBlockBytes = 16 << 10;
 
 enum PathOp { kAllgatherOp, kBroadcastOp, kAlltoallOp };
 
@@ -116,8 +119,14 @@ void ShmCommunicator::allreduceSpans(const std::vector<Span>& spans, DataType dt
     pieces(off + lo[me], off + hi[me], [&](char* t, const char* in, size_t at, size_t len) {
       for (int j = 0; j < n; ++j) inputs_[j] = j == me ? in : seg_->slot(bank, j) + (at - off) * es;
       char* out = mine + (at - off) * es;
-      reduceMany(dtype, op, out, inputs_.data(), n, len);
-      writeOut(t, out, len * es, stream);
+      // Streamed results leave in blocks, each while it is still in L1.
+      const size_t block = stream ? kStreamBlockBytes / es : len;
+      for (size_t b = 0; b < len; b += block) {
+        const size_t k = std::min(block, len - b);
+        reduceMany(dtype, op, out + b * es, inputs_.data(), n, k);
+        writeOut(t + b * es, out + b * es, k * es, stream);
+        for (int j = 0; j < n; ++j) inputs_[j] = static_cast<const char*>(inputs_[j]) + k * es;
+      }
     });
     seg_->barrier();  // every rank's part is reduced
     for (int j = 0; j < n; ++j)
