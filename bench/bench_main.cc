@@ -85,6 +85,11 @@ int main(int argc, char** argv) {
                  "returns new tensors: allgather, alltoall and reducescatter allocate them, allreduce writes into "
                  "buffers from chorus::allocateShared; broadcast is in place)")
       ->check(CLI::IsMember({"bench", "chorus"}));
+  std::string inputs = "bench";
+  app.add_option("--inputs", inputs,
+                 "who allocates the inputs: bench (private rotating buffers) or chorus (chorus::allocateShared, as "
+                 "ZeRO's gradient buckets; reducescatter then reads every local rank's input directly)")
+      ->check(CLI::IsMember({"bench", "chorus"}));
   std::string mpiChild;
   app.add_option("--mpi-child", mpiChild, "(internal) measure Open MPI under mpirun and write JSON here");
   try {
@@ -197,7 +202,7 @@ int main(int argc, char** argv) {
               floorUs[bytes] = floorUs.count(bytes) ? std::min(floorUs[bytes], fl) : fl;
             }
             auto& rows = results[pathName][op];
-            BenchCase bc(*prt, op, dtype, redop, bytes, sets, outputs == "chorus");
+            BenchCase bc(*prt, op, dtype, redop, bytes, sets, {outputs == "chorus", inputs == "chorus"});
             int64_t wrong = checkFlag ? sumAcrossRanks(*prt, bc.check()) : 0;
             // Chorus-allocated outputs: every buffer of the rotation is made (and
             // mapped by the peers) before the timing, as the bench's own are.
@@ -223,9 +228,9 @@ int main(int argc, char** argv) {
       if (root) {
         std::printf(
             "#\n# chorus-bench %s  ranks %d  dtype %s  redop %s  warmup %d  iters %d  buffers %s  outputs %s  "
-            "rounds %d\n#\n",
+            "inputs %s  rounds %d\n#\n",
             benchOpName(op), n, dtypeName.c_str(), reduceOpName(redop), warmup, iters, rotate ? "rotating" : "reused",
-            outputs.c_str(), repeat);
+            outputs.c_str(), inputs.c_str(), repeat);
         std::printf("# %12s %12s %7s %12s %9s %9s %7s %8s %8s\n", "size", "count", "path", "time", "algbw",
                     "busbw", "#wrong", "vs_mpi", "floor");
         std::printf("# %12s %12s %7s %12s %9s %9s %7s %8s %8s\n", "(B)", "(elements)", "", "(us)", "(GB/s)",
@@ -250,7 +255,7 @@ int main(int argc, char** argv) {
           nlohmann::json row = {{"op", benchOpName(op)}, {"path", pathName}, {"bytes", r.bytes},
                                 {"count", r.count}, {"dtype", dtypeName}, {"ranks", n}, {"time_us", us},
                                 {"algbw_gbs", algbw}, {"busbw_gbs", busbw}, {"wrong", r.wrong},
-                                {"rounds_us", r.roundsUs}, {"outputs", outputs}};
+                                {"rounds_us", r.roundsUs}, {"outputs", outputs}, {"inputs", inputs}};
           if (pathName == "chorus") {
             row["floor_fraction"] = floorFrac;
             row["floor_time_us"] = fl;

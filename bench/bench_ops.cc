@@ -99,10 +99,9 @@ double busFactor(BenchOp op, int n) {
   }
 }
 
-BenchCase::BenchCase(Runtime& rt, BenchOp op, DataType dtype, ReduceOp redop, size_t bytes, int sets,
-                     bool chorusOutputs)
+BenchCase::BenchCase(Runtime& rt, BenchOp op, DataType dtype, ReduceOp redop, size_t bytes, int sets, BufferOwners owners)
     : rt_(rt), op_(op), dtype_(dtype), redop_(redop), rank_(rt.rank()), size_(rt.size()),
-      chorusOutputs_(chorusOutputs && op != BenchOp::kAllreduce && op != BenchOp::kBroadcast) {
+      chorusOutputs_(owners.chorusOutputs && op != BenchOp::kAllreduce && op != BenchOp::kBroadcast) {
   const size_t es = dtypeSize(dtype);
   int64_t elems = static_cast<int64_t>(bytes / es);
   const bool perRank = op == BenchOp::kAllgather || op == BenchOp::kReducescatter || op == BenchOp::kAlltoall;
@@ -121,17 +120,17 @@ BenchCase::BenchCase(Runtime& rt, BenchOp op, DataType dtype, ReduceOp redop, si
       count_ = elems;
       outCount_ = elems;
   }
-  in_.assign(std::max(sets, 1), std::vector<char>(std::max<size_t>(count_ * es, 1), 0));
+  auto buffer = [](size_t bytes, bool shared) -> std::shared_ptr<void> {
+    return shared ? allocateShared(bytes) : std::shared_ptr<char[]>(new char[bytes]());
+  };
+  for (int k = 0; k < std::max(sets, 1); ++k) in_.push_back(buffer(std::max<size_t>(count_ * es, 1), owners.sharedInputs));
   if (chorusOutputs_) {
     held_.resize(std::max(sets, 1));
   } else {
     // Allreduce with chorus outputs writes into buffers from chorus's allocator,
     // as for the new tensor of Horovod's hvd.allreduce.
-    const bool shared = chorusOutputs && op == BenchOp::kAllreduce;
-    const size_t outBytes = std::max<size_t>(outCount_ * es, 1);
-    for (int k = 0; k < std::max(sets, 1); ++k) {
-      out_.push_back(shared ? allocateShared(outBytes) : std::shared_ptr<char[]>(new char[outBytes]()));
-    }
+    const bool shared = owners.chorusOutputs && op == BenchOp::kAllreduce;
+    for (int k = 0; k < std::max(sets, 1); ++k) out_.push_back(buffer(std::max<size_t>(outCount_ * es, 1), shared));
   }
   name_ = std::string("bench.") + benchOpName(op) + "." + std::to_string(bytes_);
 }
@@ -148,10 +147,10 @@ const char* BenchCase::output0() const {
 }
 
 void BenchCase::run(int i) {
-  auto& inBuf = in_[i % in_.size()];
-  Tensor in{inBuf.data(), dtype_, {count_}};
+  char* inBuf = static_cast<char*>(in_[i % in_.size()].get());
+  Tensor in{inBuf, dtype_, {count_}};
   // Broadcast and allreduce write their own buffers (never chorus-allocated).
-  char* outBuf = chorusOutputs_ ? inBuf.data() : static_cast<char*>(out_[i % out_.size()].get());
+  char* outBuf = chorusOutputs_ ? inBuf : static_cast<char*>(out_[i % out_.size()].get());
   Tensor out{outBuf, dtype_, {outCount_}};
   Allocator into = [outBuf](const Shape&, DataType) -> void* { return outBuf; };
   if (chorusOutputs_) into = nullptr;
@@ -179,7 +178,7 @@ void BenchCase::run(int i) {
 }
 
 void BenchCase::fillInput() {
-  for (int64_t i = 0; i < count_; ++i) store(in_[0].data(), dtype_, i, genValue(rank_, i, dtype_, redop_));
+  for (int64_t i = 0; i < count_; ++i) store(static_cast<char*>(in_[0].get()), dtype_, i, genValue(rank_, i, dtype_, redop_));
   if (op_ == BenchOp::kBroadcast)
     for (int64_t i = 0; i < count_; ++i) store(static_cast<char*>(out_[0].get()), dtype_, i, genValue(rank_, i, dtype_, redop_));
 }

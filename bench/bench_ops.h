@@ -15,17 +15,24 @@ BenchOp parseBenchOp(const std::string& name);
 // nccl-tests' bus bandwidth factor for n ranks.
 double busFactor(BenchOp op, int n);
 
+// Who allocates the buffers.
+struct BufferOwners {
+  // Chorus allocates the outputs of allgather, alltoall and reducescatter
+  // (Horovod's API returns new tensors) instead of writing into the bench's
+  // buffers; the last `sets` outputs are held, so that they rotate too.
+  // Allreduce's outputs come from chorus::allocateShared.
+  bool chorusOutputs = false;
+  // The inputs come from chorus::allocateShared (as ZeRO's gradient buckets).
+  bool sharedInputs = false;
+};
+
 // Buffers for one size. `bytes` is what nccl-tests calls size: the whole
 // buffer for allreduce/broadcast, the gathered output for allgather, the input
 // for reducescatter, the send buffer for alltoall.
 class BenchCase {
  public:
   // sets: how many buffer sets to rotate through, so that caches do not flatter.
-  // chorusOutputs: chorus allocates the outputs of allgather, alltoall and
-  // reducescatter (Horovod's API returns new tensors) instead of writing into the
-  // bench's buffers; the last `sets` outputs are held, so that they rotate too.
-  BenchCase(Runtime& rt, BenchOp op, DataType dtype, ReduceOp redop, size_t bytes, int sets = 1,
-            bool chorusOutputs = false);
+  BenchCase(Runtime& rt, BenchOp op, DataType dtype, ReduceOp redop, size_t bytes, int sets = 1, BufferOwners owners = {});
   size_t bytes() const { return bytes_; }
   int64_t count() const { return count_; }
   // Runs the op once on buffer set i % sets.
@@ -48,7 +55,7 @@ class BenchCase {
   size_t bytes_ = 0;
   int64_t count_ = 0;   // elements of the input on this rank
   int64_t outCount_ = 0;
-  std::vector<std::vector<char>> in_;
+  std::vector<std::shared_ptr<void>> in_;  // by buffer set (zeroed or shared)
   std::vector<std::shared_ptr<void>> out_;  // the bench's outputs, by buffer set (zeroed or shared)
   bool chorusOutputs_;
   std::vector<std::optional<Work>> held_;  // chorus-allocated outputs, by buffer set

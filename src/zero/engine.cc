@@ -56,9 +56,10 @@ Engine::Engine(Runtime& rt, EngineSpec spec)
       unitBase_.push_back(total);
       total += u.flatElems();
     }
-    // The allgather after each step writes every rank's slices straight into it.
+    // The allgather after each step writes every rank's slices straight into it;
+    // the gradients' reduction reads every rank's straight from theirs.
     params_ = Buffer::shared(total * es);
-    if (stage_ < 2) grads_ = Buffer(total * es);
+    if (stage_ < 2) grads_ = Buffer::shared(total * es);
   } else {
     paramPart_ = Buffer(part * es, pinOpt && z.offloadParam == "cpu");
   }
@@ -216,7 +217,7 @@ int Engine::acquireBucket(size_t u) {
   for (size_t k = 0; k < pool_.size(); ++k)
     if (pool_[k].unit == SIZE_MAX) free = static_cast<int>(k);
   if (free < 0) {
-    pool_.push_back(Bucket{Buffer(plan_->maxUnitFlatElems() * esize()), SIZE_MAX, 0, nullptr});
+    pool_.push_back(Bucket{Buffer::shared(plan_->maxUnitFlatElems() * esize()), SIZE_MAX, 0, nullptr});
     free = static_cast<int>(pool_.size() - 1);
   }
   Bucket& b = pool_[free];

@@ -219,6 +219,78 @@ TEST(SharedPool, APrivateAllreduceOutputOnOneRankSendsEveryRankThroughTheSlots) 
   EXPECT_EQ(SharedPool::instance()->peerMapsHanded(), handed);
 }
 
+// Reducescatters of over 1 MiB whose inputs come from allocateShared: each rank
+// reads its piece from every rank's input, mapped; the pieces (uneven rows, a
+// rank with none) match a float64 reference step after step, and the inputs are
+// left as they were.
+TEST(SharedPool, ReducescatterReadsSharedInputsStraight) {
+  struct Case {
+    DataType dt;
+    ReduceOp op;
+    int64_t rowElems;
+  };
+  // Horovod's reducescatter takes Sum and Average.
+  const std::vector<Case> cases = {{DataType::kFloat32, ReduceOp::kSum, 1},     {DataType::kBFloat16, ReduceOp::kSum, 3},
+                                   {DataType::kInt32, ReduceOp::kSum, 7},       {DataType::kFloat64, ReduceOp::kAverage, 1},
+                                   {DataType::kFloat32, ReduceOp::kAverage, 5}, {DataType::kInt64, ReduceOp::kSum, 2},
+                                   {DataType::kFloat16, ReduceOp::kAverage, 4}};
+  const int steps = 2;
+  for (int n : {2, 3, 4}) {
+    const uint64_t handed = SharedPool::instance()->peerMapsHanded();
+    runRanksOk(n, [&](RankContext& c) {
+      for (const Case& k : cases) {
+        const size_t es = dtypeSize(k.dt);
+        const int64_t rows = static_cast<int64_t>((3 << 20) / es / k.rowElems) + n - 1;  // rows % n != 0
+        const int64_t count = rows * k.rowElems;
+        for (int step = 0; step < steps; ++step) {
+          HostBuffer values(k.dt, {count});
+          for (int64_t i = 0; i < count; ++i) values.set(i, testValue(c.rank, i + step, k.dt, k.op));
+          auto in = allocateShared(count * es);
+          std::memcpy(in.get(), values.tensor().data, count * es);
+          ReducescatterOptions opts;
+          opts.op = k.op;
+          opts.name = std::string("rs.direct.") + dtypeName(k.dt);
+          Work w = c.rt.reducescatter(Tensor{in.get(), k.dt, {rows, k.rowElems}}, opts);
+          w.wait();
+          int64_t first = 0;  // Horovod's split: the first rows % n ranks get a row more
+          for (int r = 0; r < c.rank; ++r) first += rows / n + (r < rows % n ? 1 : 0);
+          const int64_t mine = rows / n + (c.rank < rows % n ? 1 : 0);
+          ASSERT_EQ(w.output(0).shape, (Shape{mine, k.rowElems}));
+          for (int64_t i = 0; i < mine * k.rowElems; ++i) {
+            const double want = reference(k.op, k.dt, n, first * k.rowElems + i + step);
+            ASSERT_NEAR(readAs(w.output(0).data, k.dt, i), want, tolerance(k.dt, want))
+                << n << " ranks " << dtypeName(k.dt) << " step " << step << " element " << i;
+          }
+          ASSERT_EQ(std::memcmp(values.tensor().data, in.get(), count * es), 0) << "the input changed";
+        }
+      }
+    }, shm);
+    EXPECT_EQ(SharedPool::instance()->peerMapsHanded() - handed, cases.size() * steps * n * (n - 1)) << n << " ranks";
+  }
+}
+
+// One rank's input is private: every rank takes the slots together.
+TEST(SharedPool, APrivateReducescatterInputOnOneRankSendsEveryRankThroughTheSlots) {
+  const int n = 3;
+  const uint64_t handed = SharedPool::instance()->peerMapsHanded();
+  runRanksOk(n, [&](RankContext& c) {
+    const int64_t count = 900003;
+    std::vector<float> own(count);
+    auto shared = allocateShared(count * 4);
+    float* in = c.rank == 2 ? own.data() : static_cast<float*>(shared.get());
+    for (int64_t i = 0; i < count; ++i) in[i] = static_cast<float>(c.rank * 1000 + i % 977);
+    ReducescatterOptions sum;
+    sum.op = ReduceOp::kSum;
+    Work w = c.rt.reducescatter(Tensor{in, DataType::kFloat32, {count}}, sum);
+    w.wait();
+    const int64_t first = c.rank * (count / n);
+    const float* got = static_cast<const float*>(w.output(0).data);
+    for (int64_t i = 0; i < count / n; ++i)
+      ASSERT_EQ(got[i], static_cast<float>(3000 + 3 * ((first + i) % 977))) << "element " << i;
+  }, shm);
+  EXPECT_EQ(SharedPool::instance()->peerMapsHanded(), handed);
+}
+
 TEST(SharedPool, AllocateSharedIsPrivateBelowTheThreshold) {
   auto small = allocateShared(4096);
   auto large = allocateShared(SharedPool::kMinBytes);

@@ -23,9 +23,6 @@ constexpr size_t kSingleCopyBytes = 256 << 10;
 // 2 ranks, 8 B-4 KiB: 5.5-6.4 us against 5.9-11; 4 ranks on 2 cores: 34-62
 // against 42-58 us (interleaved runs on a 2-core VM).
 constexpr size_t kReduceAloneBytes = 16 << 10;
-// Outputs of this size and more (larger than a core's L2) are unlikely to be in
-// cache when they are read next: they are written with non-temporal stores.
-constexpr size_t kStreamOutputBytes = 1 << 20;
 // Reduced in blocks of this size when streamed out: 2 ranks, 16-64 MiB, 3-5%
 // faster than reducing a whole 512 KiB part first (Intel VM, A/B round by round).
 constexpr size_t kStreamBlockBytes = 16 << 10;
@@ -311,6 +308,8 @@ void ShmCommunicator::reducescatter(void* buf, void* out, const std::vector<size
     if (counts[0]) std::memcpy(out, data, counts[0] * es);
     return;
   }
+  if (off[n] * es >= SharedPool::kMinBytes && seg_->singleCopy() && reducescatterDirect(buf, out, off, dtype, op))
+    return;
   const size_t subElems = ((seg_->slotBytes() / n) & ~size_t{63}) / es;
   const size_t most = *std::max_element(counts.begin(), counts.end());
   const bool stream = counts[me] * es >= kStreamOutputBytes;

@@ -18,6 +18,10 @@ inline void splitRange(size_t m, int n, int r, size_t* lo, size_t* hi) {
   *hi = *lo + base + (static_cast<size_t>(r) < extra ? 1 : 0);
 }
 
+// Outputs of this size and more (larger than a core's L2) are unlikely to be in
+// cache when they are read next: they are written with non-temporal stores.
+constexpr size_t kStreamOutputBytes = 1 << 20;
+
 class ShmCommunicator : public Communicator {
  public:
   ShmCommunicator(std::unique_ptr<ShmSegment> seg, PeerPath peerPath = PeerPath::kAuto)
@@ -44,18 +48,20 @@ class ShmCommunicator : public Communicator {
  private:
   // The bank for the next round; every collective's rounds advance it alike on all ranks.
   int nextBank() { return static_cast<int>(round_++ & 1); }
-  // Direct paths (shm_direct.cc), taken when every rank's output lies in its
-  // SharedPool: ranks write into each other's outputs, no slot in between.
-  bool mapPeerOutputs(void* out, size_t bytes);
+  // Direct paths (shm_direct.cc), taken when every rank's output (reducescatter:
+  // input) lies in its SharedPool: ranks write into each other's outputs, or read
+  // each other's inputs, with no slot in between.
+  bool mapPeerBuffers(const void* buf, size_t bytes);
   bool allgatherDirect(const void* in, void* out, const std::vector<size_t>& offset);
   bool allreduceDirect(const Span& span, DataType dtype, ReduceOp op);
+  bool reducescatterDirect(const void* buf, void* out, const std::vector<size_t>& off, DataType dtype, ReduceOp op);
 
   std::unique_ptr<ShmSegment> seg_;
   uint64_t round_ = 0;
   PeerPathChooser paths_;
   std::vector<const void*> inputs_;
-  std::vector<std::shared_ptr<char>> peerOutputs_;  // mappings held during a direct op
-  std::vector<char*> peerOut_;                       // where each rank's output starts in them
+  std::vector<std::shared_ptr<char>> peerMaps_;  // mappings held during a direct op
+  std::vector<char*> peerBuf_;                    // where each rank's buffer starts in them
   std::vector<char> block_;                          // reduced results on their way out
   // Where the last negotiation left the payloads: bank, offset in each slot, and
   // the round after it (a payload is readable only until the next round).
