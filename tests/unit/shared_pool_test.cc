@@ -201,6 +201,57 @@ TEST(SharedPool, AllreduceWritesStraightIntoSharedOutputs) {
   }
 }
 
+// A grouped allreduce (one fused op) whose outputs all come from allocateShared
+// and are 1 MiB or more: every tensor is mapped, in or out of place, an empty
+// one among them. With a smaller tensor in the group the whole op takes the
+// slots, and the results are the same.
+TEST(SharedPool, FusedAllreduceOfSharedOutputsWritesStraightIntoEach) {
+  const int n = 3;
+  const std::vector<int64_t> counts = {(1 << 20) / 4 + 17, 0, (2 << 20) / 4 + 3, (1 << 20) / 4};
+  for (bool withSmall : {false, true}) {
+    const uint64_t handed = SharedPool::instance()->peerMapsHanded();
+    runRanksOk(n, [&](RankContext& c) {
+      for (int step = 0; step < 2; ++step) {
+        std::vector<HostBuffer> ins;
+        std::vector<std::shared_ptr<void>> outs;
+        std::vector<Tensor> in, out;
+        std::vector<int64_t> sizes = counts;
+        if (withSmall) sizes.push_back(1000);
+        int64_t base = 0;
+        for (size_t t = 0; t < sizes.size(); ++t) {
+          ins.emplace_back(DataType::kFloat32, Shape{sizes[t]});
+          for (int64_t i = 0; i < sizes[t]; ++i)
+            ins.back().set(i, testValue(c.rank, base + i + step, DataType::kFloat32, ReduceOp::kSum));
+          base += sizes[t];
+          outs.push_back(allocateShared(std::max<int64_t>(sizes[t], 1) * 4));
+          out.push_back(Tensor{outs.back().get(), DataType::kFloat32, {sizes[t]}});
+          if (t == 2) {  // in place
+            std::memcpy(outs.back().get(), ins.back().tensor().data, sizes[t] * 4);
+            in.push_back(out.back());
+          } else {
+            in.push_back(ins.back().tensor());
+          }
+        }
+        AllreduceOptions sum;
+        sum.op = ReduceOp::kSum;
+        sum.name = "fused.direct";
+        c.rt.groupedAllreduceAsync(in, out, sum).wait();
+        base = 0;
+        for (size_t t = 0; t < sizes.size(); ++t) {
+          for (int64_t i = 0; i < sizes[t]; ++i) {
+            const double want = reference(ReduceOp::kSum, DataType::kFloat32, n, base + i + step);
+            ASSERT_NEAR(readAs(outs[t].get(), DataType::kFloat32, i), want, tolerance(DataType::kFloat32, want))
+                << "tensor " << t << " element " << i << " step " << step;
+          }
+          base += sizes[t];
+        }
+      }
+    }, shm);
+    const uint64_t mapped = withSmall ? 0 : 2 * 3 * n * (n - 1);  // 2 steps, 3 non-empty tensors
+    EXPECT_EQ(SharedPool::instance()->peerMapsHanded() - handed, mapped) << (withSmall ? "with" : "without") << " a small tensor";
+  }
+}
+
 // One rank reduces into a private buffer: every rank takes the slots together.
 TEST(SharedPool, APrivateAllreduceOutputOnOneRankSendsEveryRankThroughTheSlots) {
   const int n = 3;

@@ -68,20 +68,17 @@ void ShmCommunicator::allreduceSpans(const std::vector<Span>& spans, DataType dt
   const size_t es = dtypeSize(dtype);
   if (n == 1) return copySpanInputs(spans, es);
   if (count == 0) return;
-  if (spans.size() == 1 && count * es >= SharedPool::kMinBytes && seg_->singleCopy() &&
-      allreduceDirect(spans[0], dtype, op))
-    return;
+  // Only tensors of kMinBytes and more can lie in the pool: the same test on every rank.
+  const bool poolSized = std::all_of(spans.begin(), spans.end(), [&](const Span& s) {
+    return s.count == 0 || s.count * es >= SharedPool::kMinBytes;
+  });
+  if (poolSized && seg_->singleCopy() && allreduceDirect(spans, start, dtype, op)) return;
   // fn(output memory, input memory, virtual index, elements) over the spans covering [a, b).
   auto pieces = [&](size_t a, size_t b, auto&& fn) {
-    size_t i = static_cast<size_t>(std::upper_bound(start.begin(), start.end(), a) - start.begin()) - 1;
-    for (; a < b; ++i) {
-      const size_t end = std::min(b, start[i + 1]);
-      if (end > a) {
-        const size_t at = (a - start[i]) * es;
-        fn(static_cast<char*>(spans[i].data) + at, static_cast<const char*>(spans[i].input()) + at, a, end - a);
-      }
-      a = std::max(a, end);
-    }
+    forEachPiece(start, a, b, [&](size_t i, size_t at, size_t len) {
+      fn(static_cast<char*>(spans[i].data) + at * es, static_cast<const char*>(spans[i].input()) + at * es,
+         start[i] + at, len);
+    });
   };
   inputs_.resize(n);
   if (count * es <= std::min(kReduceAloneBytes, seg_->slotBytes())) {

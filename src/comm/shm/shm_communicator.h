@@ -2,6 +2,7 @@
 // Collectives between the ranks of one host through a shared-memory segment.
 // Data moves in rounds of one slot per rank; two banks of slots alternate, so a
 // round needs one barrier (two for allreduce: written, then reduced).
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -16,6 +17,18 @@ inline void splitRange(size_t m, int n, int r, size_t* lo, size_t* hi) {
   const size_t base = m / n, extra = m % n;
   *lo = r * base + (static_cast<size_t>(r) < extra ? r : extra);
   *hi = *lo + base + (static_cast<size_t>(r) < extra ? 1 : 0);
+}
+
+// Calls fn(i, at, len) for each piece of span i, from its element `at` on, that
+// [a, b) of the spans' concatenation covers; span i starts at start[i] there.
+template <typename Fn>
+void forEachPiece(const std::vector<size_t>& start, size_t a, size_t b, Fn&& fn) {
+  size_t i = static_cast<size_t>(std::upper_bound(start.begin(), start.end(), a) - start.begin()) - 1;
+  for (; a < b; ++i) {
+    const size_t end = std::min(b, start[i + 1]);
+    if (end > a) fn(i, a - start[i], end - a);
+    a = std::max(a, end);
+  }
 }
 
 // Outputs of this size and more (larger than a core's L2) are unlikely to be in
@@ -51,9 +64,13 @@ class ShmCommunicator : public Communicator {
   // Direct paths (shm_direct.cc), taken when every rank's output (reducescatter:
   // input) lies in its SharedPool: ranks write into each other's outputs, or read
   // each other's inputs, with no slot in between.
-  bool mapPeerBuffers(const void* buf, size_t bytes);
+  struct Range {
+    const void* data;
+    size_t bytes;
+  };
+  bool mapPeerBuffers(const std::vector<Range>& ranges);
   bool allgatherDirect(const void* in, void* out, const std::vector<size_t>& offset);
-  bool allreduceDirect(const Span& span, DataType dtype, ReduceOp op);
+  bool allreduceDirect(const std::vector<Span>& spans, const std::vector<size_t>& start, DataType dtype, ReduceOp op);
   bool reducescatterDirect(const void* buf, void* out, const std::vector<size_t>& off, DataType dtype, ReduceOp op);
 
   std::unique_ptr<ShmSegment> seg_;
@@ -61,7 +78,7 @@ class ShmCommunicator : public Communicator {
   PeerPathChooser paths_;
   std::vector<const void*> inputs_;
   std::vector<std::shared_ptr<char>> peerMaps_;  // mappings held during a direct op
-  std::vector<char*> peerBuf_;                    // where each rank's buffer starts in them
+  std::vector<std::vector<char*>> peerBuf_;       // [rank][range]: where it starts in them
   std::vector<char> block_;                          // reduced results on their way out
   // Where the last negotiation left the payloads: bank, offset in each slot, and
   // the round after it (a payload is readable only until the next round).

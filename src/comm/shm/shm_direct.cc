@@ -13,43 +13,61 @@
 namespace chorus {
 
 namespace {
-// What a rank publishes about its buffer.
+// What a rank publishes about its buffers; a SharedBufferRef per range follows.
 struct BufferNotice {
-  uint32_t shared;  // the buffer lies in the sender's SharedPool
-  SharedBufferRef ref;
+  uint32_t shared;  // every range lies in the sender's SharedPool
+  uint32_t mapped;  // the sender mapped every peer's ranges (written after the first barrier)
+  uint64_t count;
 };
-// Where, after the notices, each rank says whether it mapped every peer's buffer.
-constexpr size_t kMappedAt = 64;
-static_assert(sizeof(BufferNotice) <= kMappedAt, "notice overlaps the mapped flag");
 // A reduced block is written in L1 here, then streamed into every output.
 constexpr size_t kBlockBytes = 16 << 10;
 }  // namespace
 
-// True (on every rank alike) when every rank's [buf, buf + bytes) lies in its
-// pool and every rank could map every other's; then peerBuf_[j] is rank j's
-// buffer, mapped here. Two barriers.
-bool ShmCommunicator::mapPeerBuffers(const void* buf, size_t bytes) {
+// True (on every rank alike) when every rank's ranges lie in its pool and every
+// rank could map every other's; then peerBuf_[j][i] is rank j's range i, mapped
+// here. The ranks pass ranges of the same sizes. Two barriers.
+bool ShmCommunicator::mapPeerBuffers(const std::vector<Range>& ranges) {
   const int n = size(), me = rank();
+  const size_t k = ranges.size();
+  if (sizeof(BufferNotice) + k * sizeof(SharedBufferRef) > seg_->slotBytes()) return false;
   const int bank = nextBank();
   auto notice = [&](int j) { return reinterpret_cast<BufferNotice*>(seg_->slot(bank, j)); };
+  auto refs = [&](int j) { return reinterpret_cast<SharedBufferRef*>(notice(j) + 1); };
   BufferNotice* my = notice(me);
-  my->shared = SharedPool::instance()->describe(buf, bytes, &my->ref);
+  my->shared = 1;
+  my->count = k;
+  for (size_t i = 0; i < k; ++i) {
+    refs(me)[i] = SharedBufferRef{};
+    if (ranges[i].bytes && !SharedPool::instance()->describe(ranges[i].data, ranges[i].bytes, &refs(me)[i]))
+      my->shared = 0;
+  }
   seg_->barrier();  // every rank's notice is readable
   for (int j = 0; j < n; ++j)
     if (!notice(j)->shared) return false;
-  peerMaps_.assign(n, nullptr);
-  peerBuf_.assign(n, static_cast<char*>(const_cast<void*>(buf)));
+  peerMaps_.clear();
+  peerBuf_.assign(n, std::vector<char*>(k, nullptr));
   uint32_t mapped = 1;
   for (int j = 0; j < n; ++j) {
-    if (j == me) continue;
-    peerMaps_[j] = SharedPool::instance()->mapPeer(notice(j)->ref);
-    if (peerMaps_[j]) peerBuf_[j] = peerMaps_[j].get() + notice(j)->ref.offset;
-    else mapped = 0;
+    for (size_t i = 0; i < k; ++i) {
+      if (j == me) {
+        peerBuf_[j][i] = static_cast<char*>(const_cast<void*>(ranges[i].data));
+        continue;
+      }
+      const SharedBufferRef& ref = refs(j)[i];
+      if (!ref.bytes) continue;  // an empty range
+      std::shared_ptr<char> m = SharedPool::instance()->mapPeer(ref);
+      if (!m) {
+        mapped = 0;
+        continue;
+      }
+      peerBuf_[j][i] = m.get() + ref.offset;
+      peerMaps_.push_back(std::move(m));
+    }
   }
-  *reinterpret_cast<uint32_t*>(seg_->slot(bank, me) + kMappedAt) = mapped;
+  my->mapped = mapped;
   seg_->barrier();  // every rank knows whether all could map
   for (int j = 0; j < n; ++j) {
-    if (!*reinterpret_cast<uint32_t*>(seg_->slot(bank, j) + kMappedAt)) {
+    if (!notice(j)->mapped) {
       peerMaps_.clear();
       return false;
     }
@@ -62,14 +80,14 @@ bool ShmCommunicator::mapPeerBuffers(const void* buf, size_t bytes) {
 // rank instead of 2.5S).
 bool ShmCommunicator::allgatherDirect(const void* in, void* out, const std::vector<size_t>& offset) {
   const int n = size(), me = rank();
-  if (!mapPeerBuffers(out, offset[n])) return false;
+  if (!mapPeerBuffers({{out, offset[n]}})) return false;
   const size_t mine = offset[me + 1] - offset[me];
   const char* src = static_cast<const char*>(in);
   char* own = static_cast<char*>(out) + offset[me];
   int first = 0;  // the first peer's copy shares the read of the input with my own
   for (int j = 0; j < n && mine; ++j) {
     if (j == me) continue;
-    char* there = peerBuf_[j] + offset[me];
+    char* there = peerBuf_[j][0] + offset[me];
     if (!first++ && own != src) streamCopy(own, src, mine, there, true);
     else streamCopy(there, src, mine);
   }
@@ -79,37 +97,44 @@ bool ShmCommunicator::allgatherDirect(const void* in, void* out, const std::vect
   return true;
 }
 
-// Rank r reduces part r. First every rank stages the parts the others reduce in
-// its own output (already there when in place); then each reduces its part in
-// rank order, from its own input and the others' staged parts, and streams the
-// result into every output, over the staged copies (only the part's reducer
-// reads those). Everything moves with streamed stores and is read from memory:
-// no line passes between the cores' caches.
-bool ShmCommunicator::allreduceDirect(const Span& span, DataType dtype, ReduceOp op) {
+// Rank r reduces part r of the spans' concatenation. First every rank stages the
+// parts the others reduce in its own outputs (already there when in place); then
+// each reduces its part in rank order, from its own inputs and the others' staged
+// parts, and streams the result into every output, over the staged copies (only
+// the part's reducer reads those). Everything moves with streamed stores and is
+// read from memory: no line passes between the cores' caches.
+bool ShmCommunicator::allreduceDirect(const std::vector<Span>& spans, const std::vector<size_t>& start,
+                                      DataType dtype, ReduceOp op) {
   const int n = size(), me = rank();
   const size_t es = dtypeSize(dtype);
-  if (!mapPeerBuffers(span.data, span.count * es)) return false;
-  char* own = static_cast<char*>(span.data);
-  const char* in = static_cast<const char*>(span.input());
+  std::vector<Range> ranges;
+  for (const Span& s : spans) ranges.push_back({s.data, s.count * es});
+  if (!mapPeerBuffers(ranges)) return false;
+  const size_t count = start.back();
   size_t lo = 0, hi = 0;
-  if (own != in) {
-    for (int j = 0; j < n; ++j) {
-      if (j == me) continue;
-      splitRange(span.count, n, j, &lo, &hi);
-      streamCopy(own + lo * es, in + lo * es, (hi - lo) * es);
-    }
+  for (int j = 0; j < n; ++j) {
+    if (j == me) continue;
+    splitRange(count, n, j, &lo, &hi);
+    forEachPiece(start, lo, hi, [&](size_t i, size_t at, size_t len) {
+      const char* in = static_cast<const char*>(spans[i].input()) + at * es;
+      char* own = static_cast<char*>(spans[i].data) + at * es;
+      if (own != in) streamCopy(own, in, len * es);
+    });
   }
   seg_->barrier();  // every part is staged
-  splitRange(span.count, n, me, &lo, &hi);
+  splitRange(count, n, me, &lo, &hi);
   block_.resize(kBlockBytes);
   inputs_.resize(n);
   const size_t block = kBlockBytes / es;
-  for (size_t k = lo; k < hi; k += block) {
-    const size_t m = std::min(block, hi - k);
-    for (int j = 0; j < n; ++j) inputs_[j] = (j == me ? in : peerBuf_[j]) + k * es;
-    reduceMany(dtype, op, block_.data(), inputs_.data(), n, m);
-    for (int j = 0; j < n; ++j) streamCopy(peerBuf_[j] + k * es, block_.data(), m * es);
-  }
+  forEachPiece(start, lo, hi, [&](size_t i, size_t at, size_t len) {
+    const char* in = static_cast<const char*>(spans[i].input());
+    for (size_t k = at; k < at + len; k += block) {
+      const size_t m = std::min(block, at + len - k);
+      for (int j = 0; j < n; ++j) inputs_[j] = (j == me ? in : peerBuf_[j][i]) + k * es;
+      reduceMany(dtype, op, block_.data(), inputs_.data(), n, m);
+      for (int j = 0; j < n; ++j) streamCopy(peerBuf_[j][i] + k * es, block_.data(), m * es);
+    }
+  });
   _mm_sfence();
   peerMaps_.clear();
   seg_->barrier();  // every part is in every output
@@ -123,7 +148,7 @@ bool ShmCommunicator::reducescatterDirect(const void* buf, void* out, const std:
                                           DataType dtype, ReduceOp op) {
   const int n = size(), me = rank();
   const size_t es = dtypeSize(dtype);
-  if (!mapPeerBuffers(buf, off[n] * es)) return false;
+  if (!mapPeerBuffers({{buf, off[n] * es}})) return false;
   const size_t count = off[me + 1] - off[me];
   char* dst = static_cast<char*>(out);
   const bool stream = count * es >= kStreamOutputBytes;
@@ -132,7 +157,7 @@ bool ShmCommunicator::reducescatterDirect(const void* buf, void* out, const std:
   const size_t block = stream ? kBlockBytes / es : count;
   for (size_t k = 0; k < count; k += block) {
     const size_t m = std::min(block, count - k);
-    for (int j = 0; j < n; ++j) inputs_[j] = peerBuf_[j] + (off[me] + k) * es;
+    for (int j = 0; j < n; ++j) inputs_[j] = peerBuf_[j][0] + (off[me] + k) * es;
     if (!stream) {
       reduceMany(dtype, op, dst + k * es, inputs_.data(), n, m);
       continue;
