@@ -14,13 +14,18 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 # One colour per path in every panel.
-COLORS = {"chorus": "C0", "chorus, chorus outputs": "C4", "tcp": "C1", "tcp, chorus outputs": "C5", "mpi": "C2"}
+COLORS = {"chorus": "C0", "chorus, chorus outputs": "C4", "chorus, shared inputs": "C3", "tcp": "C1",
+          "tcp, chorus outputs": "C5", "mpi": "C2"}
 
 
 def label(row):
-    """The row's path; chorus rows whose outputs chorus allocated (--outputs chorus) apart."""
-    own = row.get("outputs") == "chorus" and row["path"] != "mpi" and row["op"] != "broadcast"
-    return row["path"] + (", chorus outputs" if own else "")
+    """The row's path; chorus rows whose outputs chorus allocated (--outputs chorus) or whose
+    inputs came from chorus::allocateShared (--inputs chorus) apart."""
+    if row["path"] == "mpi":
+        return "mpi"
+    own = row.get("outputs") == "chorus" and row["op"] != "broadcast"
+    shared_in = row.get("inputs") == "chorus"
+    return row["path"] + (", chorus outputs" if own else "") + (", shared inputs" if shared_in else "")
 
 
 def main():
@@ -37,12 +42,13 @@ def main():
     for ax in axes.flat[len(ops):]:
         ax.set_visible(False)
     for ax, op in zip(axes.flat, ops):
-        lines = defaultdict(list)
+        lines = defaultdict(lambda: defaultdict(list))
         for r in rows:
             if r["op"] == op and r["bytes"] > 0:
-                lines[label(r)].append((r["bytes"], r["busbw_gbs"]))
-        for path, pts in sorted(lines.items()):
-            pts.sort()
+                lines[label(r)][r["bytes"]].append(r["busbw_gbs"])
+        for path, by_size in sorted(lines.items()):
+            # A path measured in several merged runs (MPI beside each) is drawn as their mean.
+            pts = sorted((b, sum(v) / len(v)) for b, v in by_size.items())
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=path, color=COLORS.get(path))
         best = {}  # the lowest floor time per size, when several runs are merged
         for r in rows:
