@@ -52,7 +52,7 @@ TEST(ChorusRun, MismatchIsReportedOnAllRanksAndTheNextCollectiveRuns) {
   }
 }
 
-// env: settings for the job (the data path); scenario: kill or kill_small.
+// env: settings for the job (the data path); scenario: kill, kill_small or kill_direct.
 void expectKilledRankIsPeerFailure(const std::string& env, const std::string& scenario = "kill") {
   auto r = run(env + " CHORUS_TIMEOUT_SECONDS=10 " + kRun + " --keep-going -np 3 " + kWorker + " " + scenario);
   EXPECT_EQ(r.exitCode, 128 + 9) << r.output;
@@ -68,6 +68,11 @@ void expectKilledRankIsPeerFailure(const std::string& env, const std::string& sc
 }
 
 TEST(ChorusRun, KilledRankBecomesPeerFailureOnTheSurvivors) { expectKilledRankIsPeerFailure(""); }
+
+// The kill lands while the ranks read and write each other's pool buffers.
+TEST(ChorusRun, KilledRankInADirectSharedMemoryOpBecomesPeerFailure) {
+  expectKilledRankIsPeerFailure("", "kill_direct");
+}
 
 // Over TCP the kill lands in Gloo's large allreduces, or in the small ones over the direct mesh.
 TEST(ChorusRun, KilledRankBecomesPeerFailureOverTcp) {

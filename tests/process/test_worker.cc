@@ -53,11 +53,16 @@ int mismatch() {
 }
 
 // elements: 4M (16 MiB of float32) lands the kill inside a large allreduce; a
-// few hundred, among small ones.
-int killed(int64_t n) {
+// few hundred, among small ones. shared: the buffer comes from allocateShared, so
+// that the allreduces and reducescatters in between take the direct paths
+// (ranks reading and writing each other's buffers).
+int killed(int64_t n, bool shared = false) {
   init();
   Runtime& rt = defaultRuntime();
-  std::vector<float> buf(n, 1.0f);
+  std::vector<float> own(shared ? 0 : n, 1.0f);
+  std::shared_ptr<void> pooled = shared ? allocateShared(n * sizeof(float)) : nullptr;
+  float* buf = shared ? static_cast<float*>(pooled.get()) : own.data();
+  std::fill(buf, buf + n, 1.0f);
   if (rank() == 1) {
     std::thread([] {
       std::this_thread::sleep_for(std::chrono::milliseconds(400));
@@ -67,8 +72,13 @@ int killed(int64_t n) {
   auto start = Clock::now();
   try {
     for (int i = 0;; ++i) {
-      rt.allreduce(Tensor{buf.data(), DataType::kFloat32, {n}}, Tensor{buf.data(), DataType::kFloat32, {n}},
-                   sum("big"));
+      const Tensor t{buf, DataType::kFloat32, {n}};
+      rt.allreduce(t, t, sum("big"));
+      if (shared) {
+        ReducescatterOptions o;
+        o.name = "big.rs";
+        rt.reducescatter(t, o).wait();
+      }
     }
   } catch (const PeerFailure& e) {
     double secs = std::chrono::duration<double>(Clock::now() - start).count();
@@ -317,6 +327,7 @@ int main(int argc, char** argv) {
     if (s == "mismatch") return mismatch();
     if (s == "kill") return killed(int64_t{4} << 20);
     if (s == "kill_small") return killed(300);
+    if (s == "kill_direct") return killed(int64_t{4} << 20, true);
     if (s == "stall") return stall();
     if (s == "two_sets") return twoSets();
     if (s == "bad_secret") return badSecret();
