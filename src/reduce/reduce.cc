@@ -1,5 +1,6 @@
 #include "reduce/reduce.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -15,6 +16,7 @@ namespace chorus {
   void reduceMany(DataType, ReduceOp, void*, const void* const*, int, size_t);                          \
   void reduceBuffers(DataType, ReduceOp, void*, const void*, const void*, size_t);                      \
   void scaleCopy(DataType, void*, const void*, size_t, double);                                         \
+  void reduceManyStreamed(DataType, ReduceOp, void*, void* const*, int, const void* const*, int, size_t, size_t); \
   }
 CHORUS_DECLARE_KERNELS(kernels_generic)
 CHORUS_DECLARE_KERNELS(kernels_avx2)
@@ -26,13 +28,15 @@ struct Kernels {
   void (*reduceMany)(DataType, ReduceOp, void*, const void* const*, int, size_t);
   void (*reduceBuffers)(DataType, ReduceOp, void*, const void*, const void*, size_t);
   void (*scaleCopy)(DataType, void*, const void*, size_t, double);
+  void (*reduceManyStreamed)(DataType, ReduceOp, void*, void* const*, int, const void* const*, int, size_t, size_t);
 };
 
 const Kernels kGeneric{"generic", kernels_generic::reduceMany, kernels_generic::reduceBuffers,
-                       kernels_generic::scaleCopy};
-const Kernels kAvx2{"avx2", kernels_avx2::reduceMany, kernels_avx2::reduceBuffers, kernels_avx2::scaleCopy};
+                       kernels_generic::scaleCopy, kernels_generic::reduceManyStreamed};
+const Kernels kAvx2{"avx2", kernels_avx2::reduceMany, kernels_avx2::reduceBuffers, kernels_avx2::scaleCopy,
+                    kernels_avx2::reduceManyStreamed};
 const Kernels kAvx512{"avx512", kernels_avx512::reduceMany, kernels_avx512::reduceBuffers,
-                      kernels_avx512::scaleCopy};
+                      kernels_avx512::scaleCopy, kernels_avx512::reduceManyStreamed};
 
 // The best the CPU runs, unless CHORUS_SIMD names a lower level (for tests and benchmarks).
 const Kernels& pick() {
@@ -61,6 +65,24 @@ void reduceBuffers(DataType dtype, ReduceOp op, void* out, const void* a, const 
 }
 void scaleCopy(DataType dtype, void* dst, const void* src, size_t n, double factor) {
   kernels().scaleCopy(dtype, dst, src, n, factor);
+}
+
+void reduceManyStreamed(DataType dtype, ReduceOp op, void* cached, void* const* outs, int nOuts,
+                        const void* const* inputs, int n, size_t count) {
+  const size_t es = dtypeSize(dtype);
+  const uintptr_t at = nOuts ? reinterpret_cast<uintptr_t>(outs[0]) % 64 : 0;
+  bool lined = at % es == 0;
+  for (int k = 1; k < nOuts; ++k) lined = lined && reinterpret_cast<uintptr_t>(outs[k]) % 64 == at;
+  if (!lined) {  // outputs that sit differently within a line: ordinary stores
+    void* first = nOuts ? outs[0] : cached;
+    if (!first) return;
+    reduceMany(dtype, op, first, inputs, n, count);
+    for (int k = 1; k < nOuts; ++k) std::memcpy(outs[k], first, count * es);
+    if (cached && cached != first) std::memcpy(cached, first, count * es);
+    return;
+  }
+  const size_t head = std::min(count, (64 - at) % 64 / es);
+  kernels().reduceManyStreamed(dtype, op, cached, outs, nOuts, inputs, n, head, count);
 }
 
 template <typename T>

@@ -15,6 +15,14 @@ void reduceBuffers(DataType dtype, ReduceOp op, void* out, const void* a, const 
 // float16/bfloat16 accumulate in float32 and round once.
 void reduceMany(DataType dtype, ReduceOp op, void* out, const void* const* inputs, int n, size_t count);
 
+// reduceMany whose results go to every outs[k] (nOuts of them) with
+// non-temporal stores, line by line as the inputs are read, and to cached (when
+// not null) with ordinary stores; the same bits as reduceMany. Outputs that do
+// not share their position within a 64-byte line take ordinary stores. The
+// caller fences (_mm_sfence) before others read the streamed results.
+void reduceManyStreamed(DataType dtype, ReduceOp op, void* cached, void* const* outs, int nOuts,
+                        const void* const* inputs, int n, size_t count);
+
 // The instruction set the kernels run with: "avx512", "avx2" or "generic".
 const char* simdLevel();
 

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 
 #include "harness.h"
@@ -61,6 +62,69 @@ TEST(Kernels, ReduceManyMatchesFloat64) {
             }
           }
           ASSERT_NEAR(out.get(i), want, tolerance(dt, want)) << dtypeName(dt) << " " << reduceOpName(op) << " n=" << n;
+        }
+      }
+    }
+  }
+}
+
+// The streamed variant writes reduceMany's exact bits (reduceMany is checked
+// against float64 above) into every output and the cached one, at every
+// position within a line (shared by the outputs, or not), for every count.
+bool floating(DataType dt) {
+  return dt == DataType::kFloat16 || dt == DataType::kBFloat16 || dt == DataType::kFloat32 || dt == DataType::kFloat64;
+}
+
+TEST(Kernels, ReduceManyStreamedWritesReduceManysBitsEverywhere) {
+  std::mt19937 gen(11);
+  std::uniform_real_distribution<double> real(-4, 4);
+  std::uniform_int_distribution<int> small(-8, 8);
+  for (DataType dt : kAllDtypes) {
+    const size_t es = dtypeSize(dt);
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct}) {
+      for (int n : {1, 2, 3}) {
+        for (int64_t count : {0, 1, 5, 37, 1100, 2053}) {
+          std::vector<HostBuffer> ins;
+          std::vector<const void*> ptrs;
+          for (int j = 0; j < n; ++j) {
+            ins.emplace_back(dt, Shape{count});
+            for (int64_t i = 0; i < count; ++i) {
+              double v = dt == DataType::kBool ? (small(gen) > 0)
+                         : floating(dt)        ? (op == ReduceOp::kProduct ? 1 + real(gen) / 8 : real(gen))
+                         : op == ReduceOp::kProduct ? 1 + (i + j) % 2
+                                                    : small(gen);
+              if (dt == DataType::kUInt8) v = std::abs(v);
+              ins.back().set(i, v);
+            }
+            ptrs.push_back(ins.back().tensor().data);
+          }
+          std::vector<char> want(count * es + 1);
+          reduceMany(dt, op, want.data(), ptrs.data(), n, count);
+          for (int outs : {1, 2, 3}) {
+            for (size_t shift : {size_t{0}, es, 40 - 40 % es, 64 - es}) {
+              for (bool together : {true, false}) {
+                for (bool withCached : {false, true}) {
+                  // Each output in its own 64-aligned buffer, `shift` bytes in (the
+                  // second output one element further when not together).
+                  std::vector<std::vector<char>> mem(outs + 1, std::vector<char>(count * es + 192));
+                  std::vector<void*> dst;
+                  for (int k = 0; k < outs; ++k) {
+                    char* base = mem[k].data() + (64 - reinterpret_cast<uintptr_t>(mem[k].data()) % 64) % 64;
+                    dst.push_back(base + shift + (!together && k == 1 ? es : 0));
+                  }
+                  char* cached = withCached ? mem[outs].data() + es : nullptr;
+                  reduceManyStreamed(dt, op, cached, dst.data(), outs, ptrs.data(), n, count);
+                  const std::string where = std::string(dtypeName(dt)) + " " + reduceOpName(op) +
+                                            " n=" + std::to_string(n) + " count=" + std::to_string(count) +
+                                            " outs=" + std::to_string(outs) + " shift=" + std::to_string(shift) +
+                                            (together ? "" : " apart") + (withCached ? " cached" : "");
+                  for (int k = 0; k < outs; ++k)
+                    ASSERT_EQ(std::memcmp(dst[k], want.data(), count * es), 0) << where << " output " << k;
+                  if (cached) ASSERT_EQ(std::memcmp(cached, want.data(), count * es), 0) << where << " cached";
+                }
+              }
+            }
+          }
         }
       }
     }

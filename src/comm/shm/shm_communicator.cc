@@ -23,9 +23,6 @@ constexpr size_t kSingleCopyBytes = 256 << 10;
 // 2 ranks, 8 B-4 KiB: 5.5-6.4 us against 5.9-11; 4 ranks on 2 cores: 34-62
 // against 42-58 us (interleaved runs on a 2-core VM).
 constexpr size_t kReduceAloneBytes = 16 << 10;
-// Reduced in blocks of this size when streamed out: 2 ranks, 16-64 MiB, 3-5%
-// faster than reducing a whole 512 KiB part first (Intel VM, A/B round by round).
-constexpr size_t kStreamBlockBytes = 16 << 10;
 
 enum PathOp { kAllgatherOp, kBroadcastOp, kAlltoallOp };
 
@@ -112,14 +109,13 @@ void ShmCommunicator::allreduceSpans(const std::vector<Span>& spans, DataType dt
     seg_->barrier();  // every rank's parts are published
     pieces(off + lo[me], off + hi[me], [&](char* t, const char* in, size_t at, size_t len) {
       for (int j = 0; j < n; ++j) inputs_[j] = j == me ? in : seg_->slot(bank, j) + (at - off) * es;
-      char* out = mine + (at - off) * es;
-      // Streamed results leave in blocks, each while it is still in L1.
-      const size_t block = stream ? kStreamBlockBytes / es : len;
-      for (size_t b = 0; b < len; b += block) {
-        const size_t k = std::min(block, len - b);
-        reduceMany(dtype, op, out + b * es, inputs_.data(), n, k);
-        writeOut(t + b * es, out + b * es, k * es, stream);
-        for (int j = 0; j < n; ++j) inputs_[j] = static_cast<const char*>(inputs_[j]) + k * es;
+      char* out = mine + (at - off) * es;  // the others copy my results from here
+      if (stream) {
+        void* outs[1] = {t};
+        reduceManyStreamed(dtype, op, out, outs, 1, inputs_.data(), n, len);
+      } else {
+        reduceMany(dtype, op, out, inputs_.data(), n, len);
+        copyBytes(t, out, len * es);
       }
     });
     seg_->barrier();  // every rank's part is reduced
@@ -325,10 +321,8 @@ void ShmCommunicator::reducescatter(void* buf, void* out, const std::vector<size
         inputs_[j] = j == me ? data + (off[me] + pos) * es : seg_->slot(bank, j) + me * subElems * es;
       char* dst = static_cast<char*>(out) + pos * es;
       if (stream) {
-        // Reduced into my own sub-slot (nobody reads it), then streamed out.
-        char* staged = mine + me * subElems * es;
-        reduceMany(dtype, op, staged, inputs_.data(), n, m);
-        streamCopy(dst, staged, m * es);
+        void* outs[1] = {dst};
+        reduceManyStreamed(dtype, op, nullptr, outs, 1, inputs_.data(), n, m);
       } else {
         reduceMany(dtype, op, dst, inputs_.data(), n, m);
       }

@@ -79,7 +79,6 @@ class ShmCommunicator : public Communicator {
   std::vector<const void*> inputs_;
   std::vector<std::shared_ptr<char>> peerMaps_;  // mappings held during a direct op
   std::vector<std::vector<char*>> peerBuf_;       // [rank][range]: where it starts in them
-  std::vector<char> block_;                          // reduced results on their way out
   // Where the last negotiation left the payloads: bank, offset in each slot, and
   // the round after it (a payload is readable only until the next round).
   int payloadBank_ = 0;

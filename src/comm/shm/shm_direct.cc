@@ -19,8 +19,6 @@ struct BufferNotice {
   uint32_t mapped;  // the sender mapped every peer's ranges (written after the first barrier)
   uint64_t count;
 };
-// A reduced block is written in L1 here, then streamed into every output.
-constexpr size_t kBlockBytes = 16 << 10;
 }  // namespace
 
 // True (on every rank alike) when every rank's ranges lie in its pool and every
@@ -123,17 +121,15 @@ bool ShmCommunicator::allreduceDirect(const std::vector<Span>& spans, const std:
   }
   seg_->barrier();  // every part is staged
   splitRange(count, n, me, &lo, &hi);
-  block_.resize(kBlockBytes);
   inputs_.resize(n);
-  const size_t block = kBlockBytes / es;
+  std::vector<void*> outs(n);
   forEachPiece(start, lo, hi, [&](size_t i, size_t at, size_t len) {
     const char* in = static_cast<const char*>(spans[i].input());
-    for (size_t k = at; k < at + len; k += block) {
-      const size_t m = std::min(block, at + len - k);
-      for (int j = 0; j < n; ++j) inputs_[j] = (j == me ? in : peerBuf_[j][i]) + k * es;
-      reduceMany(dtype, op, block_.data(), inputs_.data(), n, m);
-      for (int j = 0; j < n; ++j) streamCopy(peerBuf_[j][i] + k * es, block_.data(), m * es);
+    for (int j = 0; j < n; ++j) {
+      inputs_[j] = (j == me ? in : peerBuf_[j][i]) + at * es;
+      outs[j] = peerBuf_[j][i] + at * es;
     }
+    reduceManyStreamed(dtype, op, nullptr, outs.data(), n, inputs_.data(), n, len);
   });
   _mm_sfence();
   peerMaps_.clear();
@@ -152,20 +148,15 @@ bool ShmCommunicator::reducescatterDirect(const void* buf, void* out, const std:
   const size_t count = off[me + 1] - off[me];
   char* dst = static_cast<char*>(out);
   const bool stream = count * es >= kStreamOutputBytes;
-  if (stream) block_.resize(kBlockBytes);
   inputs_.resize(n);
-  const size_t block = stream ? kBlockBytes / es : count;
-  for (size_t k = 0; k < count; k += block) {
-    const size_t m = std::min(block, count - k);
-    for (int j = 0; j < n; ++j) inputs_[j] = peerBuf_[j][0] + (off[me] + k) * es;
-    if (!stream) {
-      reduceMany(dtype, op, dst + k * es, inputs_.data(), n, m);
-      continue;
-    }
-    reduceMany(dtype, op, block_.data(), inputs_.data(), n, m);
-    streamCopy(dst + k * es, block_.data(), m * es);
+  for (int j = 0; j < n; ++j) inputs_[j] = peerBuf_[j][0] + off[me] * es;
+  if (stream) {
+    void* outs[1] = {dst};
+    reduceManyStreamed(dtype, op, nullptr, outs, 1, inputs_.data(), n, count);
+    _mm_sfence();
+  } else {
+    reduceMany(dtype, op, dst, inputs_.data(), n, count);
   }
-  if (stream) _mm_sfence();
   peerMaps_.clear();
   seg_->barrier();  // nobody reads my input any more
   return true;
