@@ -23,6 +23,7 @@ void Coordinator::submit(int rank, const Request& req, Clock::time_point now) {
     // Tensors waiting only for this rank may now be ready.
     for (const auto& name : std::vector<std::string>(arrival_)) checkReady(name);
     finishJoinIfComplete();
+    submitDeferred(now);
     return;
   }
   auto it = table_.find(req.name);
@@ -38,8 +39,28 @@ void Coordinator::submit(int rank, const Request& req, Clock::time_point now) {
     p.byRank[rank] = req;
     ++p.count;
     ++version_;
+  } else if (p.byRank[rank]->conflictSet >= 0 && req.conflictSet < 0) {
+    // This rank's marker stands for an earlier use of the name, still waiting
+    // for others; this request is the rank's next use: it joins the table once
+    // the earlier entry is done.
+    deferred_[req.name].emplace_back(rank, req);
+    return;
   }
   checkReady(req.name);
+  submitDeferred(now);
+}
+
+void Coordinator::submitDeferred(Clock::time_point now) {
+  for (auto d = deferred_.begin(); d != deferred_.end();) {
+    if (table_.count(d->first)) {
+      ++d;
+      continue;
+    }
+    auto later = std::move(d->second);
+    deferred_.erase(d);
+    for (const auto& [r, q] : later) submit(r, q, now);
+    d = deferred_.begin();  // submit may have changed the map
+  }
 }
 
 std::map<std::string, std::vector<int>> Coordinator::missingByName() const {

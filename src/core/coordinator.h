@@ -48,6 +48,8 @@ class Coordinator {
   std::string ranksOf(const std::vector<int>& setRanks) const;
   void emit(Response resp, const std::string& group, int groupSize);
   void finishJoinIfComplete();
+  // Submits the deferred requests whose earlier entry is done.
+  void submitDeferred(Clock::time_point now);
 
   std::vector<int> globalRanks_;
   int32_t setId_;
@@ -59,6 +61,8 @@ class Coordinator {
   int joinedCount_ = 0;
   int lastJoined_ = -1;
   std::map<std::string, std::vector<Response>> groups_;
+  // Requests that came after the same rank's marker for a name still pending.
+  std::map<std::string, std::vector<std::pair<int, Request>>> deferred_;
   std::vector<Response> ready_;
 };
 
