@@ -130,6 +130,42 @@ TEST_P(Collectives, LargeGroupedAllreduceOutOfPlace) {
   }, transport());
 }
 
+// Medium sizes (past the whole-reduce size, below the streamed size) fused with
+// in-place and separate outputs side by side: each output gets its own store
+// kind (separate ones are streamed), at offsets that are not line-aligned.
+TEST_P(Collectives, MediumFusedAllreduceMixingInPlaceAndSeparateOutputs) {
+  const int n = ranks();
+  runRanksOk(n, [&](RankContext& c) {
+    const std::vector<int64_t> counts = {9001, 3, 40013, 17};
+    std::vector<HostBuffer> in, out;
+    std::vector<Tensor> ins, outs;
+    for (size_t k = 0; k < counts.size(); ++k) {
+      in.emplace_back(DataType::kFloat32, Shape{counts[k]});
+      out.emplace_back(DataType::kFloat32, Shape{counts[k]});
+      for (int64_t i = 0; i < counts[k]; ++i)
+        in.back().set(i, testValue(c.rank, i + static_cast<int64_t>(k), DataType::kFloat32, ReduceOp::kSum));
+    }
+    for (size_t k = 0; k < counts.size(); ++k) {
+      ins.push_back(in[k].tensor());
+      outs.push_back(k % 2 ? in[k].tensor() : out[k].tensor());  // odd ones in place
+    }
+    AllreduceOptions o;
+    o.op = ReduceOp::kSum;
+    c.rt.groupedAllreduceAsync(ins, outs, o).wait();
+    for (size_t k = 0; k < counts.size(); ++k) {
+      const int64_t shift = static_cast<int64_t>(k);
+      const HostBuffer& result = k % 2 ? in[k] : out[k];
+      for (int64_t i = 0; i < counts[k]; ++i) {
+        const double want = reference(ReduceOp::kSum, DataType::kFloat32, n, i + shift);
+        ASSERT_NEAR(result.get(i), want, tolerance(DataType::kFloat32, want)) << k << " " << i;
+        if (k % 2 == 0) {
+          ASSERT_EQ(in[k].get(i), testValue(c.rank, i + shift, DataType::kFloat32, ReduceOp::kSum)) << k << " " << i;
+        }
+      }
+    }
+  }, transport());
+}
+
 TEST_P(Collectives, GroupedAllreduceCompletesTogether) {
   const int n = ranks();
   runRanksOk(n, [&](RankContext& c) {
