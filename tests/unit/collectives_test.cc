@@ -98,35 +98,46 @@ TEST_P(Collectives, AllreduceLargeInPlaceWithScaling) {
   }, transport());
 }
 
+// A fused float32 sum of tensors of these sizes (tensor k holds testValue at
+// i + k), each in place where inPlace(k): results right, separate inputs
+// untouched; every element checked where every, else a spread of them.
+template <typename InPlace>
+void checkGroupedSum(RankContext& c, int n, const std::vector<int64_t>& counts, InPlace inPlace, bool every) {
+  std::vector<HostBuffer> in, out;
+  std::vector<Tensor> ins, outs;
+  auto value = [&](int64_t i, size_t k) {
+    return testValue(c.rank, i + static_cast<int64_t>(k), DataType::kFloat32, ReduceOp::kSum);
+  };
+  for (size_t k = 0; k < counts.size(); ++k) {
+    in.emplace_back(DataType::kFloat32, Shape{counts[k]});
+    out.emplace_back(DataType::kFloat32, Shape{counts[k]});
+    for (int64_t i = 0; i < counts[k]; ++i) in.back().set(i, value(i, k));
+  }
+  for (size_t k = 0; k < counts.size(); ++k) {
+    ins.push_back(in[k].tensor());
+    outs.push_back(inPlace(k) ? in[k].tensor() : out[k].tensor());
+  }
+  AllreduceOptions o;
+  o.op = ReduceOp::kSum;
+  c.rt.groupedAllreduceAsync(ins, outs, o).wait();
+  for (size_t k = 0; k < counts.size(); ++k) {
+    const HostBuffer& result = inPlace(k) ? in[k] : out[k];
+    for (int64_t i = 0; i < counts[k]; i += every ? 1 : (i % 7) + 1) {
+      const double want = reference(ReduceOp::kSum, DataType::kFloat32, n, i + static_cast<int64_t>(k));
+      ASSERT_NEAR(result.get(i), want, tolerance(DataType::kFloat32, want)) << k << " " << i;
+      if (!inPlace(k)) {
+        ASSERT_EQ(in[k].get(i), value(i, k)) << k << " " << i;
+      }
+    }
+  }
+}
+
 // Fused, out of place, large enough for many transport chunks and for the
 // streamed-output path: outputs right, inputs untouched.
 TEST_P(Collectives, LargeGroupedAllreduceOutOfPlace) {
   const int n = ranks();
   runRanksOk(n, [&](RankContext& c) {
-    const std::vector<int64_t> counts = {1500001, 5, 700003};
-    std::vector<HostBuffer> in, out;
-    std::vector<Tensor> ins, outs;
-    for (size_t k = 0; k < counts.size(); ++k) {
-      in.emplace_back(DataType::kFloat32, Shape{counts[k]});
-      out.emplace_back(DataType::kFloat32, Shape{counts[k]});
-      for (int64_t i = 0; i < counts[k]; ++i)
-        in.back().set(i, testValue(c.rank, i + static_cast<int64_t>(k), DataType::kFloat32, ReduceOp::kSum));
-    }
-    for (size_t k = 0; k < counts.size(); ++k) {
-      ins.push_back(in[k].tensor());
-      outs.push_back(out[k].tensor());
-    }
-    AllreduceOptions o;
-    o.op = ReduceOp::kSum;
-    c.rt.groupedAllreduceAsync(ins, outs, o).wait();
-    for (size_t k = 0; k < counts.size(); ++k) {
-      const int64_t shift = static_cast<int64_t>(k);
-      for (int64_t i = 0; i < counts[k]; i += (i % 7) + 1) {
-        const double want = reference(ReduceOp::kSum, DataType::kFloat32, n, i + shift);
-        ASSERT_NEAR(out[k].get(i), want, tolerance(DataType::kFloat32, want)) << k << " " << i;
-        ASSERT_EQ(in[k].get(i), testValue(c.rank, i + shift, DataType::kFloat32, ReduceOp::kSum)) << k << " " << i;
-      }
-    }
+    checkGroupedSum(c, n, {1500001, 5, 700003}, [](size_t) { return false; }, false);
   }, transport());
 }
 
@@ -136,33 +147,7 @@ TEST_P(Collectives, LargeGroupedAllreduceOutOfPlace) {
 TEST_P(Collectives, MediumFusedAllreduceMixingInPlaceAndSeparateOutputs) {
   const int n = ranks();
   runRanksOk(n, [&](RankContext& c) {
-    const std::vector<int64_t> counts = {9001, 3, 40013, 17};
-    std::vector<HostBuffer> in, out;
-    std::vector<Tensor> ins, outs;
-    for (size_t k = 0; k < counts.size(); ++k) {
-      in.emplace_back(DataType::kFloat32, Shape{counts[k]});
-      out.emplace_back(DataType::kFloat32, Shape{counts[k]});
-      for (int64_t i = 0; i < counts[k]; ++i)
-        in.back().set(i, testValue(c.rank, i + static_cast<int64_t>(k), DataType::kFloat32, ReduceOp::kSum));
-    }
-    for (size_t k = 0; k < counts.size(); ++k) {
-      ins.push_back(in[k].tensor());
-      outs.push_back(k % 2 ? in[k].tensor() : out[k].tensor());  // odd ones in place
-    }
-    AllreduceOptions o;
-    o.op = ReduceOp::kSum;
-    c.rt.groupedAllreduceAsync(ins, outs, o).wait();
-    for (size_t k = 0; k < counts.size(); ++k) {
-      const int64_t shift = static_cast<int64_t>(k);
-      const HostBuffer& result = k % 2 ? in[k] : out[k];
-      for (int64_t i = 0; i < counts[k]; ++i) {
-        const double want = reference(ReduceOp::kSum, DataType::kFloat32, n, i + shift);
-        ASSERT_NEAR(result.get(i), want, tolerance(DataType::kFloat32, want)) << k << " " << i;
-        if (k % 2 == 0) {
-          ASSERT_EQ(in[k].get(i), testValue(c.rank, i + shift, DataType::kFloat32, ReduceOp::kSum)) << k << " " << i;
-        }
-      }
-    }
+    checkGroupedSum(c, n, {9001, 3, 40013, 17}, [](size_t k) { return k % 2 == 1; }, true);
   }, transport());
 }
 
