@@ -32,7 +32,7 @@ struct Config {
   // Where negotiation runs: "auto" (over the data path), "mpi", or "tcp"/"gloo".
   std::string controller = "auto";
   bool shmDisable = false;          // never shared memory, even within a host
-  bool shmSingleCopy = true;        // mid-sized allgathers read peers' memory directly
+  bool shmSingleCopy = true;        // ops on shared-pool buffers reach peers' buffers directly
   int64_t shmSlotBytes = 1 << 20;
   std::string shmPeerPath = "auto";  // large collectives pass data through: auto, cache, memory
   // Sets spanning hosts: -1 auto (when a host has several of the set's ranks), 0 off, 1 on.

@@ -38,9 +38,10 @@ const std::vector<SettingInfo>& settingsTable() {
       {"CHORUS_SHM_DISABLE", "", "0",
        "1: no shared memory within a host (with CHORUS_CPU_OPERATIONS=mpi, MPI carries everything)."},
       {"CHORUS_SHM_SINGLE_COPY", "", "1",
-       "1: allgathers within a host with pieces of 256 KiB or more and under 1 MiB in all read the "
-       "other ranks' memory directly "
-       "(cross-memory attach) when the system allows it; 0: always through the shared segment."},
+       "1: within a host, collectives whose buffers all lie in chorus's shared pool (chorus-allocated "
+       "outputs, `chorus::allocateShared`, ZeRO's flat storage; 1 MiB and more) read and write the other "
+       "ranks' buffers directly when the system lets a process open another's memory (probed at start); "
+       "0: always through the shared segment's slots."},
       {"CHORUS_SHM_SLOT_BYTES", "", "1048576",
        "Bytes each rank moves per round of a shared-memory collective."},
       {"CHORUS_SHM_PEER_PATH", "", "auto",

@@ -325,8 +325,8 @@ TEST_P(Collectives, BarrierAndJoin) {
   }, transport());
 }
 
-// Large enough for the single-copy allgather (cross-memory attach) of shared memory.
-// Sizes on both sides of the single-copy and streamed-output thresholds.
+// Sizes on both sides of the direct path's size (outputs in the shared pool)
+// and of the sizes whose outputs are streamed.
 TEST_P(Collectives, LargeAllgatherAndBroadcast) {
   const int n = ranks();
   runRanksOk(n, [&](RankContext& c) {

@@ -16,9 +16,6 @@
 namespace chorus {
 
 namespace {
-// From this size on, allgather reads peers' memory directly (below the streamed sizes).
-constexpr size_t kSingleCopyBytes = 256 << 10;
-
 // Allreduces up to this size are reduced whole by every rank: one barrier less.
 // 2 ranks, 8 B-4 KiB: 5.5-6.4 us against 5.9-11; 4 ranks on 2 cores: 34-62
 // against 42-58 us (interleaved runs on a 2-core VM).
@@ -96,16 +93,15 @@ void ShmCommunicator::allreduceSpans(const std::vector<Span>& spans, DataType dt
     return;
   }
   const size_t chunk = seg_->slotBytes() / es;
-  // Results are streamed into outputs that this op does not read (an in-place
-  // output's lines come into cache as its input is read, so ordinary stores
-  // cost nothing more there), and into every output from kStreamOutputBytes on.
-  // Separate outputs, 2 ranks, 32-512 KiB: 16-22% faster streamed when they are
-  // out of cache, level when they are in it.
+  // An in-place output's lines come into cache as its input is read: ordinary
+  // stores cost nothing more there below kStreamOutputBytes (streaming them
+  // lost 6-10% when the tensor was in cache).
   const bool large = count * es >= kStreamOutputBytes;
-  auto streamed = [&](size_t i) { return large || spans[i].input() != spans[i].data; };
-  const bool stream = large || std::any_of(spans.begin(), spans.end(), [&](const Span& s) {
-    return s.count && s.input() != s.data;
-  });
+  const bool unread = count * es >= kStreamUnreadBytes;
+  auto streamed = [&](size_t i) { return large || (unread && spans[i].input() != spans[i].data); };
+  const bool stream = large || (unread && std::any_of(spans.begin(), spans.end(), [](const Span& s) {
+                                  return s.count && s.input() != s.data;
+                                }));
   std::vector<size_t> lo(n), hi(n);
   for (size_t off = 0; off < count; off += chunk) {
     const size_t m = std::min(chunk, count - off);
@@ -201,29 +197,12 @@ void ShmCommunicator::allgatherv(const void* in, void* out, const std::vector<si
   for (int j = 0; j < n; ++j) offset[j + 1] = offset[j] + bytes[j];
   const size_t most = *std::max_element(bytes.begin(), bytes.end());
   if (n > 1 && seg_->singleCopy() && offset[n] >= SharedPool::kMinBytes && allgatherDirect(in, out, offset)) return;
-  // Large outputs go through the slots with streamed stores instead: that skips
-  // the read for ownership of every output byte that the kernel's copy pays.
-  const bool stream = offset[n] >= kStreamOutputBytes;
-  if (seg_->singleCopy() && most >= kSingleCopyBytes && !stream) {
-    // Everyone reads the others' inputs straight from their memory: one copy.
-    seg_->publish(in, bytes[me]);
-    seg_->barrier();
-    char* dst = static_cast<char*>(out);
-    for (int j = 0; j < n; ++j) {
-      if (j == me) {
-        if (dst + offset[me] != in && bytes[me]) copyBytes(dst + offset[me], static_cast<const char*>(in), bytes[me]);
-      } else if (bytes[j]) {
-        seg_->readPublished(j, 0, dst + offset[j], bytes[j]);
-      }
-    }
-    seg_->barrier();  // nobody reads my input any more
-    return;
-  }
+  const bool stream = offset[n] >= kStreamUnreadBytes;
   const size_t S = seg_->slotBytes();
   char* dst = static_cast<char*>(out);
   const char* src = static_cast<const char*>(in);
   const bool inPlace = dst + offset[me] == src;
-  PathTimer timer(paths_, kAllgatherOp, offset[n], stream);
+  PathTimer timer(paths_, kAllgatherOp, offset[n], offset[n] >= kStreamOutputBytes);
   for (size_t pos = 0; pos < most; pos += S) {
     const int bank = nextBank();
     if (pos < bytes[me]) {
@@ -250,14 +229,14 @@ void ShmCommunicator::allgatherv(const void* in, void* out, const std::vector<si
 
 void ShmCommunicator::broadcast(void* buf, size_t bytes, int root) {
   if (size() == 1 || bytes == 0) return;
-  const bool stream = bytes >= kStreamOutputBytes;
+  const bool stream = bytes >= kStreamUnreadBytes;
   // Rounds of at most an eighth of the data (down to 64 KiB): the root fills
   // the next slot while the others empty the last, instead of taking turns.
   // (Faster than the others reading the root's memory by cross-memory attach:
   // 256-512 KiB in 80-190 us against 150-400 us on a 2-core VM.)
   const size_t S = std::min(seg_->slotBytes(), std::max<size_t>(64 << 10, (bytes / 8 + 63) & ~size_t{63}));
   char* data = static_cast<char*>(buf);
-  PathTimer timer(paths_, kBroadcastOp, bytes, stream);
+  PathTimer timer(paths_, kBroadcastOp, bytes, bytes >= kStreamOutputBytes);
   for (size_t pos = 0; pos < bytes; pos += S) {
     const size_t len = std::min(S, bytes - pos);
     const int bank = nextBank();
@@ -280,12 +259,12 @@ void ShmCommunicator::alltoallv(const void* in, const std::vector<size_t>& sendB
   }
   const char* src = static_cast<const char*>(in);
   char* dst = static_cast<char*>(out);
-  const bool stream = recvOff[n] >= kStreamOutputBytes;
+  const bool stream = recvOff[n] >= kStreamUnreadBytes;
   if (sendBytes[me]) writeOut(dst + recvOff[me], src + sendOff[me], sendBytes[me], stream);
   if (n == 1) return;
   const size_t sub = (seg_->slotBytes() / n) & ~size_t{63};
   const size_t most = largestPiece;  // rounds: enough for it, the same on every rank
-  PathTimer timer(paths_, kAlltoallOp, recvOff[n], stream);
+  PathTimer timer(paths_, kAlltoallOp, recvOff[n], recvOff[n] >= kStreamOutputBytes);
   for (size_t pos = 0; pos < most; pos += sub) {
     const int bank = nextBank();
     char* mine = seg_->slot(bank, me);
@@ -316,7 +295,7 @@ void ShmCommunicator::reducescatter(void* buf, void* out, const std::vector<size
     return;
   const size_t subElems = ((seg_->slotBytes() / n) & ~size_t{63}) / es;
   const size_t most = *std::max_element(counts.begin(), counts.end());
-  const bool stream = counts[me] * es >= kStreamOutputBytes;
+  const bool stream = counts[me] * es >= kStreamUnreadBytes;
   inputs_.resize(n);
   for (size_t pos = 0; pos < most; pos += subElems) {
     const int bank = nextBank();

@@ -147,7 +147,7 @@ bool ShmCommunicator::reducescatterDirect(const void* buf, void* out, const std:
   if (!mapPeerBuffers({{buf, off[n] * es}})) return false;
   const size_t count = off[me + 1] - off[me];
   char* dst = static_cast<char*>(out);
-  const bool stream = count * es >= kStreamOutputBytes;
+  const bool stream = count * es >= kStreamUnreadBytes;
   inputs_.resize(n);
   for (int j = 0; j < n; ++j) inputs_[j] = peerBuf_[j][0] + off[me] * es;
   if (stream) {

@@ -33,15 +33,16 @@ class ShmSegment {
   // futex. Throws PeerFailure when a peer died or failed, Timeout after the timeout.
   void barrier();
 
-  // Single-copy transfers (cross-memory attach): a rank publishes a buffer of its
-  // own memory, and the others read it straight into theirs. Enabled when every
-  // rank could read every other's memory at start-up (same user, no ptrace ban).
+  // Whether the direct paths may reach the other ranks' buffers: allowed, and
+  // every rank could read every other's memory at start-up (same user, no
+  // ptrace ban; opening a peer's pool buffer through /proc needs the same).
   bool singleCopy() const { return singleCopy_; }
-  void publish(const void* ptr, size_t bytes);
-  // Reads len bytes at offset of rank r's published buffer into dst. Throws PeerFailure.
-  void readPublished(int r, size_t offset, void* dst, size_t len);
 
  private:
+  // The start-up probe (cross-memory attach): a rank publishes a buffer of its
+  // own memory, and another reads it. readPublished throws PeerFailure.
+  void publish(const void* ptr, size_t bytes);
+  void readPublished(int r, size_t offset, void* dst, size_t len);
   struct Header;
   void waitForGeneration(uint32_t gen);
   void checkPeers();
