@@ -32,7 +32,9 @@ void forEachPiece(const std::vector<size_t>& start, size_t a, size_t b, Fn&& fn)
 }
 
 // Outputs of this size and more (larger than a core's L2) are unlikely to be in
-// cache when they are read next: they are written with non-temporal stores.
+// cache when they are read next: they are written with non-temporal stores even
+// where the op reads them (an in-place allreduce's), and ops this large choose
+// their peer path (PeerPathChooser) by measuring.
 constexpr size_t kStreamOutputBytes = 1 << 20;
 // Outputs that a collective writes without reading them (all but an in-place
 // allreduce's) are streamed from this size: an ordinary store first fetches
