@@ -37,8 +37,9 @@ void forEachPiece(const std::vector<size_t>& start, size_t a, size_t b, Fn&& fn)
 // their peer path (PeerPathChooser) by measuring.
 constexpr size_t kStreamOutputBytes = 1 << 20;
 // Outputs that a collective writes without reading them (all but an in-place
-// allreduce's) are streamed from this size: an ordinary store first fetches
-// each line it writes. 2 ranks, private outputs out of cache: 5-25% faster from
+// allreduce's) are streamed from this size (a separate allreduce output at
+// every size past the one reduced whole): an ordinary store first fetches each
+// line it writes. 2 ranks, private outputs out of cache: 5-25% faster from
 // 32-64 KiB on, level when they are in cache, slower at 4-16 KiB.
 constexpr size_t kStreamUnreadBytes = 32 << 10;
 
