@@ -99,10 +99,8 @@ void ShmCommunicator::allreduceSpans(const std::vector<Span>& spans, DataType dt
   // stores cost nothing more there below kStreamOutputBytes (streaming them
   // lost 6-10% when the tensor was in cache).
   const bool large = count * es >= kStreamOutputBytes;
-  auto streamed = [&](size_t i) { return large || spans[i].input() != spans[i].data; };
-  const bool stream = large || std::any_of(spans.begin(), spans.end(), [](const Span& s) {
-    return s.count && s.input() != s.data;
-  });
+  auto streamed = [&](const Span& s) { return large || s.input() != s.data; };
+  const bool stream = std::any_of(spans.begin(), spans.end(), [&](const Span& s) { return s.count && streamed(s); });
   std::vector<size_t> lo(n), hi(n);
   for (size_t off = 0; off < count; off += chunk) {
     const size_t m = std::min(chunk, count - off);
@@ -118,7 +116,7 @@ void ShmCommunicator::allreduceSpans(const std::vector<Span>& spans, DataType dt
     pieces(off + lo[me], off + hi[me], [&](char* t, const char* in, size_t at, size_t len, size_t i) {
       for (int j = 0; j < n; ++j) inputs_[j] = j == me ? in : seg_->slot(bank, j) + (at - off) * es;
       char* out = mine + (at - off) * es;  // the others copy my results from here
-      if (streamed(i)) {
+      if (streamed(spans[i])) {
         void* outs[1] = {t};
         reduceManyStreamed(dtype, op, out, outs, 1, inputs_.data(), n, len);
       } else {
@@ -130,7 +128,7 @@ void ShmCommunicator::allreduceSpans(const std::vector<Span>& spans, DataType dt
     for (int j = 0; j < n; ++j)
       if (j != me)
         pieces(off + lo[j], off + hi[j], [&](char* t, const char*, size_t at, size_t len, size_t i) {
-          writeOut(t, seg_->slot(bank, j) + (at - off) * es, len * es, streamed(i));
+          writeOut(t, seg_->slot(bank, j) + (at - off) * es, len * es, streamed(spans[i]));
         });
   }
   if (stream) _mm_sfence();  // the streamed results are visible before the op completes
@@ -310,13 +308,7 @@ void ShmCommunicator::reducescatter(void* buf, void* out, const std::vector<size
       // My own piece comes straight from my buffer; the others' from their slots.
       for (int j = 0; j < n; ++j)
         inputs_[j] = j == me ? data + (off[me] + pos) * es : seg_->slot(bank, j) + me * subElems * es;
-      char* dst = static_cast<char*>(out) + pos * es;
-      if (stream) {
-        void* outs[1] = {dst};
-        reduceManyStreamed(dtype, op, nullptr, outs, 1, inputs_.data(), n, m);
-      } else {
-        reduceMany(dtype, op, dst, inputs_.data(), n, m);
-      }
+      reduceOut(dtype, op, static_cast<char*>(out) + pos * es, inputs_.data(), n, m, stream);
     }
   }
   if (stream) _mm_sfence();

@@ -150,13 +150,8 @@ bool ShmCommunicator::reducescatterDirect(const void* buf, void* out, const std:
   const bool stream = count * es >= kStreamUnreadBytes;
   inputs_.resize(n);
   for (int j = 0; j < n; ++j) inputs_[j] = peerBuf_[j][0] + off[me] * es;
-  if (stream) {
-    void* outs[1] = {dst};
-    reduceManyStreamed(dtype, op, nullptr, outs, 1, inputs_.data(), n, count);
-    _mm_sfence();
-  } else {
-    reduceMany(dtype, op, dst, inputs_.data(), n, count);
-  }
+  reduceOut(dtype, op, dst, inputs_.data(), n, count, stream);
+  if (stream) _mm_sfence();
   peerMaps_.clear();
   seg_->barrier();  // nobody reads my input any more
   return true;

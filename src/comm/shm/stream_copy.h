@@ -4,6 +4,8 @@
 // read for ownership that ordinary stores pay, a third of a copy's traffic.
 #include <cstddef>
 
+#include "chorus/types.h"
+
 namespace chorus {
 
 // Copies n bytes from src to dst with non-temporal stores and, when also is
@@ -19,5 +21,9 @@ void copyBytes(char* dst, const char* src, size_t n);
 
 // streamCopy when stream, copyBytes otherwise.
 void writeOut(char* dst, const char* src, size_t n, bool stream);
+
+// Reduces count elements of the n inputs into dst: reduceManyStreamed when
+// stream (the caller fences), reduceMany otherwise.
+void reduceOut(DataType dtype, ReduceOp op, void* dst, const void* const* inputs, int n, size_t count, bool stream);
 
 }  // namespace chorus
