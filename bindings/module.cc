@@ -176,6 +176,15 @@ PYBIND11_MODULE(_core, m) {
             return rt().groupedAllreduceAsync(views(in, dtypes, shapes), views(out, dtypes, shapes), o);
           });
         });
+  // One tensor, waited for in the call (hvd.allreduce and allreduce_ with no
+  // autograd or compression): no Work, lists or handle crossing into Python.
+  m.def("allreduce_now",
+        [](uintptr_t in, uintptr_t out, int dtype, const std::vector<int64_t>& shape, const std::string& name, int op,
+           double prescale, double postscale, int32_t processSet, int32_t priority) {
+          auto o = reduceOptions<AllreduceOptions>(name, op, prescale, postscale, processSet, priority);
+          py::gil_scoped_release release;
+          rt().allreduce(view(in, dtype, shape), view(out, dtype, shape), o);
+        });
   m.def("grouped_allgather_async",
         [](const std::vector<uintptr_t>& in, const std::vector<int>& dtypes,
            const std::vector<std::vector<int64_t>>& shapes, const std::string& name, int32_t processSet,

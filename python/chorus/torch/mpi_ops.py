@@ -103,13 +103,27 @@ def _run_now(start, *args, **kwargs):
         handle = start(*args, **kwargs)
     finally:
         _at_once.on = False
+    if isinstance(handle, _Handle):  # done already: the core call waited
+        return handle.finish()
     return synchronize(handle)
 
 
 def _register(work, keep, finish):
+    """A handle id for synchronize(); under _run_now, the _Handle itself (no id,
+    no lock: the registry cost more than a small op)."""
+    handle = _Handle(work, keep, finish)
+    if _waits_now():
+        return handle
     with _lock:
         h = next(_handle_ids)
-        _handles[h] = _Handle(work, keep, finish)
+        _handles[h] = handle
+    return h
+
+
+def _first_result(h):
+    """Makes h's result the first of the op's results."""
+    entry = h if isinstance(h, _Handle) else _handles[h]
+    entry.finish = _first(entry.finish)
     return h
 
 
@@ -204,8 +218,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     op = _resolve_op(op, average, "allreduce")
     h = _grouped_allreduce_async([tensor], name, op, prescale_factor, postscale_factor, process_set,
                                  priority, inplace=False)
-    _handles[h].finish = _first(_handles[h].finish)
-    return h
+    return _first_result(h)
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -214,8 +227,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     op = _resolve_op(op, average, "allreduce")
     h = _grouped_allreduce_async([tensor], name, op, prescale_factor, postscale_factor, process_set,
                                  priority, inplace=True)
-    _handles[h].finish = _first(_handles[h].finish)
-    return h
+    return _first_result(h)
 
 
 def _first(finish):
@@ -236,8 +248,24 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
                                     process_set, priority, inplace=True)
 
 
+def _at_once_ok(tensor):
+    """Whether a synchronous allreduce of tensor can skip handles and autograd:
+    a contiguous CPU tensor that autograd does not record."""
+    return tensor.is_cpu and tensor.is_contiguous() and not (tensor.requires_grad and torch.is_grad_enabled())
+
+
+def _allreduce_now(tensor, out, name, op, prescale_factor, postscale_factor, process_set, priority):
+    _core.allreduce_now(tensor.data_ptr(), out.data_ptr(), _dtype_code(tensor, "allreduce"), tensor.shape,
+                        _name(name), op, float(prescale_factor), float(postscale_factor), _set_id(process_set),
+                        int(priority))
+    return out
+
+
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set, priority=0):
+    if _at_once_ok(tensor):  # a small op's cost was half Python's before (45 against 14 us)
+        return _allreduce_now(tensor, tensor, name, _resolve_op(op, average, "allreduce"), prescale_factor,
+                              postscale_factor, process_set, priority)
     return _run_now(allreduce_async_, tensor, average, name, op, prescale_factor,
                     postscale_factor, process_set, priority)
 
@@ -270,6 +298,9 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
               prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set, priority=0):
     """Reduces tensor over the process set and returns the result (differentiable)."""
     op = _resolve_op(op, average, "allreduce")
+    if compression is Compression.none and _at_once_ok(tensor):
+        return _allreduce_now(tensor, _new_output(tensor), name, op, prescale_factor, postscale_factor,
+                              process_set, priority)
     compressed, cctx = compression.compress(tensor)
     summed = _call(_Allreduce, [compressed], compressed, name, op, prescale_factor, postscale_factor,
                    process_set, priority)
@@ -324,8 +355,7 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set, 
 
 def allgather_async(tensor, name=None, process_set=global_process_set, priority=0):
     h = grouped_allgather_async([tensor], name, process_set, priority)
-    _handles[h].finish = _first(_handles[h].finish)
-    return h
+    return _first_result(h)
 
 
 def _set_rank_and_size(process_set):
@@ -491,8 +521,7 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
                         prescale_factor=1.0, postscale_factor=1.0, priority=0):
     h = grouped_reducescatter_async([tensor], name, op, process_set, prescale_factor,
                                     postscale_factor, priority)
-    _handles[h].finish = _first(_handles[h].finish)
-    return h
+    return _first_result(h)
 
 
 class _Reducescatter(torch.autograd.Function):

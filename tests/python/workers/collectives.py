@@ -58,6 +58,22 @@ while not hvd.poll(h):
 assert hvd.synchronize(h) is t
 assert t.tolist() == [n * (n + 1) / 2] * 4
 
+# Synchronous calls take a shorter way than the async ones: same semantics.
+t = torch.full((4,), float(r + 1))
+assert hvd.allreduce_(t, op=hvd.Sum, name="inplace_sync") is t
+assert t.tolist() == [n * (n + 1) / 2] * 4
+src = torch.full((2, 3), float(r))
+got = hvd.allreduce(src, op=hvd.Max, name="outofplace_sync")
+assert got is not src and src.tolist() == [[float(r)] * 3] * 2 and got.tolist() == [[float(n - 1)] * 3] * 2
+scalar = hvd.allreduce(torch.tensor(float(r)), op=hvd.Sum, name="scalar")
+assert scalar.shape == () and scalar.item() == sum(range(n))
+empty = hvd.allreduce(torch.empty(0, 3), op=hvd.Sum, name="empty")
+assert empty.shape == (0, 3)
+w = torch.full((3,), float(r), requires_grad=True)
+with torch.no_grad():
+    got = hvd.allreduce(w, op=hvd.Sum, name="nograd")
+assert not got.requires_grad and got.tolist() == [float(sum(range(n)))] * 3
+
 # Deprecated average flag still works.
 got = hvd.allreduce(torch.ones(2) * r, average=False, name="deprecated")
 assert got.tolist() == [sum(range(n))] * 2
