@@ -19,6 +19,7 @@ if ldd "$bundle/bin/chorus-bench" "$bundle/bin/chorusrun" | grep -q "not found";
 fi
 echo "commit $(cat "$bundle/COMMIT" 2>/dev/null)  cores $(nproc)  $(date -u +%FT%TZ)"
 grep -m1 "model name" /proc/cpuinfo
+df -h /dev/shm | tail -1
 ldd "$bundle/bin/chorus-bench" | grep -E "not found|chorus|mpi.so|gloo" || true
 command -v mpirun && mpirun --version | head -1
 run="$bundle/bin/chorusrun --bind-to auto -np $np $bundle/bin/chorus-bench --coll allreduce -b 32M -e 32M -w 3 -n 10 -r 5"
