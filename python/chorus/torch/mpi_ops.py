@@ -263,7 +263,7 @@ def _allreduce_now(tensor, out, name, op, prescale_factor, postscale_factor, pro
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set, priority=0):
-    if _at_once_ok(tensor):  # a small op's cost was half Python's before (45 against 14 us)
+    if _at_once_ok(tensor):  # one core call: an 8 B op from Python took twice as long via a handle
         return _allreduce_now(tensor, tensor, name, _resolve_op(op, average, "allreduce"), prescale_factor,
                               postscale_factor, process_set, priority)
     return _run_now(allreduce_async_, tensor, average, name, op, prescale_factor,
