@@ -101,17 +101,21 @@ void ShmCommunicator::allreduceSpans(const std::vector<Span>& spans, DataType dt
   const bool large = count * es >= kStreamOutputBytes;
   auto streamed = [&](const Span& s) { return large || s.input() != s.data; };
   const bool stream = std::any_of(spans.begin(), spans.end(), [&](const Span& s) { return s.count && streamed(s); });
-  std::vector<size_t> lo(n), hi(n), doneLo(n), doneHi(n);
-  // Copies the others' results of the round at `off` in `bank` out of their slots.
+  std::vector<size_t> lo(n), hi(n);
+  // Copies the others' results of the round at `off`, in `bank`, out of their slots.
   auto copyOut = [&](size_t off, int bank) {
-    for (int j = 0; j < n; ++j)
-      if (j != me)
-        pieces(off + doneLo[j], off + doneHi[j], [&](char* t, const char*, size_t at, size_t len, size_t i) {
-          writeOut(t, seg_->slot(bank, j) + (at - off) * es, len * es, streamed(spans[i]));
-        });
+    const size_t m = std::min(chunk, count - off);
+    for (int j = 0; j < n; ++j) {
+      if (j == me) continue;
+      size_t a, b;
+      splitRange(m, n, j, &a, &b);
+      pieces(off + a, off + b, [&](char* t, const char*, size_t at, size_t len, size_t i) {
+        writeOut(t, seg_->slot(bank, j) + (at - off) * es, len * es, streamed(spans[i]));
+      });
+    }
   };
   size_t doneOff = 0;
-  int doneBank = -1;
+  int doneBank = -1;  // the round whose results are still to be copied out
   for (size_t off = 0; off < count; off += chunk) {
     const size_t m = std::min(chunk, count - off);
     for (int j = 0; j < n; ++j) splitRange(m, n, j, &lo[j], &hi[j]);
@@ -141,8 +145,6 @@ void ShmCommunicator::allreduceSpans(const std::vector<Span>& spans, DataType dt
     seg_->barrier();  // every rank's part is reduced
     doneOff = off;
     doneBank = bank;
-    doneLo.swap(lo);
-    doneHi.swap(hi);
   }
   copyOut(doneOff, doneBank);
   if (stream) _mm_sfence();  // the streamed results are visible before the op completes
