@@ -110,7 +110,7 @@ void ShmCommunicator::allreduceSpans(const std::vector<Span>& spans, DataType dt
       size_t a, b;
       splitRange(m, n, j, &a, &b);
       pieces(off + a, off + b, [&](char* t, const char*, size_t at, size_t len, size_t i) {
-        writeOut(t, seg_->slot(bank, j) + (at - off) * es, len * es, streamed(spans[i]));
+        writeOut(t, seg_->slot(bank, (j + 1) % n) + (at - off) * es, len * es, streamed(spans[i]));
       });
     }
   };
@@ -133,7 +133,11 @@ void ShmCommunicator::allreduceSpans(const std::vector<Span>& spans, DataType dt
     seg_->barrier();  // every rank's parts are published
     pieces(off + lo[me], off + hi[me], [&](char* t, const char* in, size_t at, size_t len, size_t i) {
       for (int j = 0; j < n; ++j) inputs_[j] = j == me ? in : seg_->slot(bank, j) + (at - off) * es;
-      char* out = mine + (at - off) * es;  // the others copy my results from here
+      // The result goes over the next rank's published part, where the others
+      // copy it from: lines this core has just read, not lines the others hold
+      // from their last copy-out. 2 ranks, A/B: 64 KiB 14.7 against 19.0 us,
+      // 256 KiB 60 against 77, 1 MiB 270 against 296, 64 MiB 16.9 against 17.8 ms.
+      char* out = seg_->slot(bank, (me + 1) % n) + (at - off) * es;
       if (streamed(spans[i])) {
         void* outs[1] = {t};
         reduceManyStreamed(dtype, op, out, outs, 1, inputs_.data(), n, len);
