@@ -101,7 +101,6 @@ void ShmCommunicator::allreduceSpans(const std::vector<Span>& spans, DataType dt
   const bool large = count * es >= kStreamOutputBytes;
   auto streamed = [&](const Span& s) { return large || s.input() != s.data; };
   const bool stream = std::any_of(spans.begin(), spans.end(), [&](const Span& s) { return s.count && streamed(s); });
-  std::vector<size_t> lo(n), hi(n);
   // Copies the others' results of the round at `off`, in `bank`, out of their slots.
   auto copyOut = [&](size_t off, int bank) {
     const size_t m = std::min(chunk, count - off);
@@ -114,37 +113,25 @@ void ShmCommunicator::allreduceSpans(const std::vector<Span>& spans, DataType dt
       });
     }
   };
-  size_t doneOff = 0;
-  int doneBank = -1;  // the round whose results are still to be copied out
-  for (size_t off = 0; off < count; off += chunk) {
+  // Publishes my inputs of the round at `off` for the parts the others reduce.
+  auto copyIn = [&](size_t off, int bank) {
     const size_t m = std::min(chunk, count - off);
-    for (int j = 0; j < n; ++j) splitRange(m, n, j, &lo[j], &hi[j]);
-    // Two ranks use one bank for every round: a rank's slot is read by the peer
-    // only between a round's barriers and by its owner after them, so the
-    // owner copies the last round's results out and then the next inputs in
-    // over the same lines, which it has just read. A/B: 2 MiB 524 against
-    // 552 us, 16 MiB 3.91 against 4.18 ms, 64 MiB 17.8 against 19.1 (copying
-    // out and in by turns in 4-64 KiB blocks: slower or level). With more
-    // ranks the others may still be copying results out of that slot.
-    const bool reuse = n == 2 && doneBank >= 0;
-    const int bank = reuse ? doneBank : nextBank();
     char* mine = seg_->slot(bank, me);
-    if (reuse) {
-      copyOut(doneOff, doneBank);
-      doneBank = -1;
+    for (int j = 0; j < n; ++j) {
+      if (j == me) continue;
+      size_t a, b;
+      splitRange(m, n, j, &a, &b);
+      pieces(off + a, off + b, [&](char*, const char* in, size_t at, size_t len, size_t) {
+        copyBytes(mine + (at - off) * es, in, len * es);
+      });
     }
-    for (int j = 0; j < n; ++j)
-      if (j != me)
-        pieces(off + lo[j], off + hi[j], [&](char*, const char* in, size_t at, size_t len, size_t) {
-          copyBytes(mine + (at - off) * es, in, len * es);
-        });
-    // More ranks: the previous round's results go out after this round's
-    // inputs are in, 3-5% faster at 4-64 MiB than the other way round (2 ranks,
-    // A/B, before the one bank above). Safe: a rank writes that bank again only
-    // after the next barrier but one.
-    if (doneBank >= 0) copyOut(doneOff, doneBank);
-    seg_->barrier();  // every rank's parts are published
-    pieces(off + lo[me], off + hi[me], [&](char* t, const char* in, size_t at, size_t len, size_t i) {
+  };
+  // Reduces my part of the round at `off` from my inputs and the others' slots.
+  auto reduceRound = [&](size_t off, int bank) {
+    const size_t m = std::min(chunk, count - off);
+    size_t a, b;
+    splitRange(m, n, me, &a, &b);
+    pieces(off + a, off + b, [&](char* t, const char* in, size_t at, size_t len, size_t i) {
       for (int j = 0; j < n; ++j) inputs_[j] = j == me ? in : seg_->slot(bank, j) + (at - off) * es;
       // The result goes over the next rank's published part, where the others
       // copy it from: lines this core has just read, not lines the others hold
@@ -159,6 +146,31 @@ void ShmCommunicator::allreduceSpans(const std::vector<Span>& spans, DataType dt
         copyBytes(t, out, len * es);
       }
     });
+  };
+  size_t doneOff = 0;
+  int doneBank = -1;  // the round whose results are still to be copied out
+  for (size_t off = 0; off < count; off += chunk) {
+    // Two ranks use one bank for every round: a rank's slot is read by the peer
+    // only between a round's barriers and by its owner after them, so the
+    // owner copies the last round's results out and then the next inputs in
+    // over the same lines, which it has just read. A/B: 2 MiB 524 against
+    // 552 us, 16 MiB 3.91 against 4.18 ms, 64 MiB 17.8 against 19.1 (copying
+    // out and in by turns in 4-64 KiB blocks: slower or level). With more
+    // ranks the others may still be copying results out of that slot.
+    const bool reuse = n == 2 && doneBank >= 0;
+    const int bank = reuse ? doneBank : nextBank();
+    if (reuse) {
+      copyOut(doneOff, doneBank);
+      doneBank = -1;
+    }
+    copyIn(off, bank);
+    // More ranks: the previous round's results go out after this round's
+    // inputs are in, 3-5% faster at 4-64 MiB than the other way round (2 ranks,
+    // A/B, before the one bank above). Safe: a rank writes that bank again only
+    // after the next barrier but one.
+    if (doneBank >= 0) copyOut(doneOff, doneBank);
+    seg_->barrier();  // every rank's parts are published
+    reduceRound(off, bank);
     seg_->barrier();  // every rank's part is reduced
     doneOff = off;
     doneBank = bank;
