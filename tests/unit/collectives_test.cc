@@ -80,6 +80,54 @@ TEST_P(Collectives, AllreduceEveryDtypeOpAndSize) {
   }, transport());
 }
 
+// Each rank's buffers sit at their own offsets within a cache line, inputs and
+// outputs apart (a shared-memory slot's data follows its owner's input): every
+// element right and inputs untouched, in place or not, alone and fused, over
+// several slot rounds.
+TEST_P(Collectives, AllreduceFromBuffersAtDifferentLineOffsets) {
+  const int n = ranks();
+  runRanksOk(n, [&](RankContext& c) {
+    auto lineAt = [](std::vector<char>& mem, size_t off) {
+      const auto base = (reinterpret_cast<uintptr_t>(mem.data()) + 63) & ~uintptr_t{63};
+      return reinterpret_cast<float*>(base + off);
+    };
+    auto value = [&](int64_t i, size_t k) {
+      return static_cast<float>(testValue(c.rank, i + static_cast<int64_t>(k), DataType::kFloat32, ReduceOp::kSum));
+    };
+    for (bool inPlace : {false, true}) {
+      for (const std::vector<int64_t>& counts : {std::vector<int64_t>{300001}, std::vector<int64_t>{70001, 300001}}) {
+        std::vector<std::vector<char>> inMem, outMem;
+        std::vector<Tensor> ins, outs;
+        for (size_t k = 0; k < counts.size(); ++k) {
+          inMem.emplace_back(counts[k] * 4 + 128);
+          outMem.emplace_back(counts[k] * 4 + 128);
+          float* in = lineAt(inMem.back(), (4 + 12 * c.rank + 8 * k) % 64);
+          float* out = inPlace ? in : lineAt(outMem.back(), (8 + 20 * c.rank) % 64);
+          for (int64_t i = 0; i < counts[k]; ++i) in[i] = value(i, k);
+          ins.push_back(Tensor{in, DataType::kFloat32, {counts[k]}});
+          outs.push_back(Tensor{out, DataType::kFloat32, {counts[k]}});
+        }
+        AllreduceOptions o;
+        o.op = ReduceOp::kSum;
+        o.name = std::string("offsets.") + (inPlace ? "in" : "out") + std::to_string(counts.size());
+        if (counts.size() == 1) c.rt.allreduce(ins[0], outs[0], o);
+        else c.rt.groupedAllreduceAsync(ins, outs, o).wait();
+        for (size_t k = 0; k < counts.size(); ++k) {
+          const auto* out = static_cast<const float*>(outs[k].data);
+          const auto* in = static_cast<const float*>(ins[k].data);
+          for (int64_t i = 0; i < counts[k]; ++i) {
+            const double want = reference(ReduceOp::kSum, DataType::kFloat32, n, i + static_cast<int64_t>(k));
+            ASSERT_NEAR(out[i], want, tolerance(DataType::kFloat32, want)) << k << " " << i;
+            if (!inPlace) {
+              ASSERT_EQ(in[i], value(i, k)) << k << " " << i;
+            }
+          }
+        }
+      }
+    }
+  }, transport());
+}
+
 TEST_P(Collectives, AllreduceLargeInPlaceWithScaling) {
   const int n = ranks();
   runRanksOk(n, [&](RankContext& c) {

@@ -65,10 +65,10 @@ struct ShmSegment::Header {
 ShmSegment::ShmSegment(Store& store, const std::string& key, const std::string& jobId, int rank, int size,
                        size_t slotBytes, std::chrono::milliseconds connectTimeout,
                        std::chrono::milliseconds timeout, bool allowSingleCopy)
-    : rank_(rank), size_(size), slotBytes_(slotBytes), timeout_(timeout) {
+    : rank_(rank), size_(size), slotBytes_(slotBytes), stride_(((slotBytes + 63) & ~size_t{63}) + 128), timeout_(timeout) {
   if (size > kMaxRanks) throw InvalidArgument("shared memory supports at most 1024 ranks per host");
   const size_t headerBytes = (sizeof(Header) + 4095) & ~size_t{4095};
-  mapBytes_ = headerBytes + 2 * static_cast<size_t>(size) * slotBytes_;
+  mapBytes_ = headerBytes + 2 * static_cast<size_t>(size) * stride_;
   int fd = -1;
   if (rank == 0) {
     std::random_device rd;
@@ -168,7 +168,11 @@ ShmSegment::~ShmSegment() {
 }
 
 char* ShmSegment::slot(int bank, int r) const {
-  return data_ + (static_cast<size_t>(bank) * size_ + r) * slotBytes_;
+  return data_ + (static_cast<size_t>(bank) * size_ + r) * stride_;
+}
+
+uint64_t* ShmSegment::slotNote(int bank, int r) const {
+  return reinterpret_cast<uint64_t*>(slot(bank, r) + stride_ - 64);
 }
 
 void ShmSegment::fail(const std::string& why, bool timeout) {

@@ -26,7 +26,11 @@ class ShmSegment {
   int rank() const { return rank_; }
   int size() const { return size_; }
   size_t slotBytes() const { return slotBytes_; }
+  // A slot starts at a line boundary and has 63 bytes to spare after slotBytes,
+  // so that its data may start at any offset within its first line.
   char* slot(int bank, int rank) const;
+  // A line of the slot's own after it, for what its owner says about the data.
+  uint64_t* slotNote(int bank, int rank) const;
 
   // Every rank must call it, in the same order; what a rank wrote before it
   // (streamed stores too) is visible to all after it. Spins briefly, then sleeps on a
@@ -50,6 +54,7 @@ class ShmSegment {
 
   int rank_, size_;
   size_t slotBytes_;
+  size_t stride_;  // slot to slot: slotBytes rounded up to a line, the spare line, the note's line
   size_t mapBytes_ = 0;
   void* base_ = nullptr;
   Header* header_ = nullptr;
