@@ -245,6 +245,35 @@ TEST_P(Collectives, AllgatherUnevenFirstDimension) {
   }, transport());
 }
 
+// Allgather into the caller's output, each rank's input and output at their own
+// offsets within a cache line, pieces of uneven sizes over several slot rounds.
+TEST_P(Collectives, AllgatherFromBuffersAtDifferentLineOffsets) {
+  const int n = ranks();
+  auto rows = [](int r) { return int64_t{300001} + 99991 * r; };
+  runRanksOk(n, [&](RankContext& c) {
+    auto lineAt = [](std::vector<char>& mem, size_t off) {
+      return reinterpret_cast<float*>(((reinterpret_cast<uintptr_t>(mem.data()) + 63) & ~uintptr_t{63}) + off);
+    };
+    int64_t total = 0;
+    for (int r = 0; r < n; ++r) total += rows(r);
+    std::vector<char> inMem(rows(c.rank) * 4 + 128), outMem(total * 4 + 128);
+    float* in = lineAt(inMem, (4 + 12 * c.rank) % 64);
+    float* out = lineAt(outMem, (8 + 20 * c.rank) % 64);
+    for (int64_t i = 0; i < rows(c.rank); ++i) in[i] = static_cast<float>(testValue(c.rank, i, DataType::kFloat32, ReduceOp::kSum));
+    OpOptions o;
+    o.name = "ag.offsets";
+    Work w = c.rt.allgather(Tensor{in, DataType::kFloat32, {rows(c.rank)}}, o,
+                            [out](const Shape&, DataType) -> void* { return out; });
+    ASSERT_EQ(w.output().data, out);
+    int64_t off = 0;
+    for (int r = 0; r < n; ++r) {
+      for (int64_t i = 0; i < rows(r); ++i)
+        ASSERT_EQ(out[off + i], static_cast<float>(testValue(r, i, DataType::kFloat32, ReduceOp::kSum))) << r << " " << i;
+      off += rows(r);
+    }
+  }, transport());
+}
+
 TEST_P(Collectives, BroadcastFromEveryRoot) {
   const int n = ranks();
   runRanksOk(n, [&](RankContext& c) {

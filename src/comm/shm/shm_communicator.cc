@@ -263,11 +263,16 @@ void ShmCommunicator::allgatherv(const void* in, void* out, const std::vector<si
   const char* src = static_cast<const char*>(in);
   const bool inPlace = dst + offset[me] == src;
   PathTimer timer(paths_, kAllgatherOp, offset[n], offset[n] >= kStreamOutputBytes);
+  // Slot data at my input's offset within a line, as in allreduceSpans: inputs
+  // and outputs 16 bytes past a line were 7-10% slower than aligned ones before
+  // (2 ranks, 1-64 MiB, A/B).
+  const size_t myShift = reinterpret_cast<uintptr_t>(src) % 64;
   for (size_t pos = 0; pos < most; pos += S) {
     const int bank = nextBank();
     if (pos < bytes[me]) {
       const size_t len = std::min(S, bytes[me] - pos);
-      char* slot = seg_->slot(bank, me);
+      *seg_->slotNote(bank, me) = myShift;
+      char* slot = seg_->slot(bank, me) + myShift;
       if (inPlace) {
         writeOut(slot, src + pos, len, timer.viaMemory);
       } else if (stream) {
@@ -281,7 +286,7 @@ void ShmCommunicator::allgatherv(const void* in, void* out, const std::vector<si
     for (int j = 0; j < n; ++j) {
       if (j == me || pos >= bytes[j]) continue;
       const size_t len = std::min(S, bytes[j] - pos);
-      writeOut(dst + offset[j] + pos, seg_->slot(bank, j), len, stream);
+      writeOut(dst + offset[j] + pos, seg_->slot(bank, j) + *seg_->slotNote(bank, j), len, stream);
     }
   }
   if (stream) _mm_sfence();
