@@ -356,6 +356,31 @@ TEST_P(Collectives, ReducescatterSplitsAsHorovod) {
   }, transport());
 }
 
+// Each rank's input at its own offset within a cache line, pieces that start
+// at odd offsets (7 columns), several slot rounds per piece.
+TEST_P(Collectives, ReducescatterFromBuffersAtDifferentLineOffsets) {
+  const int n = ranks();
+  runRanksOk(n, [&](RankContext& c) {
+    const int64_t rows = 60001 * n + n - 1, cols = 7;
+    std::vector<char> mem(rows * cols * 4 + 128);
+    auto* in = reinterpret_cast<float*>(((reinterpret_cast<uintptr_t>(mem.data()) + 63) & ~uintptr_t{63}) +
+                                        (4 + 12 * c.rank) % 64);
+    for (int64_t i = 0; i < rows * cols; ++i) in[i] = static_cast<float>(testValue(c.rank, i, DataType::kFloat32, ReduceOp::kSum));
+    ReducescatterOptions o;
+    o.op = ReduceOp::kSum;
+    Work w = c.rt.reducescatter(Tensor{in, DataType::kFloat32, {rows, cols}}, o);
+    const int64_t myRows = rows / n + (c.rank < rows % n ? 1 : 0);
+    int64_t start = 0;
+    for (int r = 0; r < c.rank; ++r) start += rows / n + (r < rows % n ? 1 : 0);
+    ASSERT_EQ(w.output().shape, (Shape{myRows, cols}));
+    const auto* out = static_cast<const float*>(w.output().data);
+    for (int64_t i = 0; i < myRows * cols; ++i) {
+      const double want = reference(ReduceOp::kSum, DataType::kFloat32, n, start * cols + i);
+      ASSERT_NEAR(out[i], want, tolerance(DataType::kFloat32, want)) << i;
+    }
+  }, transport());
+}
+
 // Pieces of over 8 MiB per rank (streamed output), an odd row count;
 // the input is read, never written.
 TEST_P(Collectives, LargeReducescatterLeavesInput) {

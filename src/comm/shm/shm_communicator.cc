@@ -359,6 +359,9 @@ void ShmCommunicator::reducescatter(void* buf, void* out, const std::vector<size
   if (off[n] * es >= SharedPool::kMinBytes && seg_->singleCopy() && reducescatterDirect(buf, out, off, dtype, op))
     return;
   const size_t subElems = ((seg_->slotBytes() / n) & ~size_t{63}) / es;
+  if (subElems == 0)
+    throw InvalidArgument("CHORUS_SHM_SLOT_BYTES is too small for a reducescatter of " + std::string(dtypeName(dtype)) +
+                          " over " + std::to_string(n) + " ranks of one host");
   const size_t most = *std::max_element(counts.begin(), counts.end());
   const bool stream = counts[me] * es >= kStreamUnreadBytes;
   inputs_.resize(n);
