@@ -80,6 +80,11 @@ TEST_P(Collectives, AllreduceEveryDtypeOpAndSize) {
   }, transport());
 }
 
+// The float at `off` bytes past the first cache-line boundary inside mem.
+float* lineAt(std::vector<char>& mem, size_t off) {
+  return reinterpret_cast<float*>(((reinterpret_cast<uintptr_t>(mem.data()) + 63) & ~uintptr_t{63}) + off);
+}
+
 // Each rank's buffers sit at their own offsets within a cache line, inputs and
 // outputs apart (a shared-memory slot's data follows its owner's input): every
 // element right and inputs untouched, in place or not, alone and fused, over
@@ -87,10 +92,6 @@ TEST_P(Collectives, AllreduceEveryDtypeOpAndSize) {
 TEST_P(Collectives, AllreduceFromBuffersAtDifferentLineOffsets) {
   const int n = ranks();
   runRanksOk(n, [&](RankContext& c) {
-    auto lineAt = [](std::vector<char>& mem, size_t off) {
-      const auto base = (reinterpret_cast<uintptr_t>(mem.data()) + 63) & ~uintptr_t{63};
-      return reinterpret_cast<float*>(base + off);
-    };
     auto value = [&](int64_t i, size_t k) {
       return static_cast<float>(testValue(c.rank, i + static_cast<int64_t>(k), DataType::kFloat32, ReduceOp::kSum));
     };
@@ -251,9 +252,6 @@ TEST_P(Collectives, AllgatherFromBuffersAtDifferentLineOffsets) {
   const int n = ranks();
   auto rows = [](int r) { return int64_t{300001} + 99991 * r; };
   runRanksOk(n, [&](RankContext& c) {
-    auto lineAt = [](std::vector<char>& mem, size_t off) {
-      return reinterpret_cast<float*>(((reinterpret_cast<uintptr_t>(mem.data()) + 63) & ~uintptr_t{63}) + off);
-    };
     int64_t total = 0;
     for (int r = 0; r < n; ++r) total += rows(r);
     std::vector<char> inMem(rows(c.rank) * 4 + 128), outMem(total * 4 + 128);
@@ -363,8 +361,7 @@ TEST_P(Collectives, ReducescatterFromBuffersAtDifferentLineOffsets) {
   runRanksOk(n, [&](RankContext& c) {
     const int64_t rows = 60001 * n + n - 1, cols = 7;
     std::vector<char> mem(rows * cols * 4 + 128);
-    auto* in = reinterpret_cast<float*>(((reinterpret_cast<uintptr_t>(mem.data()) + 63) & ~uintptr_t{63}) +
-                                        (4 + 12 * c.rank) % 64);
+    float* in = lineAt(mem, (4 + 12 * c.rank) % 64);
     for (int64_t i = 0; i < rows * cols; ++i) in[i] = static_cast<float>(testValue(c.rank, i, DataType::kFloat32, ReduceOp::kSum));
     ReducescatterOptions o;
     o.op = ReduceOp::kSum;

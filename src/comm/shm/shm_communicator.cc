@@ -14,7 +14,6 @@
 #include "reduce/reduce.h"
 
 namespace chorus {
-int gXX = 0;
 
 namespace {
 // Allreduces up to this size are reduced whole by every rank: one barrier less.
@@ -67,7 +66,7 @@ void ShmCommunicator::allreduceSpans(const std::vector<Span>& spans, DataType dt
   const bool poolSized = std::all_of(spans.begin(), spans.end(), [&](const Span& s) {
     return s.count == 0 || s.count * es >= SharedPool::kMinBytes;
   });
-  if (!gXX && poolSized && seg_->singleCopy() && allreduceDirect(spans, start, dtype, op)) return;
+  if (poolSized && seg_->singleCopy() && allreduceDirect(spans, start, dtype, op)) return;
   // fn(output memory, input memory, virtual index, elements) over the spans covering [a, b).
   auto pieces = [&](size_t a, size_t b, auto&& fn) {
     forEachPiece(start, a, b, [&](size_t i, size_t at, size_t len) {
@@ -111,33 +110,35 @@ void ShmCommunicator::allreduceSpans(const std::vector<Span>& spans, DataType dt
   for (size_t i = 1; i < spans.size(); ++i)
     if (spans[i].count > spans[big].count) big = i;
   const size_t myShift = (reinterpret_cast<uintptr_t>(spans[big].input()) - start[big] * es) % 64;
-  std::vector<size_t> shift(n), doneShift(n);  // by rank: this round's, the previous round's
-  // Copies the others' results of the round at `off`, in `bank`, out of their slots.
-  auto copyOut = [&](size_t off, int bank, const std::vector<size_t>& sh) {
+  std::vector<size_t> shift(n);  // by rank, read from the notes after the first barrier
+  // fn(j, a, b) for the part [a, b) of every other rank j in the round at `off`.
+  auto othersParts = [&](size_t off, auto&& fn) {
     const size_t m = std::min(chunk, count - off);
     for (int j = 0; j < n; ++j) {
       if (j == me) continue;
       size_t a, b;
       splitRange(m, n, j, &a, &b);
-      pieces(off + a, off + b, [&](char* t, const char*, size_t at, size_t len, size_t i) {
-        const int h = (j + 1) % n;
-        writeOut(t, seg_->slot(bank, h) + sh[h] + (at - off) * es, len * es, streamed(spans[i]));
-      });
+      fn(j, off + a, off + b);
     }
+  };
+  // Copies the others' results of the round at `off`, in `bank`, out of their slots.
+  auto copyOut = [&](size_t off, int bank) {
+    othersParts(off, [&](int j, size_t a, size_t b) {
+      const int h = (j + 1) % n;
+      pieces(a, b, [&](char* t, const char*, size_t at, size_t len, size_t i) {
+        writeOut(t, seg_->slot(bank, h) + shift[h] + (at - off) * es, len * es, streamed(spans[i]));
+      });
+    });
   };
   // Publishes my inputs of the round at `off` for the parts the others reduce.
   auto copyIn = [&](size_t off, int bank) {
-    const size_t m = std::min(chunk, count - off);
     *seg_->slotNote(bank, me) = myShift;
     char* mine = seg_->slot(bank, me) + myShift;
-    for (int j = 0; j < n; ++j) {
-      if (j == me) continue;
-      size_t a, b;
-      splitRange(m, n, j, &a, &b);
-      pieces(off + a, off + b, [&](char*, const char* in, size_t at, size_t len, size_t) {
+    othersParts(off, [&](int, size_t a, size_t b) {
+      pieces(a, b, [&](char*, const char* in, size_t at, size_t len, size_t) {
         copyBytes(mine + (at - off) * es, in, len * es);
       });
-    }
+    });
   };
   // Reduces my part of the round at `off` from my inputs and the others' slots.
   auto reduceRound = [&](size_t off, int bank) {
@@ -174,7 +175,7 @@ void ShmCommunicator::allreduceSpans(const std::vector<Span>& spans, DataType dt
     const bool reuse = n == 2 && doneBank >= 0;
     const int bank = reuse ? doneBank : nextBank();
     if (reuse) {
-      copyOut(doneOff, doneBank, doneShift);
+      copyOut(doneOff, doneBank);
       doneBank = -1;
     }
     copyIn(off, bank);
@@ -182,16 +183,17 @@ void ShmCommunicator::allreduceSpans(const std::vector<Span>& spans, DataType dt
     // inputs are in, 3-5% faster at 4-64 MiB than the other way round (2 ranks,
     // A/B, before the one bank above). Safe: a rank writes that bank again only
     // after the next barrier but one.
-    if (doneBank >= 0) copyOut(doneOff, doneBank, doneShift);
+    if (doneBank >= 0) copyOut(doneOff, doneBank);
     seg_->barrier();  // every rank's parts are published
-    for (int j = 0; j < n; ++j) shift[j] = j == me ? myShift : *seg_->slotNote(bank, j);
+    // A rank notes the same shift in every bank it uses during the op.
+    if (off == 0)
+      for (int j = 0; j < n; ++j) shift[j] = j == me ? myShift : *seg_->slotNote(bank, j);
     reduceRound(off, bank);
     seg_->barrier();  // every rank's part is reduced
     doneOff = off;
     doneBank = bank;
-    doneShift = shift;
   }
-  copyOut(doneOff, doneBank, doneShift);
+  copyOut(doneOff, doneBank);
   if (stream) _mm_sfence();  // the streamed results are visible before the op completes
 }
 
