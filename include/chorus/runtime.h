@@ -133,7 +133,8 @@ class Runtime {
   // same order (for objects, such as a ZeRO engine, that name their ops).
   std::string uniqueName(int32_t processSet, const std::string& kind);
 
-  // Waits for every op this rank has in flight (all sets); rethrows the first error.
+  // Waits for every asynchronous op this rank has in flight (all sets; a blocking
+  // call waits for its own); rethrows the first error.
   void synchronize();
 
  private:

@@ -67,11 +67,7 @@ Controller::Controller(int32_t setId, std::vector<int> globalRanks, int globalRa
   driver_ = std::make_shared<CycleDriver>(std::move(hooks));
 }
 
-void Controller::releaseName(const std::string& name) {
-  std::lock_guard<std::mutex> lock(mu_);
-  namesInFlight_.erase(name);
-  registry_->release(name, setId_);
-}
+void Controller::releaseName(const std::string& name) { registry_->release(name, setId_); }
 
 Controller::~Controller() {
   requestShutdown();
@@ -89,28 +85,20 @@ void Controller::enqueue(std::vector<Entry> entries, bool wake) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (failure_) std::rethrow_exception(failure_);
+    // A name is in flight on one set at a time (see NameRegistry), and once on it.
     for (size_t i = 0; i < entries.size(); ++i) {
       const std::string& name = entries[i].req.name;
-      bool dupInCall = false;
-      for (size_t j = 0; j < i; ++j) dupInCall |= entries[j].req.name == name;
-      if (namesInFlight_.count(name) || dupInCall) {
+      const int32_t other = registry_->claim(name, setId_);
+      if (other < 0) continue;
+      for (size_t j = 0; j < i; ++j) registry_->release(entries[j].req.name, setId_);
+      if (other == setId_) {
         throw InvalidArgument("a collective named '" + name + "' is already in flight on process set " +
                               std::to_string(setId_) + "; names must be unique until the op completes");
       }
+      throw InvalidArgument("a collective named '" + name + "' is in flight on process set " +
+                            std::to_string(other) + "; a name may be in flight on one process set at a time");
     }
-    // A name is in flight on one set at a time (see NameRegistry).
-    for (size_t i = 0; i < entries.size(); ++i) {
-      const int32_t other = registry_->claim(entries[i].req.name, setId_);
-      if (other >= 0) {
-        for (size_t j = 0; j < i; ++j) registry_->release(entries[j].req.name, setId_);
-        throw InvalidArgument("a collective named '" + entries[i].req.name + "' is in flight on process set " +
-                              std::to_string(other) + "; a name may be in flight on one process set at a time");
-      }
-    }
-    for (auto& e : entries) {
-      namesInFlight_.insert(e.req.name);
-      incoming_.push_back(std::move(e));
-    }
+    for (auto& e : entries) incoming_.push_back(std::move(e));
     if (!wake) return;
     wakePending_ = true;
   }
@@ -202,6 +190,9 @@ void Controller::failAll(std::exception_ptr err) {
     for (auto& e : incoming_) entries_.emplace(e.req.name, std::move(e));
     incoming_.clear();
   }
+  for (auto& e : fresh_)  // a cycle that failed while it took them in (the rest were moved)
+    if (e.work) entries_.emplace(e.req.name, std::move(e));
+  fresh_.clear();
   auto release = [this](const std::string& name) { releaseName(name); };
   while (!entries_.empty()) finishEntry(entries_, entries_.begin(), release, err);
   cachedPending_.clear();
@@ -211,10 +202,9 @@ void Controller::cycle() {
   const auto now = Clock::now();
   Timeline* tl = timeline_ && timeline_->active() ? timeline_.get() : nullptr;
   if (tl) tl->cycleStart();
-  std::vector<Entry> fresh;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    fresh.swap(incoming_);
+    fresh_.swap(incoming_);  // (each keeps its capacity: no allocation per cycle)
     wakePending_ = false;
   }
   const int n = ctl().size();
@@ -223,7 +213,8 @@ void Controller::cycle() {
   // Layout, all OR-reduced: [flags][request bytes per rank][invalid bits][~hit bits]
   // [speculated position + 1][its complement].
   const size_t specAt = 1 + n + 2 * W;
-  std::vector<uint64_t> words(specAt + 2, 0);
+  std::vector<uint64_t>& words = words_;
+  words.assign(specAt + 2, 0);
   uint64_t* invalid = words.data() + 1 + n;
   uint64_t* notHit = invalid + W;
   std::fill(notHit, notHit + W, ~0ull);
@@ -232,28 +223,28 @@ void Controller::cycle() {
   uncached.swap(resend_);
   const bool bypass = !cache_.enabled() || coordinator_.anyJoined();
   if (bypass) {
-    for (const auto& [pos, name] : cachedPending_) uncached.push_back(entries_.at(name).req);
+    for (const auto& [pos, e] : cachedPending_) uncached.push_back(e->second.req);
     cachedPending_.clear();
   }
-  for (auto& e : fresh) {
+  for (auto& e : fresh_) {
     const Request& req = e.req;
     if (tl) tl->negotiateStart(req.name, req.type);
     int pos = -1;
     auto look = bypass || !cacheable(req.type) ? ResponseCache::Lookup::kMiss : cache_.lookup(req, &pos);
-    if (look == ResponseCache::Lookup::kHit) {
-      cachedPending_[pos] = req.name;
-    } else {
+    if (look != ResponseCache::Lookup::kHit) {
       if (look == ResponseCache::Lookup::kStale) setBit(invalid, pos);
       uncached.push_back(req);
     }
-    entries_.emplace(req.name, std::move(e));  // the key is copied before e moves
+    auto it = entries_.emplace(req.name, std::move(e)).first;  // the key is copied before e moves
+    if (look == ResponseCache::Lookup::kHit) cachedPending_[pos] = &*it;  // (entries_' elements stay put)
   }
+  fresh_.clear();
   const bool stallCheck = !config_.stallCheckDisable && config_.stallCheckSeconds > 0;
-  for (const auto& [pos, name] : cachedPending_) {
+  for (const auto& [pos, e] : cachedPending_) {
     clearBit(notHit, pos);
     // A cached request others have not matched for long goes through the
     // coordinator, which knows which ranks are missing.
-    double waited = std::chrono::duration<double>(now - entries_.at(name).enqueued).count();
+    double waited = std::chrono::duration<double>(now - e->second.enqueued).count();
     if (stallCheck && waited > config_.stallCheckSeconds / 2) setBit(invalid, pos);
   }
   for (auto& q : uncached) {
@@ -278,21 +269,19 @@ void Controller::cycle() {
   // A lone cached small allreduce travels with the negotiation: one round for
   // the op instead of two. Used only where every rank sent the same one (each
   // sends x and ~x: the ORs are complements of each other only if all x agree).
-  const Entry* spec = nullptr;
+  const EntryTable::value_type* spec = nullptr;
   size_t specBytes = 0;
-  std::string specName;
   if (!bypass && uncached.empty() && cachedPending_.size() == 1 && &ctl() == comm_.get()) {
-    const auto& [pos, name] = *cachedPending_.begin();
+    const auto& [pos, e] = *cachedPending_.begin();
     const Response& r = cache_.response(pos);
     if (r.type == OpType::kAllreduce && r.prescale == 1.0 && r.bytes() <= ctl().payloadCapacity(words.size())) {
-      spec = &entries_.at(name);
+      spec = e;
       specBytes = r.bytes();
-      specName = name;
       words[specAt] = static_cast<uint64_t>(pos) + 1;
     }
   }
   words[specAt + 1] = ~words[specAt];
-  if (spec) ctl().allreduceBitsOrWithPayload(words.data(), words.size(), spec->input.data, specBytes);
+  if (spec) ctl().allreduceBitsOrWithPayload(words.data(), words.size(), spec->second.input.data, specBytes);
   else ctl().allreduceBitsOr(words.data(), words.size());
   const bool specAgreed = words[specAt] != 0 && words[specAt] == ~words[specAt + 1];
 
@@ -315,17 +304,24 @@ void Controller::cycle() {
   // Ready on every rank from the cache, in position order (the same everywhere).
   // Only the positions hit or invalidated somewhere are visited (a cycle must not
   // cost in proportion to the cache's capacity).
-  std::vector<Response> ready;
+  // ready_[0, nReady): its elements are assigned over, so that their strings and
+  // shapes keep their storage from cycle to cycle.
+  size_t nReady = 0;
+  auto pushReady = [&](auto&& r) {
+    if (nReady == ready_.size()) ready_.push_back(std::forward<decltype(r)>(r));
+    else ready_[nReady] = std::forward<decltype(r)>(r);
+    ++nReady;
+  };
   forEachPosition(notHit, invalid, W, capacity, [&](int pos) {
     if (!testBit(notHit, pos)) {
-      ready.push_back(cache_.response(pos));
+      pushReady(cache_.response(pos));
       cache_.touch(pos);
       ++cached_;
       cachedPending_.erase(pos);
     } else if (testBit(invalid, pos)) {
       auto it = cachedPending_.find(pos);
       if (it != cachedPending_.end()) {
-        resend_.push_back(entries_.at(it->second).req);
+        resend_.push_back(it->second->second.req);
         cachedPending_.erase(it);
       }
       cache_.erase(pos);
@@ -333,7 +329,8 @@ void Controller::cycle() {
   });
 
   // Negotiate the new requests: every rank feeds every rank's list to its coordinator.
-  std::vector<size_t> sizes(n);
+  std::vector<size_t>& sizes = sizes_;
+  sizes.assign(n, 0);
   size_t total = 0;
   for (int r = 0; r < n; ++r) total += sizes[r] = static_cast<size_t>(words[1 + r]);
   if (total > 0) {
@@ -372,26 +369,25 @@ void Controller::cycle() {
         int evicted = cache_.put(resp, it->second.req);
         auto pend = cachedPending_.find(evicted);
         if (evicted >= 0 && pend != cachedPending_.end()) {
-          resend_.push_back(entries_.at(pend->second).req);
+          resend_.push_back(pend->second->second.req);
           cachedPending_.erase(pend);
         }
       }
     }
     ++negotiated_;
-    ready.push_back(std::move(resp));
+    pushReady(std::move(resp));
   }
-  if (ready.size() > 1)  // (stable_sort allocates a buffer even for one element)
-    std::stable_sort(ready.begin(), ready.end(),
-                     [](const Response& a, const Response& b) { return a.priority > b.priority; });
+  const auto ready = ready_.begin(), readyEnd = ready + static_cast<std::ptrdiff_t>(nReady);
+  if (nReady > 1)  // (stable_sort allocates a buffer even for one element)
+    std::stable_sort(ready, readyEnd, [](const Response& a, const Response& b) { return a.priority > b.priority; });
   // The same on every rank: the words are, and so are the cache and the coordinator.
-  const bool fromPayload = specAgreed && total == 0 && ready.size() == 1 &&
-                           ready[0].errorKind == ErrorKind::kNone &&
-                           ready[0].name == specName;
+  const bool fromPayload = specAgreed && total == 0 && nReady == 1 && ready->errorKind == ErrorKind::kNone &&
+                           spec && ready->name == spec->first;
   if (fromPayload) ++speculated_;
   if (tl)
-    for (const auto& r : ready) tl->negotiateEnd(r.name);
-  executor_.execute(ready, entries_, fromPayload);
-  lastCycleBusy_ = !ready.empty() || total > 0;
+    for (auto r = ready; r != readyEnd; ++r) tl->negotiateEnd(r->name);
+  executor_.execute(ready_.data(), nReady, entries_, fromPayload);
+  lastCycleBusy_ = nReady > 0 || total > 0;
   ++cycles_;
 
   if (stallCheck && now - lastStallCheck_ > std::chrono::seconds(1)) {

@@ -11,7 +11,6 @@
 #include <memory>
 #include <mutex>
 #include <thread>
-#include <unordered_set>
 #include <vector>
 
 #include "chorus/config.h"
@@ -79,7 +78,6 @@ class Controller {
   std::condition_variable wake_;
   std::vector<Entry> incoming_;
   bool wakePending_ = false;                   // guarded by mu_: an enqueue asked for a cycle
-  std::unordered_set<std::string> namesInFlight_;  // guarded by mu_
   std::exception_ptr failure_;                 // guarded by mu_
   std::atomic<bool> shutdownRequested_{false};
   std::thread thread_;
@@ -96,8 +94,13 @@ class Controller {
 
   // Cycle state, guarded by cycleMu_.
   EntryTable entries_;
-  std::map<int, std::string> cachedPending_;  // cache position -> name
+  std::map<int, EntryTable::value_type*> cachedPending_;  // cache position -> its entry in entries_
   std::vector<Request> resend_;               // cached requests invalidated last cycle
+  // Scratch kept from cycle to cycle, so that a cycle allocates little.
+  std::vector<Entry> fresh_;
+  std::vector<uint64_t> words_;
+  std::vector<size_t> sizes_;
+  std::vector<Response> ready_;
   bool stallShutdown_ = false;
   std::atomic<bool> lastCycleBusy_{false};
   std::map<std::string, bool> warned_;

@@ -76,7 +76,7 @@ void finishEntry(EntryTable& entries, EntryTable::iterator it, const Executor::R
   Entry e = std::move(it->second);
   entries.erase(it);
   if (release) release(e.req.name);
-  if (!err) e.work->outputs[e.part] = e.output;
+  if (!err) e.work->outputs[e.part] = std::move(e.output);
   e.work->complete(err);
 }
 
@@ -98,9 +98,9 @@ class OpSpans {
 };
 }  // namespace
 
-void Executor::execute(const std::vector<Response>& responses, EntryTable& entries, bool fromPayload) {
+void Executor::execute(const Response* responses, size_t count, EntryTable& entries, bool fromPayload) {
   size_t i = 0;
-  while (i < responses.size()) {
+  while (i < count) {
     const Response& r = responses[i];
     if (r.errorKind != ErrorKind::kNone) {
       fail(r, entries);
@@ -109,10 +109,11 @@ void Executor::execute(const std::vector<Response>& responses, EntryTable& entri
     }
     switch (r.type) {
       case OpType::kAllreduce: {
-        std::vector<const Response*> group{&r};
+        std::vector<const Response*>& group = group_;
+        group.assign(1, &r);
         size_t bytes = r.bytes();
         size_t j = i + 1;
-        while (threshold_ > 0 && j < responses.size() && fusible(r, responses[j]) &&
+        while (threshold_ > 0 && j < count && fusible(r, responses[j]) &&
                bytes + responses[j].bytes() <= static_cast<size_t>(threshold_)) {
           bytes += responses[j].bytes();
           group.push_back(&responses[j]);
@@ -160,7 +161,8 @@ void Executor::runAllreduce(const std::vector<const Response*>& group, EntryTabl
   for (const Response* r : group)
     if (!entries.count(r->name)) missing += r->bytes();
   scratch_.assign(std::max<size_t>(missing, 1), 0);
-  std::vector<Span> spans;
+  std::vector<Span>& spans = spans_;
+  spans.clear();
   size_t zeroAt = 0;
   for (const Response* r : group) {
     auto it = entries.find(r->name);

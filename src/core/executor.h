@@ -25,7 +25,7 @@ class Executor {
   // errors propagate after the entries of the failed step were failed with them.
   // fromPayload: responses is one allreduce whose inputs every rank sent with
   // the negotiation just before (Controller): reduced from there, no exchange.
-  void execute(const std::vector<Response>& responses, EntryTable& entries, bool fromPayload = false);
+  void execute(const Response* responses, size_t count, EntryTable& entries, bool fromPayload = false);
 
   int64_t allreduceBatches() const { return batches_; }
   int64_t allreduceTensors() const { return tensors_; }
@@ -44,6 +44,8 @@ class Executor {
   Release release_;
   Timeline* timeline_;
   std::vector<char> scratch_;
+  std::vector<const Response*> group_;  // scratch of execute: one fused allreduce
+  std::vector<Span> spans_;             // scratch of runAllreduce
   std::atomic<int64_t> batches_{0};
   std::atomic<int64_t> tensors_{0};
 };

@@ -42,9 +42,7 @@ int ResponseCache::put(const Response& resp, const Request& mine) {
 void ResponseCache::touch(int pos) {
   Slot& s = slots_[pos];
   if (!s.used) return;
-  lru_.erase(s.lru);
-  lru_.push_front(pos);
-  s.lru = lru_.begin();
+  lru_.splice(lru_.begin(), lru_, s.lru);  // (no node freed and made again)
 }
 
 void ResponseCache::erase(int pos) {

@@ -89,17 +89,17 @@ Work submitGroup(RuntimeImpl& impl, OpType type, const char* kind, const char* g
                           std::to_string(outputs->size()) + " outputs");
   }
   const bool grouped = inputs.size() > 1;
-  const std::string base = impl.resolveName(opts, grouped ? groupedKind : kind);
+  std::string base = impl.resolveName(opts, grouped ? groupedKind : kind);
   auto work = std::make_shared<WorkState>(inputs.size());
   std::vector<Entry> entries;
+  entries.reserve(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
     Request q;
-    q.name = grouped ? base + "." + std::to_string(i) : base;
+    q.name = grouped ? base + "." + std::to_string(i) : std::move(base);  // (one tensor: base is done with)
     const OpWhere where{kind, q.name};
     checkTensor(inputs[i], where);
     if (outputs) {
-      checkSameLayout(inputs[i], (*outputs)[i], where);
-      work->outputs[i] = (*outputs)[i];
+      checkSameLayout(inputs[i], (*outputs)[i], where);  // (the Work's outputs are set as each completes)
     } else if (inputs[i].shape.empty() && type != OpType::kAllgather) {
       throw InvalidArgument(where.str() + ": input needs at least one dimension");
     }
@@ -156,6 +156,9 @@ Work RuntimeImpl::submit(int32_t setId, std::vector<Entry> entries, std::shared_
     if (atOnce) releaseEntered(nullptr);
     throw;
   }
+  // A call that waits at once has its op done when it returns: synchronize()
+  // need not know of it.
+  if (atOnce) return Work(std::move(work));
   std::lock_guard<std::mutex> lock(mu_);
   if (outstanding_.size() > 256) {
     outstanding_.remove_if([](const std::weak_ptr<WorkState>& w) {
@@ -252,7 +255,6 @@ Work Runtime::broadcastAsync(const Tensor& input, const Tensor& output, int root
   q.root = static_cast<int32_t>(it - ps.ranks().begin());
   q.priority = opts.priority;
   auto work = std::make_shared<WorkState>(1);
-  work->outputs[0] = output;
   std::vector<Entry> entries;
   entries.push_back(makeEntry(std::move(q), input, output, work, 0));
   return impl_->submit(opts.processSet, std::move(entries), work);

@@ -8,15 +8,14 @@ void WorkState::complete(std::exception_ptr err) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (err && !error_) error_ = err;
-    if (remaining_ > 0) --remaining_;
+    if (remaining_.load() > 0) remaining_.fetch_sub(1, std::memory_order_release);
   }
   cv_.notify_all();
 }
 
-bool WorkState::done() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return remaining_ == 0;
-}
+// Polled in every cycle a waiter drives: no lock. The release above pairs with
+// this acquire, so the outputs written before complete() are seen.
+bool WorkState::done() const { return remaining_.load(std::memory_order_acquire) == 0; }
 
 void WorkState::wait() const {
   if (driver) {

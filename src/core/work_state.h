@@ -35,7 +35,7 @@ class WorkState {
  private:
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
-  size_t remaining_;
+  std::atomic<size_t> remaining_;  // written under mu_; done() reads it without
   std::exception_ptr error_;
 };
 

@@ -232,6 +232,32 @@ TEST(Negotiation, DuplicateNameInFlightIsRefused) {
   });
 }
 
+TEST(Negotiation, RefusedGroupReleasesTheNamesItClaimed) {
+  // "g.1" in flight on its own: a group named "g" (g.0, g.1, g.2) is refused as a
+  // whole, and g.0 is free again afterwards, so the group goes through later.
+  std::atomic<bool> tried{false};
+  runRanksOk(2, [&](RankContext& c) {
+    HostBuffer lone(DataType::kFloat32, {2});
+    std::vector<HostBuffer> bufs;
+    for (int i = 0; i < 3; ++i) bufs.emplace_back(DataType::kFloat32, Shape{3});
+    std::vector<Tensor> ts;
+    for (auto& b : bufs) ts.push_back(b.tensor());
+    if (c.rank == 1)
+      while (!tried) std::this_thread::yield();
+    Work w = c.rt.allreduceAsync(lone.tensor(), lone.tensor(), sumNamed("g.1"));
+    if (c.rank == 0) {
+      EXPECT_THROW(c.rt.groupedAllreduceAsync(ts, ts, sumNamed("g")), InvalidArgument);
+      tried = true;
+    }
+    w.wait();
+    for (int i = 0; i < 3; ++i)
+      for (int k = 0; k < 3; ++k) bufs[i].set(k, static_cast<float>(c.rank + i + k));
+    c.rt.groupedAllreduceAsync(ts, ts, sumNamed("g")).wait();
+    for (int i = 0; i < 3; ++i)
+      for (int k = 0; k < 3; ++k) EXPECT_EQ(bufs[i].get(k), static_cast<float>(1 + 2 * (i + k)));
+  });
+}
+
 TEST(Negotiation, BadArgumentsFailImmediately) {
   runRanksOk(2, [&](RankContext& c) {
     HostBuffer a(DataType::kFloat32, {6}), b(DataType::kFloat32, {5});
