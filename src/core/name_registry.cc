@@ -39,19 +39,22 @@ std::vector<int> NameRegistry::missing(int32_t setId, const std::string& name) c
 void NameRegistry::setMembers(int32_t setId, const std::vector<int>& globalRanks) {
   std::lock_guard<std::mutex> lock(mu_);
   members_[setId] = globalRanks;
+  sets_ = static_cast<int>(members_.size());
 }
 
 void NameRegistry::forgetSet(int32_t setId) {
   std::lock_guard<std::mutex> lock(mu_);
   members_.erase(setId);
   missing_.erase(setId);
-  markers_.erase(setId);
+  auto it = markers_.find(setId);
+  if (it != markers_.end()) {
+    queued_ -= static_cast<int>(it->second.size());
+    markers_.erase(it);
+  }
+  sets_ = static_cast<int>(members_.size());
 }
 
-bool NameRegistry::severalSets() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return members_.size() > 1;
-}
+bool NameRegistry::severalSets() const { return sets_.load() > 1; }
 
 bool NameRegistry::isMember(int32_t setId, int globalRank) const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -65,14 +68,19 @@ bool NameRegistry::postMarker(int32_t toSet, const std::string& name, int32_t co
   if (std::find(sent.begin(), sent.end(), toSet) != sent.end()) return false;
   sent.push_back(toSet);
   markers_[toSet].emplace_back(name, conflictSet);
+  ++queued_;
   return true;
 }
 
 std::vector<std::pair<std::string, int32_t>> NameRegistry::takeMarkers(int32_t setId) {
-  std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::pair<std::string, int32_t>> out;
+  if (queued_.load() == 0) return out;  // (every cycle asks: no lock while there are none)
+  std::lock_guard<std::mutex> lock(mu_);
   auto it = markers_.find(setId);
-  if (it != markers_.end()) out.swap(it->second);
+  if (it != markers_.end()) {
+    out.swap(it->second);
+    queued_ -= static_cast<int>(out.size());
+  }
   return out;
 }
 

@@ -4,6 +4,7 @@
 // on one set, rank B on another" into a certain deadlock that a controller can
 // see from its own negotiation table, and then turn into an error on both sets
 // (by posting a conflict marker to each, see Controller::cycle).
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -40,6 +41,8 @@ class NameRegistry {
 
  private:
   mutable std::mutex mu_;
+  std::atomic<int> sets_{0};    // members_.size(), read without the lock
+  std::atomic<int> queued_{0};  // markers queued for any set, read without the lock
   std::unordered_map<std::string, int32_t> inFlight_;
   std::map<int32_t, std::vector<int>> members_;
   std::map<int32_t, std::map<std::string, std::vector<int>>> missing_;

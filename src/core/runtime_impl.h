@@ -26,6 +26,7 @@ class RuntimeImpl {
 
   // Registers the Work for synchronize() and hands the entries to the set's controller.
   Work submit(int32_t setId, std::vector<Entry> entries, std::shared_ptr<WorkState> work);
+  Work submit(std::shared_ptr<Controller> controller, std::vector<Entry> entries, std::shared_ptr<WorkState> work);
   std::string autoName(int32_t setId, const char* kind);
   std::string resolveName(const OpOptions& opts, const char* kind);
   void synchronize();

@@ -83,7 +83,7 @@ Work submitGroup(RuntimeImpl& impl, OpType type, const char* kind, const char* g
                  TensorList inputs, const TensorList* outputs, const OpOptions& opts,
                  const std::function<void(Request&)>& fill, const Allocator& alloc) {
   impl.requireInit();
-  impl.sets.controllerFor(opts.processSet, impl.rank);
+  auto controller = impl.sets.controllerFor(opts.processSet, impl.rank);  // (throws for a non-member first)
   if (outputs && outputs->size() != inputs.size()) {
     throw InvalidArgument(std::string(groupedKind) + ": " + std::to_string(inputs.size()) + " inputs but " +
                           std::to_string(outputs->size()) + " outputs");
@@ -112,13 +112,14 @@ Work submitGroup(RuntimeImpl& impl, OpType type, const char* kind, const char* g
       q.groupSize = static_cast<int32_t>(inputs.size());
     }
     fill(q);
-    entries.push_back(makeEntry(std::move(q), inputs[i], outputs ? (*outputs)[i] : Tensor{}, work, i, alloc));
+    static const Tensor kNoOutput;  // (an lvalue on both sides of ?: : no copy of the output)
+    entries.push_back(makeEntry(std::move(q), inputs[i], outputs ? (*outputs)[i] : kNoOutput, work, i, alloc));
   }
   if (entries.empty()) {
     work->complete(nullptr);
     return Work(work);
   }
-  return impl.submit(opts.processSet, std::move(entries), work);
+  return impl.submit(std::move(controller), std::move(entries), work);
 }
 
 }  // namespace
@@ -140,7 +141,11 @@ std::string RuntimeImpl::resolveName(const OpOptions& opts, const char* kind) {
 }
 
 Work RuntimeImpl::submit(int32_t setId, std::vector<Entry> entries, std::shared_ptr<WorkState> work) {
-  auto controller = sets.controllerFor(setId, rank);
+  return submit(sets.controllerFor(setId, rank), std::move(entries), std::move(work));
+}
+
+Work RuntimeImpl::submit(std::shared_ptr<Controller> controller, std::vector<Entry> entries,
+                         std::shared_ptr<WorkState> work) {
   work->driver = controller->driver();
   // A caller that waits at once keeps the controller thread out of its cycles from now on.
   const bool atOnce = tlsWaitsAtOnce;
@@ -335,7 +340,11 @@ Work Runtime::joinAsync(int32_t processSet) {
   return impl_->submit(processSet, std::move(entries), work);
 }
 
-Work Runtime::submitAndWait(const std::function<Work()>& submit) {
+namespace {
+// submitAndWait's body; the blocking calls below hand it their lambdas directly
+// (a std::function of four references would allocate on every call).
+template <typename Submit>
+Work submitThenWait(Submit&& submit) {
   std::optional<Work> w;
   tlsWaitsAtOnce = true;
   try {
@@ -350,26 +359,29 @@ Work Runtime::submitAndWait(const std::function<Work()>& submit) {
   w->wait();
   return *w;
 }
+}  // namespace
+
+Work Runtime::submitAndWait(const std::function<Work()>& submit) { return submitThenWait(submit); }
 
 void Runtime::allreduce(const Tensor& input, const Tensor& output, const AllreduceOptions& opts) {
-  submitAndWait([&] { return allreduceAsync(input, output, opts); });
+  submitThenWait([&] { return allreduceAsync(input, output, opts); });
 }
 void Runtime::broadcast(const Tensor& inout, int rootRank, const OpOptions& opts) {
-  submitAndWait([&] { return broadcastAsync(inout, inout, rootRank, opts); });
+  submitThenWait([&] { return broadcastAsync(inout, inout, rootRank, opts); });
 }
 Work Runtime::allgather(const Tensor& input, const OpOptions& opts, Allocator alloc) {
-  return submitAndWait([&] { return allgatherAsync(input, opts, std::move(alloc)); });
+  return submitThenWait([&] { return allgatherAsync(input, opts, std::move(alloc)); });
 }
 Work Runtime::alltoall(const Tensor& input, const std::vector<int64_t>& splits, const OpOptions& opts,
                        Allocator alloc) {
-  return submitAndWait([&] { return alltoallAsync(input, splits, opts, std::move(alloc)); });
+  return submitThenWait([&] { return alltoallAsync(input, splits, opts, std::move(alloc)); });
 }
 Work Runtime::reducescatter(const Tensor& input, const ReducescatterOptions& opts, Allocator alloc) {
-  return submitAndWait([&] { return reducescatterAsync(input, opts, std::move(alloc)); });
+  return submitThenWait([&] { return reducescatterAsync(input, opts, std::move(alloc)); });
 }
 void Runtime::barrier(int32_t processSet) {
-  submitAndWait([&] { return barrierAsync(processSet); });
+  submitThenWait([&] { return barrierAsync(processSet); });
 }
-int Runtime::join(int32_t processSet) { return submitAndWait([&] { return joinAsync(processSet); }).joinResult(); }
+int Runtime::join(int32_t processSet) { return submitThenWait([&] { return joinAsync(processSet); }).joinResult(); }
 
 }  // namespace chorus
