@@ -236,43 +236,16 @@ Response Coordinator::build(const std::string& name, const Pending& p) {
   r.shape = first->shape;
 
   // Fields that must agree, checked in order; the first disagreement is reported.
-  std::vector<std::pair<std::string, FieldCheck>> checks;
-  auto field = [&](const std::string& label, auto get) {
+  // A field agrees where its values are equal, or else where their text is (the
+  // text is made only then, and for the message: this runs for every new op).
+  auto agrees = [&](const char* label, auto same, auto text) {
+    bool all = true;
+    for (int rk = 0; rk < size_ && all; ++rk)
+      if (p.byRank[rk] && !same(*p.byRank[rk], *first)) all = text(*p.byRank[rk]) == text(*first);
+    if (all) return true;
     FieldCheck c;
     for (int rk = 0; rk < size_; ++rk)
-      if (p.byRank[rk]) c.add(get(*p.byRank[rk]), rk);
-    checks.emplace_back(label, std::move(c));
-  };
-  field("operation", [](const Request& q) { return std::string(opTypeName(q.type)); });
-  field("dtype", [](const Request& q) { return std::string(dtypeName(q.dtype)); });
-  switch (first->type) {
-    case OpType::kAllreduce:
-    case OpType::kReducescatter:
-      field("shape", [](const Request& q) { return shapeString(q.shape); });
-      field("reduce op", [](const Request& q) { return std::string(reduceOpName(q.op)); });
-      field("prescale factor", [](const Request& q) { return num(q.prescale); });
-      field("postscale factor", [](const Request& q) { return num(q.postscale); });
-      break;
-    case OpType::kBroadcast:
-      field("shape", [](const Request& q) { return shapeString(q.shape); });
-      field("root rank", [this](const Request& q) {
-        return std::to_string(q.root >= 0 && q.root < size_ ? globalRanks_[q.root] : q.root);
-      });
-      break;
-    case OpType::kAllgather:
-    case OpType::kAlltoall:
-      field("rank (number of dimensions)",
-            [](const Request& q) { return std::to_string(q.shape.size()); });
-      field("shape after the first dimension",
-            [](const Request& q) { return shapeString(tail(q.shape)); });
-      break;
-    default:
-      break;
-  }
-  field("group", [](const Request& q) { return q.group + "/" + std::to_string(q.groupSize); });
-
-  for (const auto& [label, c] : checks) {
-    if (c.agrees()) continue;
+      if (p.byRank[rk]) c.add(text(*p.byRank[rk]), rk);
     std::ostringstream os;
     os << "Mismatched " << opTypeName(first->type) << " for tensor '" << name << "': " << label;
     bool firstValue = true;
@@ -282,8 +255,52 @@ Response Coordinator::build(const std::string& name, const Pending& p) {
     }
     r.errorKind = ErrorKind::kMismatch;
     r.error = os.str();
-    return r;
+    return false;
+  };
+  auto sameShape = [](const Request& a, const Request& b) { return a.shape == b.shape; };
+  auto shapeText = [](const Request& q) { return shapeString(q.shape); };
+  bool ok = agrees("operation", [](const Request& a, const Request& b) { return a.type == b.type; },
+                   [](const Request& q) { return std::string(opTypeName(q.type)); }) &&
+            agrees("dtype", [](const Request& a, const Request& b) { return a.dtype == b.dtype; },
+                   [](const Request& q) { return std::string(dtypeName(q.dtype)); });
+  switch (first->type) {
+    case OpType::kAllreduce:
+    case OpType::kReducescatter:
+      ok = ok && agrees("shape", sameShape, shapeText) &&
+           agrees("reduce op", [](const Request& a, const Request& b) { return a.op == b.op; },
+                  [](const Request& q) { return std::string(reduceOpName(q.op)); }) &&
+           agrees("prescale factor", [](const Request& a, const Request& b) { return a.prescale == b.prescale; },
+                  [](const Request& q) { return num(q.prescale); }) &&
+           agrees("postscale factor", [](const Request& a, const Request& b) { return a.postscale == b.postscale; },
+                  [](const Request& q) { return num(q.postscale); });
+      break;
+    case OpType::kBroadcast:
+      ok = ok && agrees("shape", sameShape, shapeText) &&
+           agrees("root rank", [](const Request& a, const Request& b) { return a.root == b.root; },
+                  [this](const Request& q) {
+                    return std::to_string(q.root >= 0 && q.root < size_ ? globalRanks_[q.root] : q.root);
+                  });
+      break;
+    case OpType::kAllgather:
+    case OpType::kAlltoall:
+      ok = ok &&
+           agrees("rank (number of dimensions)",
+                  [](const Request& a, const Request& b) { return a.shape.size() == b.shape.size(); },
+                  [](const Request& q) { return std::to_string(q.shape.size()); }) &&
+           agrees("shape after the first dimension",
+                  [](const Request& a, const Request& b) {
+                    return a.shape.size() == b.shape.size() &&
+                           (a.shape.empty() || std::equal(a.shape.begin() + 1, a.shape.end(), b.shape.begin() + 1));
+                  },
+                  [](const Request& q) { return shapeString(tail(q.shape)); });
+      break;
+    default:
+      break;
   }
+  ok = ok && agrees("group",
+                    [](const Request& a, const Request& b) { return a.group == b.group && a.groupSize == b.groupSize; },
+                    [](const Request& q) { return q.group + "/" + std::to_string(q.groupSize); });
+  if (!ok) return r;
 
   if (r.type == OpType::kAllgather) {
     r.rows.assign(size_, 0);
