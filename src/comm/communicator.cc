@@ -37,7 +37,7 @@ void Communicator::allreduceBitsOrWithPayload(uint64_t*, size_t, const void*, si
   throw Error("internal error: a speculative payload on a transport that carries none");
 }
 
-void Communicator::allreducePayload(const Span&, DataType, ReduceOp) {
+const char* Communicator::payloadOf(int) const {
   throw Error("internal error: a speculative payload on a transport that carries none");
 }
 

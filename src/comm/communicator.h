@@ -39,16 +39,16 @@ class Communicator {
   virtual void allreduceSpans(const std::vector<Span>& spans, DataType dtype, ReduceOp op);
   // Bitwise OR of 64-bit words: the control plane's one small collective.
   virtual void allreduceBitsOr(uint64_t* words, size_t count) = 0;
-  // A negotiation that carries a small allreduce's input along (speculatively:
-  // the controller uses it only if every rank sent the same op). Transports that
+  // A negotiation that carries a small op's input along (speculatively: the
+  // controller uses it only if every rank sent the same op). Transports that
   // can keep every rank's payload readable until their next collective return
   // how many payload bytes fit beside `words` words; the others 0.
   virtual size_t payloadCapacity(size_t words) const { return 0; }
   // allreduceBitsOr, with `bytes` of payload published beside the words.
   virtual void allreduceBitsOrWithPayload(uint64_t* words, size_t count, const void* payload, size_t bytes);
-  // Reduces every rank's payload of the negotiation just before into span.data
-  // (span.count elements), with no further exchange.
-  virtual void allreducePayload(const Span& span, DataType dtype, ReduceOp op);
+  // Rank r's payload of the negotiation just before, readable until the next
+  // collective: the op that went with it is done from there, with no exchange.
+  virtual const char* payloadOf(int r) const;
   // out holds the pieces of every rank back to back; bytes[r] is rank r's piece.
   virtual void allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) = 0;
   virtual void broadcast(void* buf, size_t bytes, int root) = 0;

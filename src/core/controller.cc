@@ -36,6 +36,25 @@ void forEachPosition(const uint64_t* notHit, const uint64_t* invalid, int words,
   }
 }
 
+// What rank `me` sends with the negotiation when the cached op r goes with it
+// (its whole input; of a broadcast, the root's alone), or SIZE_MAX where r
+// cannot go that way: a scaled input would have to be scaled first.
+size_t payloadBytes(const Response& r, const Entry& e, int me) {
+  switch (r.type) {
+    case OpType::kAllreduce:
+    case OpType::kReducescatter:
+      if (r.prescale != 1.0) return SIZE_MAX;
+      break;
+    case OpType::kBroadcast:
+      if (me != r.root) return 0;
+      break;
+    case OpType::kAllgather:
+    case OpType::kAlltoall: break;
+    default: return SIZE_MAX;
+  }
+  return e.input.bytes();
+}
+
 constexpr uint64_t kFlagShutdown = 1;
 constexpr uint64_t kFlagStallShutdown = 2;
 
@@ -266,17 +285,17 @@ void Controller::cycle() {
   words[1 + ctl().rank()] = mine.data().size();
   words[0] = (shutdownRequested_ ? kFlagShutdown : 0) | (stallShutdown_ ? kFlagStallShutdown : 0);
 
-  // A lone cached small allreduce travels with the negotiation: one round for
-  // the op instead of two. Used only where every rank sent the same one (each
+  // A lone cached small op travels with the negotiation: one round for the op
+  // instead of two or more. Used only where every rank sent the same one (each
   // sends x and ~x: the ORs are complements of each other only if all x agree).
   const EntryTable::value_type* spec = nullptr;
   size_t specBytes = 0;
   if (!bypass && uncached.empty() && cachedPending_.size() == 1 && &ctl() == comm_.get()) {
     const auto& [pos, e] = *cachedPending_.begin();
-    const Response& r = cache_.response(pos);
-    if (r.type == OpType::kAllreduce && r.prescale == 1.0 && r.bytes() <= ctl().payloadCapacity(words.size())) {
+    const size_t bytes = payloadBytes(cache_.response(pos), e->second, comm_->rank());
+    if (bytes <= ctl().payloadCapacity(words.size())) {
       spec = e;
-      specBytes = r.bytes();
+      specBytes = bytes;
       words[specAt] = static_cast<uint64_t>(pos) + 1;
     }
   }

@@ -130,10 +130,10 @@ void Executor::execute(const Response* responses, size_t count, EntryTable& entr
     OpSpans spans(timeline_, &one, 1);
     switch (r.type) {
       case OpType::kAllreduce: break;
-      case OpType::kAllgather: runAllgather(r, entries); break;
-      case OpType::kBroadcast: runBroadcast(r, entries); break;
-      case OpType::kAlltoall: runAlltoall(r, entries); break;
-      case OpType::kReducescatter: runReducescatter(r, entries); break;
+      case OpType::kAllgather: runAllgather(r, entries, fromPayload); break;
+      case OpType::kBroadcast: runBroadcast(r, entries, fromPayload); break;
+      case OpType::kAlltoall: runAlltoall(r, entries, fromPayload); break;
+      case OpType::kReducescatter: runReducescatter(r, entries, fromPayload); break;
       case OpType::kBarrier:
       case OpType::kJoin: runSimple(r, entries); break;
     }
@@ -180,8 +180,16 @@ void Executor::runAllreduce(const std::vector<const Response*>& group, EntryTabl
       zeroAt += r->bytes();
     }
   }
-  if (fromPayload) comm_.allreducePayload(spans.front(), head.dtype, head.op);
-  else comm_.allreduceSpans(spans, head.dtype, head.op);
+  if (fromPayload) {
+    // Reduced whole, in rank order (my own part from my input: the same values),
+    // so that every rank gets the same bits.
+    const Span& s = spans.front();
+    payloadInputs_.resize(comm_.size());
+    for (int j = 0; j < comm_.size(); ++j) payloadInputs_[j] = sent(j, s.input());
+    reduceMany(head.dtype, head.op, s.data, payloadInputs_.data(), comm_.size(), s.count);
+  } else {
+    comm_.allreduceSpans(spans, head.dtype, head.op);
+  }
   for (const Response* r : group) {
     auto it = entries.find(r->name);
     if (it != entries.end()) {
@@ -191,7 +199,11 @@ void Executor::runAllreduce(const std::vector<const Response*>& group, EntryTabl
   }
 }
 
-void Executor::runAllgather(const Response& r, EntryTable& entries) {
+const char* Executor::sent(int j, const void* mine) const {
+  return j == comm_.rank() ? static_cast<const char*>(mine) : comm_.payloadOf(j);
+}
+
+void Executor::runAllgather(const Response& r, EntryTable& entries, bool fromPayload) {
   auto it = entries.find(r.name);
   const int n = comm_.size();
   const size_t rb = rowBytes(r);
@@ -206,11 +218,17 @@ void Executor::runAllgather(const Response& r, EntryTable& entries) {
   Entry& e = it->second;
   std::exception_ptr allocErr;
   void* out = allocateOutput(e, outShape, &allocErr);
-  comm_.allgatherv(e.input.data, out, bytes);
+  if (fromPayload) {
+    char* to = static_cast<char*>(out);
+    for (int j = 0; j < n; to += bytes[j], ++j)
+      if (bytes[j]) std::memcpy(to, sent(j, e.input.data), bytes[j]);
+  } else {
+    comm_.allgatherv(e.input.data, out, bytes);
+  }
   finishEntry(entries, it, release_, allocErr);
 }
 
-void Executor::runBroadcast(const Response& r, EntryTable& entries) {
+void Executor::runBroadcast(const Response& r, EntryTable& entries, bool fromPayload) {
   auto it = entries.find(r.name);
   void* buf;
   if (it != entries.end()) {
@@ -222,11 +240,12 @@ void Executor::runBroadcast(const Response& r, EntryTable& entries) {
     scratch_.resize(std::max<size_t>(r.bytes(), 1));
     buf = scratch_.data();
   }
-  comm_.broadcast(buf, r.bytes(), r.root);
+  if (!fromPayload) comm_.broadcast(buf, r.bytes(), r.root);
+  else if (comm_.rank() != r.root && r.bytes()) std::memcpy(buf, comm_.payloadOf(r.root), r.bytes());
   if (it != entries.end()) finishEntry(entries, it, release_);
 }
 
-void Executor::runAlltoall(const Response& r, EntryTable& entries) {
+void Executor::runAlltoall(const Response& r, EntryTable& entries, bool fromPayload) {
   auto it = entries.find(r.name);
   Entry& e = it->second;
   const int n = comm_.size();
@@ -249,12 +268,21 @@ void Executor::runAlltoall(const Response& r, EntryTable& entries) {
   for (int j = 0; j < n; ++j)
     for (int k = 0; k < n; ++k)
       if (j != k) largest = std::max(largest, static_cast<size_t>(r.splits[j][k]) * rb);
-  comm_.alltoallv(e.input.data, sendBytes, out, recvBytes, largest);
+  if (fromPayload) {
+    char* to = static_cast<char*>(out);
+    for (int j = 0; j < n; to += recvBytes[j], ++j) {
+      size_t at = 0;  // where j's piece for me starts in j's input
+      for (int k = 0; k < me; ++k) at += static_cast<size_t>(r.splits[j][k]) * rb;
+      if (recvBytes[j]) std::memcpy(to, sent(j, e.input.data) + at, recvBytes[j]);
+    }
+  } else {
+    comm_.alltoallv(e.input.data, sendBytes, out, recvBytes, largest);
+  }
   e.work->receivedSplits = received;
   finishEntry(entries, it, release_, allocErr);
 }
 
-void Executor::runReducescatter(const Response& r, EntryTable& entries) {
+void Executor::runReducescatter(const Response& r, EntryTable& entries, bool fromPayload) {
   auto it = entries.find(r.name);
   Entry& e = it->second;
   const int n = comm_.size();
@@ -280,7 +308,15 @@ void Executor::runReducescatter(const Response& r, EntryTable& entries) {
   if (rowElems == 0) outShape[0] = rowsTotal / n + (comm_.rank() < rowsTotal % n ? 1 : 0);
   std::exception_ptr allocErr;
   void* out = allocateOutput(e, outShape, &allocErr);
-  comm_.reducescatter(in, out, counts, r.dtype, r.op);
+  if (fromPayload) {  // (unscaled: the payload is the input itself)
+    size_t at = 0;
+    for (int j = 0; j < comm_.rank(); ++j) at += counts[j];
+    payloadInputs_.resize(n);
+    for (int j = 0; j < n; ++j) payloadInputs_[j] = sent(j, e.input.data) + at * esize;
+    reduceMany(r.dtype, r.op, out, payloadInputs_.data(), n, counts[comm_.rank()]);
+  } else {
+    comm_.reducescatter(in, out, counts, r.dtype, r.op);
+  }
   postProcess(r, out, counts[comm_.rank()], n);
   finishEntry(entries, it, release_, allocErr);
 }

@@ -23,8 +23,8 @@ class Executor {
   // Takes the matching entries out of `entries` and completes them. A rank with
   // no entry for a response (it has joined) takes part with zeros. Transport
   // errors propagate after the entries of the failed step were failed with them.
-  // fromPayload: responses is one allreduce whose inputs every rank sent with
-  // the negotiation just before (Controller): reduced from there, no exchange.
+  // fromPayload: responses is one op whose inputs every rank sent with the
+  // negotiation just before (Controller): done from there, with no exchange.
   void execute(const Response* responses, size_t count, EntryTable& entries, bool fromPayload = false);
 
   int64_t allreduceBatches() const { return batches_; }
@@ -32,10 +32,12 @@ class Executor {
 
  private:
   void runAllreduce(const std::vector<const Response*>& group, EntryTable& entries, bool fromPayload);
-  void runAllgather(const Response& r, EntryTable& entries);
-  void runBroadcast(const Response& r, EntryTable& entries);
-  void runAlltoall(const Response& r, EntryTable& entries);
-  void runReducescatter(const Response& r, EntryTable& entries);
+  void runAllgather(const Response& r, EntryTable& entries, bool fromPayload);
+  void runBroadcast(const Response& r, EntryTable& entries, bool fromPayload);
+  void runAlltoall(const Response& r, EntryTable& entries, bool fromPayload);
+  void runReducescatter(const Response& r, EntryTable& entries, bool fromPayload);
+  // Rank j's input of an op that went with its negotiation (mine: my own input).
+  const char* sent(int j, const void* mine) const;
   void runSimple(const Response& r, EntryTable& entries);
   void fail(const Response& r, EntryTable& entries);
 
@@ -46,6 +48,7 @@ class Executor {
   std::vector<char> scratch_;
   std::vector<const Response*> group_;  // scratch of execute: one fused allreduce
   std::vector<Span> spans_;             // scratch of runAllreduce
+  std::vector<const void*> payloadInputs_;
   std::atomic<int64_t> batches_{0};
   std::atomic<int64_t> tensors_{0};
 };

@@ -1,6 +1,6 @@
-// A lone cached small allreduce travels with the negotiation over shared memory
-// (one round instead of two): used only when every rank sent the same op, and
-// with the same results as the two-round path.
+// A lone cached small op travels with the negotiation over shared memory (one
+// round instead of two or more): used only when every rank sent the same op, and
+// with the same results as the negotiated path.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -50,6 +50,79 @@ TEST(Payload, RepeatedSmallAllreducesGoWithTheNegotiation) {
           // The first use is negotiated; the three repeats go with their negotiation.
           EXPECT_EQ(c.rt.stats().payloadOps - before.payloadOps, 3) << dtypeName(dt) << " " << reduceOpName(op);
         }
+      }
+    }, shm);
+  }
+}
+
+// The same for the other collectives: repeated broadcasts (in and out of place),
+// uneven allgathers, alltoalls with splits and reducescatters, each checked
+// element by element with data that changes by step.
+TEST(Payload, RepeatedSmallOpsOfEveryKindGoWithTheNegotiation) {
+  for (int n : {2, 3}) {
+    runRanksOk(n, [&](RankContext& c) {
+      const int me = c.rank;
+      auto value = [](int rank, int64_t i, DataType dt) { return representable(dt, testValue(rank, i, dt, ReduceOp::kSum)); };
+      for (DataType dt : kAllDtypes) {
+        const std::string tag = dtypeName(dt);
+        const auto before = c.rt.stats();
+        for (int step = 0; step < 4; ++step) {
+          // Broadcast from the last rank, 37 elements.
+          const int root = n - 1;
+          HostBuffer b(dt, {37}), bout(dt, {37});
+          for (int64_t i = 0; i < 37; ++i) b.set(i, value(me, i + step, dt));
+          OpOptions bo;
+          bo.name = "pb." + tag;
+          const bool inPlace = step % 2 == 0;
+          c.rt.submitAndWait([&] { return c.rt.broadcastAsync(b.tensor(), inPlace ? b.tensor() : bout.tensor(), root, bo); });
+          for (int64_t i = 0; i < 37; ++i) ASSERT_EQ((inPlace ? b : bout).get(i), value(root, i + step, dt)) << tag << " i " << i;
+          // Allgather: rank r sends r + 1 rows of 3.
+          HostBuffer g(dt, {me + 1, 3});
+          for (int64_t i = 0; i < g.numel(); ++i) g.set(i, value(me, i + step, dt));
+          OpOptions go;
+          go.name = "pg." + tag;
+          Work gw = c.rt.allgather(g.tensor(), go);
+          int64_t at = 0;
+          for (int r = 0; r < n; ++r)
+            for (int64_t i = 0; i < (r + 1) * 3; ++i, ++at)
+              ASSERT_EQ(readAs(gw.output().data, dt, at), value(r, i + step, dt)) << tag << " from " << r;
+          // Alltoall: rank r sends (r + j) % 2 + 1 rows of 2 to rank j.
+          std::vector<int64_t> splits(n);
+          int64_t rows = 0;
+          for (int j = 0; j < n; ++j) rows += splits[j] = (me + j) % 2 + 1;
+          HostBuffer a(dt, {rows, 2});
+          for (int64_t i = 0; i < a.numel(); ++i) a.set(i, value(me, i + step, dt));
+          OpOptions ao;
+          ao.name = "pa." + tag;
+          Work aw = c.rt.alltoall(a.tensor(), splits, ao);
+          at = 0;
+          for (int j = 0; j < n; ++j) {
+            int64_t from = 0;  // where j's rows for me start in j's input
+            for (int k = 0; k < me; ++k) from += (j + k) % 2 + 1;
+            for (int64_t i = 0; i < ((j + me) % 2 + 1) * 2; ++i, ++at)
+              ASSERT_EQ(readAs(aw.output().data, dt, at), value(j, from * 2 + i + step, dt)) << tag << " from " << j;
+          }
+          ASSERT_EQ(aw.receivedSplits()[0], (me % 2) + 1);
+          // Reducescatter of 2n + 1 rows of 2 (numeric dtypes).
+          if (dt == DataType::kBool) continue;
+          const int64_t rsRows = 2 * n + 1;
+          HostBuffer in(dt, {rsRows, 2});
+          for (int64_t i = 0; i < in.numel(); ++i) in.set(i, testValue(me, i + step, dt, ReduceOp::kSum));
+          ReducescatterOptions ro;
+          ro.name = "pr." + tag;
+          ro.op = ReduceOp::kSum;
+          Work rw = c.rt.reducescatter(in.tensor(), ro);
+          const int64_t myRows = rsRows / n + (me < rsRows % n ? 1 : 0);
+          int64_t start = 0;
+          for (int r = 0; r < me; ++r) start += rsRows / n + (r < rsRows % n ? 1 : 0);
+          for (int64_t i = 0; i < myRows * 2; ++i) {
+            const double want = reference(ReduceOp::kSum, dt, n, start * 2 + i + step);
+            ASSERT_NEAR(readAs(rw.output().data, dt, i), want, tolerance(dt, want)) << tag << " i " << i;
+          }
+        }
+        // The first use of each is negotiated; its three repeats go with their negotiation.
+        const int kinds = dt == DataType::kBool ? 3 : 4;
+        EXPECT_EQ(c.rt.stats().payloadOps - before.payloadOps, 3 * kinds) << tag;
       }
     }, shm);
   }

@@ -242,15 +242,9 @@ void ShmCommunicator::allreduceBitsOrWithPayload(uint64_t* words, size_t count, 
   payloadRound_ = round_;
 }
 
-// Reduced whole, in rank order (my own part from my input: the same values), so
-// every rank gets the same bits, as in allreduceSpans' small path.
-void ShmCommunicator::allreducePayload(const Span& span, DataType dtype, ReduceOp op) {
-  const int n = size(), me = rank();
+const char* ShmCommunicator::payloadOf(int r) const {
   if (payloadRound_ != round_) throw Error("internal error: the negotiation's payload is gone");
-  payloadRound_ = ~uint64_t{0};
-  inputs_.resize(n);
-  for (int j = 0; j < n; ++j) inputs_[j] = j == me ? span.input() : seg_->slot(payloadBank_, j) + payloadOffset_;
-  reduceMany(dtype, op, span.data, inputs_.data(), n, span.count);
+  return seg_->slot(payloadBank_, r) + payloadOffset_;
 }
 
 void ShmCommunicator::allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) {

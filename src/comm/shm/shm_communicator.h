@@ -56,7 +56,7 @@ class ShmCommunicator : public Communicator {
   void allreduceBitsOr(uint64_t* words, size_t count) override;
   size_t payloadCapacity(size_t words) const override;
   void allreduceBitsOrWithPayload(uint64_t* words, size_t count, const void* payload, size_t bytes) override;
-  void allreducePayload(const Span& span, DataType dtype, ReduceOp op) override;
+  const char* payloadOf(int r) const override;
   void allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) override;
   void broadcast(void* buf, size_t bytes, int root) override;
   void alltoallv(const void* in, const std::vector<size_t>& sendBytes, void* out,
