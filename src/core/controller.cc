@@ -293,7 +293,8 @@ void Controller::cycle() {
   if (!bypass && uncached.empty() && cachedPending_.size() == 1 && &ctl() == comm_.get()) {
     const auto& [pos, e] = *cachedPending_.begin();
     const size_t bytes = payloadBytes(cache_.response(pos), e->second, comm_->rank());
-    if (bytes <= ctl().payloadCapacity(words.size())) {
+    const size_t room = ctl().payloadCapacity(words.size());
+    if (room > 0 && bytes <= room) {  // (0: a transport that carries none, even for an empty op)
       spec = e;
       specBytes = bytes;
       words[specAt] = static_cast<uint64_t>(pos) + 1;

@@ -128,6 +128,31 @@ TEST(Payload, RepeatedSmallOpsOfEveryKindGoWithTheNegotiation) {
   }
 }
 
+// Transports that carry no payload take every op the usual way, empty ones and
+// a broadcast's non-roots (which would send nothing) included.
+TEST(Payload, TransportsWithoutPayloadsRunRepeatedEmptyOpsTheUsualWay) {
+  runRanksOk(2, [&](RankContext& c) {
+    for (int step = 0; step < 3; ++step) {
+      HostBuffer e(DataType::kFloat32, {0});
+      c.rt.allreduce(e.tensor(), e.tensor(), named("empty"));
+      HostBuffer b(DataType::kInt32, {3});
+      for (int i = 0; i < 3; ++i) b.set(i, c.rank == 0 ? 10 * step + i : -1);
+      OpOptions bo;
+      bo.name = "bcast";
+      c.rt.broadcast(b.tensor(), 0, bo);
+      for (int i = 0; i < 3; ++i) ASSERT_EQ(b.get(i), 10 * step + i);
+      HostBuffer g(DataType::kInt32, {c.rank == 1 ? 2 : 0});
+      for (int i = 0; i < g.numel(); ++i) g.set(i, step + i);
+      OpOptions go;
+      go.name = "gather";
+      Work w = c.rt.allgather(g.tensor(), go);
+      ASSERT_EQ(w.output().shape, Shape{2});
+      for (int i = 0; i < 2; ++i) ASSERT_EQ(readAs(w.output().data, DataType::kInt32, i), step + i);
+    }
+    EXPECT_EQ(c.rt.stats().payloadOps, 0);
+  }, [](Config& cfg) { cfg.cpuOperations = "tcp"; });
+}
+
 // Every rank must end with the same bits: float32 sums whose value depends on the
 // order of addition.
 TEST(Payload, EveryRankGetsTheSameBits) {
