@@ -26,6 +26,9 @@ class ShmSegment {
   int rank() const { return rank_; }
   int size() const { return size_; }
   size_t slotBytes() const { return slotBytes_; }
+  // More ranks than the cores their affinity masks allow together: a waiting
+  // rank then yields its core at once.
+  bool oversubscribed() const { return oversubscribed_; }
   // A slot starts at a line boundary and has 63 bytes to spare after slotBytes,
   // so that its data may start at any offset within its first line.
   char* slot(int bank, int rank) const;
