@@ -184,9 +184,7 @@ void Executor::runAllreduce(const std::vector<const Response*>& group, EntryTabl
     // Reduced whole, in rank order (my own part from my input: the same values),
     // so that every rank gets the same bits.
     const Span& s = spans.front();
-    payloadInputs_.resize(comm_.size());
-    for (int j = 0; j < comm_.size(); ++j) payloadInputs_[j] = sent(j, s.input());
-    reduceMany(head.dtype, head.op, s.data, payloadInputs_.data(), comm_.size(), s.count);
+    reduceMany(head.dtype, head.op, s.data, sentInputs(s.input(), 0), comm_.size(), s.count);
   } else {
     comm_.allreduceSpans(spans, head.dtype, head.op);
   }
@@ -201,6 +199,12 @@ void Executor::runAllreduce(const std::vector<const Response*>& group, EntryTabl
 
 const char* Executor::sent(int j, const void* mine) const {
   return j == comm_.rank() ? static_cast<const char*>(mine) : comm_.payloadOf(j);
+}
+
+const void* const* Executor::sentInputs(const void* mine, size_t at) {
+  payloadInputs_.resize(comm_.size());
+  for (int j = 0; j < comm_.size(); ++j) payloadInputs_[j] = sent(j, mine) + at;
+  return payloadInputs_.data();
 }
 
 void Executor::runAllgather(const Response& r, EntryTable& entries, bool fromPayload) {
@@ -264,10 +268,6 @@ void Executor::runAlltoall(const Response& r, EntryTable& entries, bool fromPayl
   outShape.insert(outShape.begin(), rows);
   std::exception_ptr allocErr;
   void* out = allocateOutput(e, outShape, &allocErr);
-  size_t largest = 0;  // every rank computes it from the same splits
-  for (int j = 0; j < n; ++j)
-    for (int k = 0; k < n; ++k)
-      if (j != k) largest = std::max(largest, static_cast<size_t>(r.splits[j][k]) * rb);
   if (fromPayload) {
     char* to = static_cast<char*>(out);
     for (int j = 0; j < n; to += recvBytes[j], ++j) {
@@ -276,6 +276,10 @@ void Executor::runAlltoall(const Response& r, EntryTable& entries, bool fromPayl
       if (recvBytes[j]) std::memcpy(to, sent(j, e.input.data) + at, recvBytes[j]);
     }
   } else {
+    size_t largest = 0;  // every rank computes it from the same splits
+    for (int j = 0; j < n; ++j)
+      for (int k = 0; k < n; ++k)
+        if (j != k) largest = std::max(largest, static_cast<size_t>(r.splits[j][k]) * rb);
     comm_.alltoallv(e.input.data, sendBytes, out, recvBytes, largest);
   }
   e.work->receivedSplits = received;
@@ -311,9 +315,7 @@ void Executor::runReducescatter(const Response& r, EntryTable& entries, bool fro
   if (fromPayload) {  // (unscaled: the payload is the input itself)
     size_t at = 0;
     for (int j = 0; j < comm_.rank(); ++j) at += counts[j];
-    payloadInputs_.resize(n);
-    for (int j = 0; j < n; ++j) payloadInputs_[j] = sent(j, e.input.data) + at * esize;
-    reduceMany(r.dtype, r.op, out, payloadInputs_.data(), n, counts[comm_.rank()]);
+    reduceMany(r.dtype, r.op, out, sentInputs(e.input.data, at * esize), n, counts[comm_.rank()]);
   } else {
     comm_.reducescatter(in, out, counts, r.dtype, r.op);
   }

@@ -38,6 +38,8 @@ class Executor {
   void runReducescatter(const Response& r, EntryTable& entries, bool fromPayload);
   // Rank j's input of an op that went with its negotiation (mine: my own input).
   const char* sent(int j, const void* mine) const;
+  // Every rank's, `at` bytes in, for a reduction (valid until the next call).
+  const void* const* sentInputs(const void* mine, size_t at);
   void runSimple(const Response& r, EntryTable& entries);
   void fail(const Response& r, EntryTable& entries);
 

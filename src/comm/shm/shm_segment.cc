@@ -123,8 +123,11 @@ ShmSegment::ShmSegment(Store& store, const std::string& key, const std::string& 
   // instruction takes 10-140 cycles depending on the CPU. A peer later than this
   // is better waited for asleep (an idle rank must not burn its core).
   unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  oversubscribed_ = static_cast<unsigned>(size) > cores;
-  spinMicros_ = oversubscribed_ ? 20 : 50;
+  auto judge = [&] {
+    oversubscribed_ = static_cast<unsigned>(size) > cores;
+    spinMicros_ = oversubscribed_ ? 20 : 50;
+  };
+  judge();  // (for the barrier below)
   // The cores the ranks may run on are those of their affinity masks (taskset,
   // a cpuset, a launcher's binding), not the machine's: 2 ranks confined to one
   // core that spin as if each had its own took 9-11 us per small op against 3.
@@ -139,8 +142,7 @@ ShmSegment::ShmSegment(Store& store, const std::string& key, const std::string& 
   unsigned allowed = 0;
   for (int w = 0; w < kCpuWords; ++w) allowed += static_cast<unsigned>(__builtin_popcountll(header_->cpus[w].load()));
   if (allowed > 0) cores = std::min(cores, allowed);
-  oversubscribed_ = static_cast<unsigned>(size) > cores;
-  spinMicros_ = oversubscribed_ ? 20 : 50;
+  judge();
   // Probe cross-memory attach once: each rank reads the next rank's pid word.
   publish(&header_->pids[rank_], sizeof(int32_t));
   barrier();
