@@ -81,13 +81,30 @@ int memoryCount(const std::vector<bool>& picks, size_t from = 0) {
 
 TEST(PeerPath, TriesBothThenKeepsTheFasterAndRetriesTheOther) {
   PeerPathChooser c;
-  const auto picks = run(c, 4 + 64, 0.010, 0.006);
+  const auto picks = run(c, 4 + 64, 0.010, 0.009);  // within kFarApart of each other
   EXPECT_EQ(memoryCount(picks, 0) - memoryCount(picks, 4), 2);  // the first four alternate
   // Then memory, except one call in kExploreEvery.
   EXPECT_EQ(memoryCount(picks, 4), 64 - 64 / PeerPathChooser::kExploreEvery);
 
   PeerPathChooser d;
-  EXPECT_EQ(memoryCount(run(d, 4 + 64, 0.006, 0.010), 4), 64 / PeerPathChooser::kExploreEvery);
+  EXPECT_EQ(memoryCount(run(d, 4 + 64, 0.009, 0.010), 4), 64 / PeerPathChooser::kExploreEvery);
+}
+
+TEST(PeerPath, PathsFarApartAreRetriedMoreRarely) {
+  static_assert(PeerPathChooser::kExploreRarely > PeerPathChooser::kExploreEvery);
+  PeerPathChooser c;
+  const auto picks = run(c, 4 + 64, 0.010, 0.006);  // cache 1.67x slower
+  EXPECT_EQ(memoryCount(picks, 4), 64 - 64 / PeerPathChooser::kExploreRarely);
+  PeerPathChooser d;
+  EXPECT_EQ(memoryCount(run(d, 4 + 64, 0.006, 0.010), 4), 64 / PeerPathChooser::kExploreRarely);
+}
+
+TEST(PeerPath, ARarelyTriedPathThatBecameFasterIsTakenAgain) {
+  PeerPathChooser c;
+  run(c, 40, 0.010, 0.020);  // memory far slower: tried one call in kExploreRarely
+  // Then memory gets 4x faster: three tries (a median of five) bring it back.
+  const auto later = run(c, 4 * PeerPathChooser::kExploreRarely + 32, 0.010, 0.005);
+  EXPECT_GE(memoryCount(later, 4 * PeerPathChooser::kExploreRarely), 28);
 }
 
 TEST(PeerPath, FollowsAChangeOfTheMachine) {

@@ -13,8 +13,12 @@ constexpr int kFirstTries = 2;  // samples of each path before comparing them
 double PeerPathChooser::Arm::median() const {
   const int n = std::min(samples, kKept);
   double v[kKept];
-  std::copy(secondsPerByte, secondsPerByte + n, v);
-  std::sort(v, v + n);
+  // Insertion sort: five values (std::sort here trips GCC 12's -Warray-bounds).
+  for (int i = 0; i < n; ++i) {
+    int j = i;
+    for (; j > 0 && v[j - 1] > secondsPerByte[i]; --j) v[j] = v[j - 1];
+    v[j] = secondsPerByte[i];
+  }
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
@@ -35,8 +39,10 @@ bool PeerPathChooser::viaMemory(int op, size_t bytes) {
   Stats& s = stats_[key(op, bytes)];
   const uint64_t call = s.calls++;
   if (s.arms[0].samples < kFirstTries || s.arms[1].samples < kFirstTries) return call % 2 == 1;
-  const bool memoryFaster = s.arms[1].median() < s.arms[0].median();
-  return call % kExploreEvery == 0 ? !memoryFaster : memoryFaster;
+  const double cache = s.arms[0].median(), memory = s.arms[1].median();
+  const bool memoryFaster = memory < cache;
+  const bool farApart = std::max(cache, memory) > kFarApart * std::min(cache, memory);
+  return call % (farApart ? kExploreRarely : kExploreEvery) == 0 ? !memoryFaster : memoryFaster;
 }
 
 void PeerPathChooser::record(int op, size_t bytes, bool viaMemory, double seconds) {

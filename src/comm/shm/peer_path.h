@@ -31,7 +31,13 @@ class PeerPathChooser {
   // What that collective took, in seconds.
   void record(int op, size_t bytes, bool viaMemory, double seconds);
 
-  static constexpr int kExploreEvery = 8;  // one call in this many tries the slower path
+  // One call in kExploreEvery tries the slower path; one in kExploreRarely when
+  // it was more than kFarApart slower (each try then costs more, and a change
+  // of the machine that makes up such a gap is rarer): a 2-rank 256 MiB
+  // allgather on the automatic choice ran 5% behind the faster path forced.
+  static constexpr int kExploreEvery = 8;
+  static constexpr int kExploreRarely = 32;
+  static constexpr double kFarApart = 1.25;
 
  private:
   // The latest few times of one path, compared by their median: on these VMs a
