@@ -62,7 +62,13 @@ def main():
         if floor and op == "allreduce":
             ax.plot([p[0] for p in floor], [p[1] for p in floor], linestyle="--", color="gray",
                     label="memory floor")
-        ranks = rows[0]["ranks"]
+        gather = {}  # allgather's own floor (streaming each piece into every place of the output)
+        for r in rows:
+            if r["op"] == op and r.get("gather_floor_us"):
+                gather[r["bytes"]] = min(gather.get(r["bytes"], r["gather_floor_us"]), r["gather_floor_us"])
+        if gather:
+            pts = sorted((b, b / t / 1e3 * (ranks - 1) / ranks) for b, t in gather.items())
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], linestyle=":", color="gray", label="gather floor")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("message size (bytes)")
         ax.set_ylabel("bus bandwidth (GB/s)")
