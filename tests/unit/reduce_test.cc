@@ -6,6 +6,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <vector>
+
+#include "reduce/half.h"
 
 #include "harness.h"
 #include "reduce/reduce.h"
@@ -120,7 +123,9 @@ TEST(Kernels, ReduceManyStreamedWritesReduceManysBitsEverywhere) {
                                             (together ? "" : " apart") + (withCached ? " cached" : "");
                   for (int k = 0; k < outs; ++k)
                     ASSERT_EQ(std::memcmp(dst[k], want.data(), count * es), 0) << where << " output " << k;
-                  if (cached) ASSERT_EQ(std::memcmp(cached, want.data(), count * es), 0) << where << " cached";
+                  if (cached) {
+                    ASSERT_EQ(std::memcmp(cached, want.data(), count * es), 0) << where << " cached";
+                  }
                 }
               }
             }
@@ -151,6 +156,68 @@ TEST(Kernels, ScaleAndPairwiseReduce) {
   reduceBuffers(DataType::kBFloat16, ReduceOp::kMax, x.tensor().data, x.tensor().data, y.tensor().data, 300);
   scaleBuffer(DataType::kBFloat16, x.tensor().data, 300, 0.5);
   for (int i = 0; i < 300; ++i) ASSERT_EQ(x.get(i), std::max(i % 5, 2) * 0.5);
+}
+
+// Every float16 and bfloat16 bit pattern, combined with a few partners chosen
+// for rounding ties, overflow, subnormals, zeros and NaN: every kernel entry
+// (reduceMany, streamed, pairwise, scaling) gives the bits of the scalar
+// conversions in half.h applied around float32 arithmetic.
+TEST(Kernels, HalfTypesRoundLikeTheScalarConversions) {
+  struct Conv {
+    DataType dt;
+    float (*toF)(uint16_t);
+    uint16_t (*fromF)(float);
+  };
+  const Conv convs[] = {{DataType::kBFloat16, bf16ToFloat, floatToBf16}, {DataType::kFloat16, halfToFloat, floatToHalf}};
+  auto isNan = [](float f) { return f != f; };
+  for (const Conv& c : convs) {
+    const size_t count = 65536 + 3;  // every pattern, and a tail past the vector width
+    std::vector<uint16_t> a(count), b(count), want(count), got(count);
+    for (size_t i = 0; i < count; ++i) a[i] = static_cast<uint16_t>(i);
+    const uint16_t partners[] = {0x0000, 0x8000, 0x0001, 0x8001, 0x3f80, 0xbf80, 0x7f7f, 0x0080, 0x3c00, 0x7bff, 0x7fc0};
+    for (uint16_t p : partners) {
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct}) {
+        std::fill(b.begin(), b.end(), p);
+        if (isNan(c.toF(p))) continue;  // NaN with NaN: which payload survives is the CPU's choice
+        for (size_t i = 0; i < count; ++i) {
+          const float x = c.toF(a[i]), y = c.toF(p);
+          const float r = op == ReduceOp::kSum   ? x + y
+                          : op == ReduceOp::kMin ? (y < x ? y : x)
+                          : op == ReduceOp::kMax ? (x < y ? y : x)
+                                                 : x * y;
+          want[i] = c.fromF(r);
+        }
+        const void* ins[2] = {a.data(), b.data()};
+        const std::string where = std::string(dtypeName(c.dt)) + " " + reduceOpName(op) + " partner " + std::to_string(p);
+        // NaN results only need to be NaN: F16C keeps a float16 NaN's payload,
+        // the scalar conversion does not.
+        auto expectSame = [&](const char* entry) {
+          for (size_t i = 0; i < count; ++i) {
+            if (isNan(c.toF(want[i]))) ASSERT_TRUE(isNan(c.toF(got[i]))) << where << " " << entry << " at " << a[i];
+            else ASSERT_EQ(got[i], want[i]) << where << " " << entry << " at pattern " << a[i];
+          }
+        };
+        reduceMany(c.dt, op, got.data(), ins, 2, count);
+        expectSame("reduceMany");
+        std::vector<uint16_t> line(count + 32);
+        uint16_t* out = line.data() + (64 - reinterpret_cast<uintptr_t>(line.data()) % 64) % 64 / 2;
+        void* outs[1] = {out};
+        reduceManyStreamed(c.dt, op, nullptr, outs, 1, ins, 2, count);
+        std::copy(out, out + count, got.begin());
+        expectSame("reduceManyStreamed");
+        reduceBuffers(c.dt, op, got.data(), a.data(), b.data(), count);
+        expectSame("reduceBuffers");
+      }
+    }
+    for (double factor : {0.5, 3.0, 1e-3}) {
+      for (size_t i = 0; i < count; ++i) want[i] = c.fromF(c.toF(a[i]) * static_cast<float>(factor));
+      scaleCopy(c.dt, got.data(), a.data(), count, factor);
+      for (size_t i = 0; i < count; ++i) {
+        if (isNan(c.toF(a[i]))) continue;  // scaled NaN: quieted either way, payload the CPU's
+        ASSERT_EQ(got[i], want[i]) << dtypeName(c.dt) << " scaled by " << factor << " at pattern " << a[i];
+      }
+    }
+  }
 }
 
 }  // namespace
