@@ -37,6 +37,11 @@ class Communicator {
   // one buffer laid end to end. The default copies in and packs; transports that
   // can, read the inputs and write the results directly.
   virtual void allreduceSpans(const std::vector<Span>& spans, DataType dtype, ReduceOp op);
+  // allreduceSpans with every result multiplied by scale as it is reduced
+  // (floating dtypes; Average's division without a pass of its own). Returns
+  // false, having done nothing, where the transport cannot: the caller then
+  // reduces and scales apart.
+  virtual bool allreduceSpansScaled(const std::vector<Span>&, DataType, ReduceOp, double) { return false; }
   // Bitwise OR of 64-bit words: the control plane's one small collective.
   virtual void allreduceBitsOr(uint64_t* words, size_t count) = 0;
   // A negotiation that carries a small op's input along (speculatively: the

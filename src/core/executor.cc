@@ -37,6 +37,13 @@ void postProcess(const Response& r, void* buf, size_t n, int size) {
   scaleBuffer(r.dtype, buf, n, r.postscale / size);
 }
 
+// The factor postProcess would apply, for a floating dtype (the reduction can
+// apply it as it goes); 0 for integers, whose Average divides apart.
+double foldedScale(const Response& r, int size) {
+  if (isInteger(r.dtype) || r.dtype == DataType::kBool) return 0;
+  return r.op == ReduceOp::kAverage ? r.postscale / size : r.postscale;
+}
+
 }  // namespace
 
 static_assert(SharedPool::kMinBytes == kSharedMinBytes, "the public threshold is the pool's");
@@ -180,18 +187,23 @@ void Executor::runAllreduce(const std::vector<const Response*>& group, EntryTabl
       zeroAt += r->bytes();
     }
   }
+  // Average's division (and a postscale) is applied as the elements are
+  // reduced where it can be, not in a pass of its own: 2-rank float32 Average
+  // allreduce was 40-70% slower than Sum at every size before.
+  const double fold = foldedScale(head, comm_.size());
+  bool scaled = fold != 0;
   if (fromPayload) {
     // Reduced whole, in rank order (my own part from my input: the same values),
     // so that every rank gets the same bits.
     const Span& s = spans.front();
-    reduceMany(head.dtype, head.op, s.data, sentInputs(s.input(), 0), comm_.size(), s.count);
-  } else {
+    reduceMany(head.dtype, head.op, s.data, sentInputs(s.input(), 0), comm_.size(), s.count, scaled ? fold : 1.0);
+  } else if (!scaled || fold == 1.0 || !(scaled = comm_.allreduceSpansScaled(spans, head.dtype, head.op, fold))) {
     comm_.allreduceSpans(spans, head.dtype, head.op);
   }
   for (const Response* r : group) {
     auto it = entries.find(r->name);
     if (it != entries.end()) {
-      postProcess(head, it->second.output.data, static_cast<size_t>(numElements(r->shape)), comm_.size());
+      if (!scaled) postProcess(head, it->second.output.data, static_cast<size_t>(numElements(r->shape)), comm_.size());
       finishEntry(entries, it, release_);
     }
   }

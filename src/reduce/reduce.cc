@@ -13,10 +13,11 @@ namespace chorus {
 // One table of kernels per instruction set, each compiled with its own flags.
 #define CHORUS_DECLARE_KERNELS(ns)                                                                      \
   namespace ns {                                                                                        \
-  void reduceMany(DataType, ReduceOp, void*, const void* const*, int, size_t);                          \
+  void reduceMany(DataType, ReduceOp, void*, const void* const*, int, size_t, double);                  \
   void reduceBuffers(DataType, ReduceOp, void*, const void*, const void*, size_t);                      \
   void scaleCopy(DataType, void*, const void*, size_t, double);                                         \
-  void reduceManyStreamed(DataType, ReduceOp, void*, void* const*, int, const void* const*, int, size_t, size_t); \
+  void reduceManyStreamed(DataType, ReduceOp, void*, void* const*, int, const void* const*, int, size_t, size_t,  \
+                          double);                                                                      \
   }
 CHORUS_DECLARE_KERNELS(kernels_generic)
 CHORUS_DECLARE_KERNELS(kernels_avx2)
@@ -25,10 +26,11 @@ CHORUS_DECLARE_KERNELS(kernels_avx512)
 namespace {
 struct Kernels {
   const char* name;
-  void (*reduceMany)(DataType, ReduceOp, void*, const void* const*, int, size_t);
+  void (*reduceMany)(DataType, ReduceOp, void*, const void* const*, int, size_t, double);
   void (*reduceBuffers)(DataType, ReduceOp, void*, const void*, const void*, size_t);
   void (*scaleCopy)(DataType, void*, const void*, size_t, double);
-  void (*reduceManyStreamed)(DataType, ReduceOp, void*, void* const*, int, const void* const*, int, size_t, size_t);
+  void (*reduceManyStreamed)(DataType, ReduceOp, void*, void* const*, int, const void* const*, int, size_t, size_t,
+                             double);
 };
 
 const Kernels kGeneric{"generic", kernels_generic::reduceMany, kernels_generic::reduceBuffers,
@@ -57,8 +59,18 @@ const Kernels& kernels() {
 
 const char* simdLevel() { return kernels().name; }
 
-void reduceMany(DataType dtype, ReduceOp op, void* out, const void* const* inputs, int n, size_t count) {
-  kernels().reduceMany(dtype, op, out, inputs, n, count);
+namespace {
+void checkScale(DataType dtype, double scale) {
+  const bool floating = dtype == DataType::kFloat32 || dtype == DataType::kFloat64 || dtype == DataType::kFloat16 ||
+                        dtype == DataType::kBFloat16;
+  if (scale != 1.0 && !floating)
+    throw Error(std::string("internal error: a scaled reduction of ") + dtypeName(dtype));
+}
+}  // namespace
+
+void reduceMany(DataType dtype, ReduceOp op, void* out, const void* const* inputs, int n, size_t count, double scale) {
+  checkScale(dtype, scale);
+  kernels().reduceMany(dtype, op, out, inputs, n, count, scale);
 }
 void reduceBuffers(DataType dtype, ReduceOp op, void* out, const void* a, const void* b, size_t n) {
   kernels().reduceBuffers(dtype, op, out, a, b, n);
@@ -68,7 +80,8 @@ void scaleCopy(DataType dtype, void* dst, const void* src, size_t n, double fact
 }
 
 void reduceManyStreamed(DataType dtype, ReduceOp op, void* cached, void* const* outs, int nOuts,
-                        const void* const* inputs, int n, size_t count) {
+                        const void* const* inputs, int n, size_t count, double scale) {
+  checkScale(dtype, scale);
   const size_t es = dtypeSize(dtype);
   const uintptr_t at = nOuts ? reinterpret_cast<uintptr_t>(outs[0]) % 64 : 0;
   bool lined = at % es == 0;
@@ -76,13 +89,13 @@ void reduceManyStreamed(DataType dtype, ReduceOp op, void* cached, void* const* 
   if (!lined) {  // outputs that sit differently within a line: ordinary stores
     void* first = nOuts ? outs[0] : cached;
     if (!first) return;
-    reduceMany(dtype, op, first, inputs, n, count);
+    reduceMany(dtype, op, first, inputs, n, count, scale);
     for (int k = 1; k < nOuts; ++k) std::memcpy(outs[k], first, count * es);
     if (cached && cached != first) std::memcpy(cached, first, count * es);
     return;
   }
   const size_t head = std::min(count, (64 - at) % 64 / es);
-  kernels().reduceManyStreamed(dtype, op, cached, outs, nOuts, inputs, n, head, count);
+  kernels().reduceManyStreamed(dtype, op, cached, outs, nOuts, inputs, n, head, count, scale);
 }
 
 template <typename T>

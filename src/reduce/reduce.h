@@ -11,9 +11,11 @@ namespace chorus {
 void reduceBuffers(DataType dtype, ReduceOp op, void* out, const void* a, const void* b, size_t n);
 
 // out[i] = inputs[0][i] op inputs[1][i] op ... (in that order, so that every rank
-// computing the same element gets the same bits). out may alias an input.
-// float16/bfloat16 accumulate in float32 and round once.
-void reduceMany(DataType dtype, ReduceOp op, void* out, const void* const* inputs, int n, size_t count);
+// computing the same element gets the same bits), times scale (floating dtypes
+// only: Average's division folded into the reduction). out may alias an input.
+// float16/bfloat16 accumulate and scale in float32 and round once.
+void reduceMany(DataType dtype, ReduceOp op, void* out, const void* const* inputs, int n, size_t count,
+                double scale = 1.0);
 
 // reduceMany whose results go to every outs[k] (nOuts of them) with
 // non-temporal stores, line by line as the inputs are read, and to cached (when
@@ -21,7 +23,7 @@ void reduceMany(DataType dtype, ReduceOp op, void* out, const void* const* input
 // not share their position within a 64-byte line take ordinary stores. The
 // caller fences (_mm_sfence) before others read the streamed results.
 void reduceManyStreamed(DataType dtype, ReduceOp op, void* cached, void* const* outs, int nOuts,
-                        const void* const* inputs, int n, size_t count);
+                        const void* const* inputs, int n, size_t count, double scale = 1.0);
 
 // The instruction set the kernels run with: "avx512", "avx2" or "generic".
 const char* simdLevel();

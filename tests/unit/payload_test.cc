@@ -172,6 +172,37 @@ TEST(Payload, EveryRankGetsTheSameBits) {
     ASSERT_EQ(std::memcmp(results[r].data(), results[0].data(), results[0].size() * sizeof(float)), 0) << "rank " << r;
 }
 
+// Average's division happens as the elements are reduced, by the one rank that
+// reduces each: the results are the same bits everywhere, small (with the
+// negotiation) and large (through the slots), float32 and bfloat16.
+TEST(Payload, AveragesAreTheSameBitsEverywhere) {
+  const int n = 3;
+  const std::vector<int64_t> counts = {257, 300007};
+  std::vector<std::vector<std::vector<char>>> results(n);
+  runRanksOk(n, [&](RankContext& c) {
+    for (DataType dt : {DataType::kFloat32, DataType::kBFloat16}) {
+      for (int64_t count : counts) {
+        HostBuffer v(dt, {count});
+        const double scale = c.rank == 0 ? 1e4 : c.rank == 1 ? 1.37 : -3e3;  // rounding depends on the order
+        for (int64_t i = 0; i < count; ++i) v.set(i, scale * (0.1 + (i % 977) * 1e-3));
+        AllreduceOptions o;
+        o.op = ReduceOp::kAverage;
+        o.name = std::string("avg.") + dtypeName(dt) + std::to_string(count);
+        c.rt.allreduce(v.tensor(), v.tensor(), o);
+        for (int64_t i = 0; i < count; ++i) {
+          const double want = (1e4 + 1.37 - 3e3) * (0.1 + (i % 977) * 1e-3) / n;
+          ASSERT_NEAR(v.get(i), want, 4 * tolerance(dt, 1e4)) << dtypeName(dt) << " element " << i;
+        }
+        const char* p = static_cast<const char*>(v.tensor().data);
+        results[c.rank].emplace_back(p, p + count * dtypeSize(dt));
+      }
+    }
+  }, shm);
+  for (int r = 1; r < n; ++r)
+    for (size_t k = 0; k < results[0].size(); ++k)
+      ASSERT_EQ(results[r][k], results[0][k]) << "rank " << r << " op " << k;
+}
+
 // Ranks whose pending ops differ (each submits three names in its own order,
 // with pauses between) must not use a payload that others did not send.
 TEST(Payload, RanksWithDifferentPendingOpsStayCorrect) {

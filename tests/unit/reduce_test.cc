@@ -10,6 +10,7 @@
 
 #include "reduce/half.h"
 
+#include "chorus/error.h"
 #include "harness.h"
 #include "reduce/reduce.h"
 
@@ -218,6 +219,76 @@ TEST(Kernels, HalfTypesRoundLikeTheScalarConversions) {
       }
     }
   }
+}
+
+// A scaled reduction (Average's division folded in) gives, bit for bit, the
+// sum taken in input order in the accumulation type, times the factor in that
+// type, rounded once: through reduceMany and its streamed form, every length.
+TEST(Kernels, ScaledReductionsRoundOnceAfterTheFactor) {
+  std::mt19937 gen(5);
+  std::uniform_real_distribution<double> real(-100, 100);
+  for (DataType dt : {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kBFloat16}) {
+    const size_t es = dtypeSize(dt);
+    for (int n : {1, 2, 3, 5}) {
+      const double scale = 1.0 / n;
+      for (size_t count : {size_t{1}, size_t{7}, size_t{37}, size_t{2053}}) {
+        std::vector<HostBuffer> ins;
+        std::vector<const void*> ptrs;
+        for (int j = 0; j < n; ++j) {
+          ins.emplace_back(dt, Shape{static_cast<int64_t>(count)});
+          for (size_t i = 0; i < count; ++i) ins.back().set(static_cast<int64_t>(i), real(gen));
+          ptrs.push_back(ins.back().tensor().data);
+        }
+        std::vector<char> want(count * es);
+        for (size_t i = 0; i < count; ++i) {
+          auto raw = [&](int j) { return static_cast<const char*>(ptrs[j]) + i * es; };
+          if (dt == DataType::kFloat64) {
+            double acc;
+            std::memcpy(&acc, raw(0), 8);
+            for (int j = 1; j < n; ++j) {
+              double v;
+              std::memcpy(&v, raw(j), 8);
+              acc = acc + v;
+            }
+            acc = acc * scale;
+            std::memcpy(want.data() + i * es, &acc, 8);
+          } else {
+            auto toF = [&](const char* p) {
+              if (dt == DataType::kFloat32) {
+                float f;
+                std::memcpy(&f, p, 4);
+                return f;
+              }
+              uint16_t h;
+              std::memcpy(&h, p, 2);
+              return dt == DataType::kFloat16 ? halfToFloat(h) : bf16ToFloat(h);
+            };
+            float acc = toF(raw(0));
+            for (int j = 1; j < n; ++j) acc = acc + toF(raw(j));
+            acc = acc * static_cast<float>(scale);
+            if (dt == DataType::kFloat32) {
+              std::memcpy(want.data() + i * es, &acc, 4);
+            } else {
+              const uint16_t h = dt == DataType::kFloat16 ? floatToHalf(acc) : floatToBf16(acc);
+              std::memcpy(want.data() + i * es, &h, 2);
+            }
+          }
+        }
+        const std::string where = std::string(dtypeName(dt)) + " n=" + std::to_string(n) + " count=" + std::to_string(count);
+        std::vector<char> got(count * es + 128);
+        reduceMany(dt, ReduceOp::kAverage, got.data(), ptrs.data(), n, count, scale);
+        ASSERT_EQ(std::memcmp(got.data(), want.data(), count * es), 0) << where << " reduceMany";
+        char* line = got.data() + (64 - reinterpret_cast<uintptr_t>(got.data()) % 64) % 64;
+        void* outs[1] = {line};
+        reduceManyStreamed(dt, ReduceOp::kSum, nullptr, outs, 1, ptrs.data(), n, count, scale);
+        ASSERT_EQ(std::memcmp(line, want.data(), count * es), 0) << where << " streamed";
+      }
+    }
+  }
+  // Integers are divided apart (truncating): a scale for them is a caller's bug.
+  std::vector<int32_t> a(4, 6);
+  const void* ins[1] = {a.data()};
+  EXPECT_THROW(reduceMany(DataType::kInt32, ReduceOp::kSum, a.data(), ins, 1, 4, 0.5), Error);
 }
 
 }  // namespace

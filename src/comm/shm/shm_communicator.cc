@@ -55,6 +55,19 @@ void ShmCommunicator::allreduce(void* buf, size_t count, DataType dtype, ReduceO
 // the others reduce, reduces its own part reading its own inputs directly, and
 // copies the others' reduced parts back.
 void ShmCommunicator::allreduceSpans(const std::vector<Span>& spans, DataType dtype, ReduceOp op) {
+  reduceSpans(spans, dtype, op, 1.0);
+}
+
+bool ShmCommunicator::allreduceSpansScaled(const std::vector<Span>& spans, DataType dtype, ReduceOp op,
+                                           double scale) {
+  const bool floating = dtype == DataType::kFloat32 || dtype == DataType::kFloat64 || dtype == DataType::kFloat16 ||
+                        dtype == DataType::kBFloat16;
+  if (size() == 1 || !floating) return false;
+  reduceSpans(spans, dtype, op, scale);
+  return true;
+}
+
+void ShmCommunicator::reduceSpans(const std::vector<Span>& spans, DataType dtype, ReduceOp op, double scale) {
   const int n = size(), me = rank();
   std::vector<size_t> start(spans.size() + 1, 0);
   for (size_t i = 0; i < spans.size(); ++i) start[i + 1] = start[i] + spans[i].count;
@@ -66,7 +79,7 @@ void ShmCommunicator::allreduceSpans(const std::vector<Span>& spans, DataType dt
   const bool poolSized = std::all_of(spans.begin(), spans.end(), [&](const Span& s) {
     return s.count == 0 || s.count * es >= SharedPool::kMinBytes;
   });
-  if (poolSized && seg_->singleCopy() && allreduceDirect(spans, start, dtype, op)) return;
+  if (poolSized && seg_->singleCopy() && allreduceDirect(spans, start, dtype, op, scale)) return;
   // fn(output memory, input memory, virtual index, elements) over the spans covering [a, b).
   auto pieces = [&](size_t a, size_t b, auto&& fn) {
     forEachPiece(start, a, b, [&](size_t i, size_t at, size_t len) {
@@ -88,7 +101,7 @@ void ShmCommunicator::allreduceSpans(const std::vector<Span>& spans, DataType dt
     seg_->barrier();
     pieces(0, count, [&](char* t, const char*, size_t at, size_t len, size_t) {
       for (int j = 0; j < n; ++j) inputs_[j] = seg_->slot(bank, j) + at * es;
-      reduceMany(dtype, op, t, inputs_.data(), n, len);
+      reduceMany(dtype, op, t, inputs_.data(), n, len, scale);
     });
     return;
   }
@@ -155,9 +168,9 @@ void ShmCommunicator::allreduceSpans(const std::vector<Span>& spans, DataType dt
       char* out = seg_->slot(bank, h) + shift[h] + (at - off) * es;
       if (streamed(spans[i])) {
         void* outs[1] = {t};
-        reduceManyStreamed(dtype, op, out, outs, 1, inputs_.data(), n, len);
+        reduceManyStreamed(dtype, op, out, outs, 1, inputs_.data(), n, len, scale);
       } else {
-        reduceMany(dtype, op, out, inputs_.data(), n, len);
+        reduceMany(dtype, op, out, inputs_.data(), n, len, scale);
         copyBytes(t, out, len * es);
       }
     });

@@ -53,6 +53,8 @@ class ShmCommunicator : public Communicator {
   void allreduce(void* buf, size_t count, DataType dtype, ReduceOp op) override;
   // Straight from and to the tensors: no packing into a fusion buffer.
   void allreduceSpans(const std::vector<Span>& spans, DataType dtype, ReduceOp op) override;
+  // Every element is reduced and scaled by one rank, then copied: the same bits everywhere.
+  bool allreduceSpansScaled(const std::vector<Span>& spans, DataType dtype, ReduceOp op, double scale) override;
   void allreduceBitsOr(uint64_t* words, size_t count) override;
   size_t payloadCapacity(size_t words) const override;
   void allreduceBitsOrWithPayload(uint64_t* words, size_t count, const void* payload, size_t bytes) override;
@@ -78,7 +80,9 @@ class ShmCommunicator : public Communicator {
   };
   bool mapPeerBuffers(const std::vector<Range>& ranges);
   bool allgatherDirect(const void* in, void* out, const std::vector<size_t>& offset);
-  bool allreduceDirect(const std::vector<Span>& spans, const std::vector<size_t>& start, DataType dtype, ReduceOp op);
+  void reduceSpans(const std::vector<Span>& spans, DataType dtype, ReduceOp op, double scale);
+  bool allreduceDirect(const std::vector<Span>& spans, const std::vector<size_t>& start, DataType dtype, ReduceOp op,
+                       double scale);
   bool reducescatterDirect(const void* buf, void* out, const std::vector<size_t>& off, DataType dtype, ReduceOp op);
 
   std::unique_ptr<ShmSegment> seg_;

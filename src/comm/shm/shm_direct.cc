@@ -102,7 +102,7 @@ bool ShmCommunicator::allgatherDirect(const void* in, void* out, const std::vect
 // the part's reducer reads those). Everything moves with streamed stores and is
 // read from memory: no line passes between the cores' caches.
 bool ShmCommunicator::allreduceDirect(const std::vector<Span>& spans, const std::vector<size_t>& start,
-                                      DataType dtype, ReduceOp op) {
+                                      DataType dtype, ReduceOp op, double scale) {
   const int n = size(), me = rank();
   const size_t es = dtypeSize(dtype);
   std::vector<Range> ranges;
@@ -129,7 +129,7 @@ bool ShmCommunicator::allreduceDirect(const std::vector<Span>& spans, const std:
       inputs_[j] = (j == me ? in : peerBuf_[j][i]) + at * es;
       outs[j] = peerBuf_[j][i] + at * es;
     }
-    reduceManyStreamed(dtype, op, nullptr, outs.data(), n, inputs_.data(), n, len);
+    reduceManyStreamed(dtype, op, nullptr, outs.data(), n, inputs_.data(), n, len, scale);
   });
   _mm_sfence();
   peerMaps_.clear();

@@ -126,10 +126,11 @@ void writeOut(char* dst, const char* src, size_t n, bool stream) {
   else copyBytes(dst, src, n);
 }
 
-void reduceOut(DataType dtype, ReduceOp op, void* dst, const void* const* inputs, int n, size_t count, bool stream) {
-  if (!stream) return reduceMany(dtype, op, dst, inputs, n, count);
+void reduceOut(DataType dtype, ReduceOp op, void* dst, const void* const* inputs, int n, size_t count, bool stream,
+               double scale) {
+  if (!stream) return reduceMany(dtype, op, dst, inputs, n, count, scale);
   void* outs[1] = {dst};
-  reduceManyStreamed(dtype, op, nullptr, outs, 1, inputs, n, count);
+  reduceManyStreamed(dtype, op, nullptr, outs, 1, inputs, n, count, scale);
 }
 
 }  // namespace chorus

@@ -22,8 +22,9 @@ void copyBytes(char* dst, const char* src, size_t n);
 // streamCopy when stream, copyBytes otherwise.
 void writeOut(char* dst, const char* src, size_t n, bool stream);
 
-// Reduces count elements of the n inputs into dst: reduceManyStreamed when
-// stream (the caller fences), reduceMany otherwise.
-void reduceOut(DataType dtype, ReduceOp op, void* dst, const void* const* inputs, int n, size_t count, bool stream);
+// Reduces count elements of the n inputs into dst (times scale, floating
+// dtypes): reduceManyStreamed when stream (the caller fences), reduceMany otherwise.
+void reduceOut(DataType dtype, ReduceOp op, void* dst, const void* const* inputs, int n, size_t count, bool stream,
+               double scale = 1.0);
 
 }  // namespace chorus
