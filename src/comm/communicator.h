@@ -65,6 +65,10 @@ class Communicator {
   // rank r's reduced piece in out. buf may be clobbered.
   virtual void reducescatter(void* buf, void* out, const std::vector<size_t>& counts,
                              DataType dtype, ReduceOp op) = 0;
+  // reducescatter with the results multiplied by scale, as allreduceSpansScaled.
+  virtual bool reducescatterScaled(void*, void*, const std::vector<size_t>&, DataType, ReduceOp, double) {
+    return false;
+  }
   // True when reducescatter only reads buf: the caller may hand it the input itself.
   virtual bool reducescatterReadsOnly() const { return false; }
   virtual void barrier() = 0;

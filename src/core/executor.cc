@@ -40,7 +40,7 @@ void postProcess(const Response& r, void* buf, size_t n, int size) {
 // The factor postProcess would apply, for a floating dtype (the reduction can
 // apply it as it goes); 0 for integers, whose Average divides apart.
 double foldedScale(const Response& r, int size) {
-  if (isInteger(r.dtype) || r.dtype == DataType::kBool) return 0;
+  if (!isFloating(r.dtype)) return 0;
   return r.op == ReduceOp::kAverage ? r.postscale / size : r.postscale;
 }
 
@@ -324,14 +324,16 @@ void Executor::runReducescatter(const Response& r, EntryTable& entries, bool fro
   if (rowElems == 0) outShape[0] = rowsTotal / n + (comm_.rank() < rowsTotal % n ? 1 : 0);
   std::exception_ptr allocErr;
   void* out = allocateOutput(e, outShape, &allocErr);
+  const double fold = foldedScale(r, n);  // as in runAllreduce
+  bool scaled = fold != 0;
   if (fromPayload) {  // (unscaled: the payload is the input itself)
     size_t at = 0;
     for (int j = 0; j < comm_.rank(); ++j) at += counts[j];
-    reduceMany(r.dtype, r.op, out, sentInputs(e.input.data, at * esize), n, counts[comm_.rank()]);
-  } else {
+    reduceMany(r.dtype, r.op, out, sentInputs(e.input.data, at * esize), n, counts[comm_.rank()], scaled ? fold : 1.0);
+  } else if (!scaled || fold == 1.0 || !(scaled = comm_.reducescatterScaled(in, out, counts, r.dtype, r.op, fold))) {
     comm_.reducescatter(in, out, counts, r.dtype, r.op);
   }
-  postProcess(r, out, counts[comm_.rank()], n);
+  if (!scaled) postProcess(r, out, counts[comm_.rank()], n);
   finishEntry(entries, it, release_, allocErr);
 }
 

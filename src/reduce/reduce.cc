@@ -61,9 +61,7 @@ const char* simdLevel() { return kernels().name; }
 
 namespace {
 void checkScale(DataType dtype, double scale) {
-  const bool floating = dtype == DataType::kFloat32 || dtype == DataType::kFloat64 || dtype == DataType::kFloat16 ||
-                        dtype == DataType::kBFloat16;
-  if (scale != 1.0 && !floating)
+  if (scale != 1.0 && !isFloating(dtype))
     throw Error(std::string("internal error: a scaled reduction of ") + dtypeName(dtype));
 }
 }  // namespace

@@ -25,6 +25,11 @@ void reduceMany(DataType dtype, ReduceOp op, void* out, const void* const* input
 void reduceManyStreamed(DataType dtype, ReduceOp op, void* cached, void* const* outs, int nOuts,
                         const void* const* inputs, int n, size_t count, double scale = 1.0);
 
+inline bool isFloating(DataType dtype) {
+  return dtype == DataType::kFloat32 || dtype == DataType::kFloat64 || dtype == DataType::kFloat16 ||
+         dtype == DataType::kBFloat16;
+}
+
 // The instruction set the kernels run with: "avx512", "avx2" or "generic".
 const char* simdLevel();
 

@@ -60,9 +60,7 @@ void ShmCommunicator::allreduceSpans(const std::vector<Span>& spans, DataType dt
 
 bool ShmCommunicator::allreduceSpansScaled(const std::vector<Span>& spans, DataType dtype, ReduceOp op,
                                            double scale) {
-  const bool floating = dtype == DataType::kFloat32 || dtype == DataType::kFloat64 || dtype == DataType::kFloat16 ||
-                        dtype == DataType::kBFloat16;
-  if (size() == 1 || !floating) return false;
+  if (size() == 1 || !isFloating(dtype)) return false;
   reduceSpans(spans, dtype, op, scale);
   return true;
 }
@@ -353,9 +351,21 @@ void ShmCommunicator::alltoallv(const void* in, const std::vector<size_t>& sendB
   if (stream) _mm_sfence();
 }
 
-// Rank j's piece is reduced by rank j from every rank's sub-slot j.
 void ShmCommunicator::reducescatter(void* buf, void* out, const std::vector<size_t>& counts, DataType dtype,
                                     ReduceOp op) {
+  scatterReduced(buf, out, counts, dtype, op, 1.0);
+}
+
+bool ShmCommunicator::reducescatterScaled(void* buf, void* out, const std::vector<size_t>& counts, DataType dtype,
+                                          ReduceOp op, double scale) {
+  if (size() == 1 || !isFloating(dtype)) return false;
+  scatterReduced(buf, out, counts, dtype, op, scale);
+  return true;
+}
+
+// Rank j's piece is reduced by rank j from every rank's sub-slot j.
+void ShmCommunicator::scatterReduced(void* buf, void* out, const std::vector<size_t>& counts, DataType dtype,
+                                     ReduceOp op, double scale) {
   const int n = size(), me = rank();
   const size_t es = dtypeSize(dtype);
   std::vector<size_t> off(n + 1, 0);
@@ -365,7 +375,7 @@ void ShmCommunicator::reducescatter(void* buf, void* out, const std::vector<size
     if (counts[0]) std::memcpy(out, data, counts[0] * es);
     return;
   }
-  if (off[n] * es >= SharedPool::kMinBytes && seg_->singleCopy() && reducescatterDirect(buf, out, off, dtype, op))
+  if (off[n] * es >= SharedPool::kMinBytes && seg_->singleCopy() && reducescatterDirect(buf, out, off, dtype, op, scale))
     return;
   const size_t subElems = ((seg_->slotBytes() / n) & ~size_t{63}) / es;
   if (subElems == 0)
@@ -386,7 +396,7 @@ void ShmCommunicator::reducescatter(void* buf, void* out, const std::vector<size
       // My own piece comes straight from my buffer; the others' from their slots.
       for (int j = 0; j < n; ++j)
         inputs_[j] = j == me ? data + (off[me] + pos) * es : seg_->slot(bank, j) + me * subElems * es;
-      reduceOut(dtype, op, static_cast<char*>(out) + pos * es, inputs_.data(), n, m, stream);
+      reduceOut(dtype, op, static_cast<char*>(out) + pos * es, inputs_.data(), n, m, stream, scale);
     }
   }
   if (stream) _mm_sfence();

@@ -65,6 +65,8 @@ class ShmCommunicator : public Communicator {
                  const std::vector<size_t>& recvBytes, size_t largestPiece) override;
   void reducescatter(void* buf, void* out, const std::vector<size_t>& counts, DataType dtype,
                      ReduceOp op) override;
+  bool reducescatterScaled(void* buf, void* out, const std::vector<size_t>& counts, DataType dtype, ReduceOp op,
+                           double scale) override;
   bool reducescatterReadsOnly() const override { return true; }
   void barrier() override;
 
@@ -81,9 +83,12 @@ class ShmCommunicator : public Communicator {
   bool mapPeerBuffers(const std::vector<Range>& ranges);
   bool allgatherDirect(const void* in, void* out, const std::vector<size_t>& offset);
   void reduceSpans(const std::vector<Span>& spans, DataType dtype, ReduceOp op, double scale);
+  void scatterReduced(void* buf, void* out, const std::vector<size_t>& counts, DataType dtype, ReduceOp op,
+                      double scale);
   bool allreduceDirect(const std::vector<Span>& spans, const std::vector<size_t>& start, DataType dtype, ReduceOp op,
                        double scale);
-  bool reducescatterDirect(const void* buf, void* out, const std::vector<size_t>& off, DataType dtype, ReduceOp op);
+  bool reducescatterDirect(const void* buf, void* out, const std::vector<size_t>& off, DataType dtype, ReduceOp op,
+                           double scale);
 
   std::unique_ptr<ShmSegment> seg_;
   uint64_t round_ = 0;

@@ -141,7 +141,7 @@ bool ShmCommunicator::allreduceDirect(const std::vector<Span>& spans, const std:
 // slot, the inputs are only read. The last barrier keeps every input alive and
 // unchanged until all pieces are reduced.
 bool ShmCommunicator::reducescatterDirect(const void* buf, void* out, const std::vector<size_t>& off,
-                                          DataType dtype, ReduceOp op) {
+                                          DataType dtype, ReduceOp op, double scale) {
   const int n = size(), me = rank();
   const size_t es = dtypeSize(dtype);
   if (!mapPeerBuffers({{buf, off[n] * es}})) return false;
@@ -150,7 +150,7 @@ bool ShmCommunicator::reducescatterDirect(const void* buf, void* out, const std:
   const bool stream = count * es >= kStreamUnreadBytes;
   inputs_.resize(n);
   for (int j = 0; j < n; ++j) inputs_[j] = peerBuf_[j][0] + off[me] * es;
-  reduceOut(dtype, op, dst, inputs_.data(), n, count, stream);
+  reduceOut(dtype, op, dst, inputs_.data(), n, count, stream, scale);
   if (stream) _mm_sfence();
   peerMaps_.clear();
   seg_->barrier();  // nobody reads my input any more
