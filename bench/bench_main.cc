@@ -199,12 +199,12 @@ int main(int argc, char** argv) {
               prt = &tcpRuntime;
             }
             if (pathName == "chorus") {
-              const double fl = concurrentMemcpyMicros(rt, bytes, 5, sets);
-              floorUs[bytes] = floorUs.count(bytes) ? std::min(floorUs[bytes], fl) : fl;
-              if (op == BenchOp::kAllgather) {
-                const double gl = concurrentGatherMicros(rt, bytes, 5, sets);
-                gatherFloorUs[bytes] = gatherFloorUs.count(bytes) ? std::min(gatherFloorUs[bytes], gl) : gl;
-              }
+              // The best of every round's floor.
+              auto keepBest = [&](std::map<size_t, double>& m, double us) {
+                m[bytes] = m.count(bytes) ? std::min(m[bytes], us) : us;
+              };
+              keepBest(floorUs, concurrentMemcpyMicros(rt, bytes, 5, sets));
+              if (op == BenchOp::kAllgather) keepBest(gatherFloorUs, concurrentGatherMicros(rt, bytes, 5, sets));
             }
             auto& rows = results[pathName][op];
             BenchCase bc(*prt, op, dtype, redop, bytes, sets, {outputs == "chorus", inputs == "chorus"});

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "chorus/error.h"
+#include "reduce/reduce.h"
 
 namespace chorus {
 
@@ -31,6 +32,17 @@ void Communicator::allreduceSpans(const std::vector<Span>& spans, DataType dtype
     if (s.count) std::memcpy(s.data, packed_.data() + off, s.count * es);
     off += s.count * es;
   }
+}
+
+void Communicator::allreduceSpansScaled(const std::vector<Span>& spans, DataType dtype, ReduceOp op, double scale) {
+  allreduceSpans(spans, dtype, op);
+  for (const Span& s : spans) scaleBuffer(dtype, s.data, s.count, scale);
+}
+
+void Communicator::reducescatterScaled(void* buf, void* out, const std::vector<size_t>& counts, DataType dtype,
+                                       ReduceOp op, double scale) {
+  reducescatter(buf, out, counts, dtype, op);
+  scaleBuffer(dtype, out, counts[rank()], scale);
 }
 
 void Communicator::allreduceBitsOrWithPayload(uint64_t*, size_t, const void*, size_t) {

@@ -37,11 +37,10 @@ class Communicator {
   // one buffer laid end to end. The default copies in and packs; transports that
   // can, read the inputs and write the results directly.
   virtual void allreduceSpans(const std::vector<Span>& spans, DataType dtype, ReduceOp op);
-  // allreduceSpans with every result multiplied by scale as it is reduced
-  // (floating dtypes; Average's division without a pass of its own). Returns
-  // false, having done nothing, where the transport cannot: the caller then
-  // reduces and scales apart.
-  virtual bool allreduceSpansScaled(const std::vector<Span>&, DataType, ReduceOp, double) { return false; }
+  // allreduceSpans with every result multiplied by scale (floating dtypes:
+  // Average's division, a postscale). The default scales the results after;
+  // transports that can scale as they reduce, with no pass of its own.
+  virtual void allreduceSpansScaled(const std::vector<Span>& spans, DataType dtype, ReduceOp op, double scale);
   // Bitwise OR of 64-bit words: the control plane's one small collective.
   virtual void allreduceBitsOr(uint64_t* words, size_t count) = 0;
   // A negotiation that carries a small op's input along (speculatively: the
@@ -66,9 +65,8 @@ class Communicator {
   virtual void reducescatter(void* buf, void* out, const std::vector<size_t>& counts,
                              DataType dtype, ReduceOp op) = 0;
   // reducescatter with the results multiplied by scale, as allreduceSpansScaled.
-  virtual bool reducescatterScaled(void*, void*, const std::vector<size_t>&, DataType, ReduceOp, double) {
-    return false;
-  }
+  virtual void reducescatterScaled(void* buf, void* out, const std::vector<size_t>& counts, DataType dtype,
+                                   ReduceOp op, double scale);
   // True when reducescatter only reads buf: the caller may hand it the input itself.
   virtual bool reducescatterReadsOnly() const { return false; }
   virtual void barrier() = 0;

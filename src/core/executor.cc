@@ -37,8 +37,9 @@ void postProcess(const Response& r, void* buf, size_t n, int size) {
   scaleBuffer(r.dtype, buf, n, r.postscale / size);
 }
 
-// The factor postProcess would apply, for a floating dtype (the reduction can
-// apply it as it goes); 0 for integers, whose Average divides apart.
+// The factor postProcess would apply, for a floating dtype (the transport
+// applies it, as it reduces where it can); 0 for integers, whose Average
+// divides apart.
 double foldedScale(const Response& r, int size) {
   if (!isFloating(r.dtype)) return 0;
   return r.op == ReduceOp::kAverage ? r.postscale / size : r.postscale;
@@ -191,19 +192,20 @@ void Executor::runAllreduce(const std::vector<const Response*>& group, EntryTabl
   // reduced where it can be, not in a pass of its own: 2-rank float32 Average
   // allreduce was 40-70% slower than Sum at every size before.
   const double fold = foldedScale(head, comm_.size());
-  bool scaled = fold != 0;
   if (fromPayload) {
     // Reduced whole, in rank order (my own part from my input: the same values),
     // so that every rank gets the same bits.
     const Span& s = spans.front();
-    reduceMany(head.dtype, head.op, s.data, sentInputs(s.input(), 0), comm_.size(), s.count, scaled ? fold : 1.0);
-  } else if (!scaled || fold == 1.0 || !(scaled = comm_.allreduceSpansScaled(spans, head.dtype, head.op, fold))) {
+    reduceMany(head.dtype, head.op, s.data, sentInputs(s.input(), 0), comm_.size(), s.count, fold ? fold : 1.0);
+  } else if (fold) {
+    comm_.allreduceSpansScaled(spans, head.dtype, head.op, fold);
+  } else {
     comm_.allreduceSpans(spans, head.dtype, head.op);
   }
   for (const Response* r : group) {
     auto it = entries.find(r->name);
     if (it != entries.end()) {
-      if (!scaled) postProcess(head, it->second.output.data, static_cast<size_t>(numElements(r->shape)), comm_.size());
+      if (!fold) postProcess(head, it->second.output.data, static_cast<size_t>(numElements(r->shape)), comm_.size());
       finishEntry(entries, it, release_);
     }
   }
@@ -325,15 +327,16 @@ void Executor::runReducescatter(const Response& r, EntryTable& entries, bool fro
   std::exception_ptr allocErr;
   void* out = allocateOutput(e, outShape, &allocErr);
   const double fold = foldedScale(r, n);  // as in runAllreduce
-  bool scaled = fold != 0;
-  if (fromPayload) {  // (unscaled: the payload is the input itself)
+  if (fromPayload) {  // (unprescaled: the payload is the input itself)
     size_t at = 0;
     for (int j = 0; j < comm_.rank(); ++j) at += counts[j];
-    reduceMany(r.dtype, r.op, out, sentInputs(e.input.data, at * esize), n, counts[comm_.rank()], scaled ? fold : 1.0);
-  } else if (!scaled || fold == 1.0 || !(scaled = comm_.reducescatterScaled(in, out, counts, r.dtype, r.op, fold))) {
+    reduceMany(r.dtype, r.op, out, sentInputs(e.input.data, at * esize), n, counts[comm_.rank()], fold ? fold : 1.0);
+  } else if (fold) {
+    comm_.reducescatterScaled(in, out, counts, r.dtype, r.op, fold);
+  } else {
     comm_.reducescatter(in, out, counts, r.dtype, r.op);
   }
-  if (!scaled) postProcess(r, out, counts[comm_.rank()], n);
+  if (!fold) postProcess(r, out, counts[comm_.rank()], n);
   finishEntry(entries, it, release_, allocErr);
 }
 

@@ -58,11 +58,11 @@ void ShmCommunicator::allreduceSpans(const std::vector<Span>& spans, DataType dt
   reduceSpans(spans, dtype, op, 1.0);
 }
 
-bool ShmCommunicator::allreduceSpansScaled(const std::vector<Span>& spans, DataType dtype, ReduceOp op,
+// One rank alone copies its inputs, and the default scales them after.
+void ShmCommunicator::allreduceSpansScaled(const std::vector<Span>& spans, DataType dtype, ReduceOp op,
                                            double scale) {
-  if (size() == 1 || !isFloating(dtype)) return false;
+  if (size() == 1) return Communicator::allreduceSpansScaled(spans, dtype, op, scale);
   reduceSpans(spans, dtype, op, scale);
-  return true;
 }
 
 void ShmCommunicator::reduceSpans(const std::vector<Span>& spans, DataType dtype, ReduceOp op, double scale) {
@@ -356,11 +356,10 @@ void ShmCommunicator::reducescatter(void* buf, void* out, const std::vector<size
   scatterReduced(buf, out, counts, dtype, op, 1.0);
 }
 
-bool ShmCommunicator::reducescatterScaled(void* buf, void* out, const std::vector<size_t>& counts, DataType dtype,
+void ShmCommunicator::reducescatterScaled(void* buf, void* out, const std::vector<size_t>& counts, DataType dtype,
                                           ReduceOp op, double scale) {
-  if (size() == 1 || !isFloating(dtype)) return false;
+  if (size() == 1) return Communicator::reducescatterScaled(buf, out, counts, dtype, op, scale);
   scatterReduced(buf, out, counts, dtype, op, scale);
-  return true;
 }
 
 // Rank j's piece is reduced by rank j from every rank's sub-slot j.

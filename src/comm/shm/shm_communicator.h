@@ -54,7 +54,7 @@ class ShmCommunicator : public Communicator {
   // Straight from and to the tensors: no packing into a fusion buffer.
   void allreduceSpans(const std::vector<Span>& spans, DataType dtype, ReduceOp op) override;
   // Every element is reduced and scaled by one rank, then copied: the same bits everywhere.
-  bool allreduceSpansScaled(const std::vector<Span>& spans, DataType dtype, ReduceOp op, double scale) override;
+  void allreduceSpansScaled(const std::vector<Span>& spans, DataType dtype, ReduceOp op, double scale) override;
   void allreduceBitsOr(uint64_t* words, size_t count) override;
   size_t payloadCapacity(size_t words) const override;
   void allreduceBitsOrWithPayload(uint64_t* words, size_t count, const void* payload, size_t bytes) override;
@@ -65,7 +65,7 @@ class ShmCommunicator : public Communicator {
                  const std::vector<size_t>& recvBytes, size_t largestPiece) override;
   void reducescatter(void* buf, void* out, const std::vector<size_t>& counts, DataType dtype,
                      ReduceOp op) override;
-  bool reducescatterScaled(void* buf, void* out, const std::vector<size_t>& counts, DataType dtype, ReduceOp op,
+  void reducescatterScaled(void* buf, void* out, const std::vector<size_t>& counts, DataType dtype, ReduceOp op,
                            double scale) override;
   bool reducescatterReadsOnly() const override { return true; }
   void barrier() override;
