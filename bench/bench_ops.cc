@@ -12,7 +12,7 @@ namespace {
 double genValue(int rank, int64_t i, DataType dt, ReduceOp op) {
   if (dt == DataType::kBool) return ((i + rank) % 3 == 0) ? 1 : 0;
   if (op == ReduceOp::kProduct) return 1 + (i + rank) % 2;
-  if (dt == DataType::kUInt8) return static_cast<double>((i * 3 + rank * 5) % 11);
+  if (dt == DataType::kUInt8 || dt == DataType::kUInt16) return static_cast<double>((i * 3 + rank * 5) % 11);
   return static_cast<double>((i * 3 + rank * 5) % 11 - 5);
 }
 
@@ -20,6 +20,8 @@ double load(const char* p, DataType dt, int64_t i) {
   switch (dt) {
     case DataType::kUInt8: return reinterpret_cast<const uint8_t*>(p)[i];
     case DataType::kInt8: return reinterpret_cast<const int8_t*>(p)[i];
+    case DataType::kInt16: return reinterpret_cast<const int16_t*>(p)[i];
+    case DataType::kUInt16: return reinterpret_cast<const uint16_t*>(p)[i];
     case DataType::kInt32: return reinterpret_cast<const int32_t*>(p)[i];
     case DataType::kInt64: return static_cast<double>(reinterpret_cast<const int64_t*>(p)[i]);
     case DataType::kFloat16: return halfToFloat(reinterpret_cast<const uint16_t*>(p)[i]);
@@ -35,6 +37,8 @@ void store(char* p, DataType dt, int64_t i, double v) {
   switch (dt) {
     case DataType::kUInt8: reinterpret_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); break;
     case DataType::kInt8: reinterpret_cast<int8_t*>(p)[i] = static_cast<int8_t>(v); break;
+    case DataType::kInt16: reinterpret_cast<int16_t*>(p)[i] = static_cast<int16_t>(v); break;
+    case DataType::kUInt16: reinterpret_cast<uint16_t*>(p)[i] = static_cast<uint16_t>(v); break;
     case DataType::kInt32: reinterpret_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
     case DataType::kInt64: reinterpret_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); break;
     case DataType::kFloat16: reinterpret_cast<uint16_t*>(p)[i] = floatToHalf(static_cast<float>(v)); break;
@@ -46,7 +50,8 @@ void store(char* p, DataType dt, int64_t i, double v) {
 }
 
 bool isInteger(DataType dt) {
-  return dt == DataType::kUInt8 || dt == DataType::kInt8 || dt == DataType::kInt32 || dt == DataType::kInt64;
+  return dt == DataType::kUInt8 || dt == DataType::kInt8 || dt == DataType::kInt16 || dt == DataType::kUInt16 ||
+         dt == DataType::kInt32 || dt == DataType::kInt64;
 }
 
 double reduceAll(ReduceOp op, DataType dt, int n, int64_t i) {

@@ -17,8 +17,10 @@ enum class DataType : uint8_t {
   kFloat32 = 6,
   kFloat64 = 7,
   kBool = 8,
+  kInt16 = 9,
+  kUInt16 = 10,
 };
-inline constexpr int kNumDataTypes = 9;
+inline constexpr int kNumDataTypes = 11;
 
 enum class ReduceOp : uint8_t {
   kSum = 0,

@@ -23,7 +23,8 @@ bool fusible(const Response& a, const Response& b) {
 }
 
 bool isInteger(DataType t) {
-  return t == DataType::kUInt8 || t == DataType::kInt8 || t == DataType::kInt32 || t == DataType::kInt64;
+  return t == DataType::kUInt8 || t == DataType::kInt8 || t == DataType::kInt16 || t == DataType::kUInt16 ||
+         t == DataType::kInt32 || t == DataType::kInt64;
 }
 
 // Postscale, then Average's division by the set size (exact for integers:

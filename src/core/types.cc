@@ -15,6 +15,8 @@ size_t dtypeSize(DataType t) {
     case DataType::kInt8:
     case DataType::kBool:
       return 1;
+    case DataType::kInt16:
+    case DataType::kUInt16:
     case DataType::kFloat16:
     case DataType::kBFloat16:
       return 2;
@@ -39,6 +41,8 @@ const char* dtypeName(DataType t) {
     case DataType::kFloat32: return "float32";
     case DataType::kFloat64: return "float64";
     case DataType::kBool: return "bool";
+    case DataType::kInt16: return "int16";
+    case DataType::kUInt16: return "uint16";
   }
   return "unknown";
 }
@@ -63,6 +67,8 @@ DataType parseDataType(const std::string& name) {
   const std::string n = lower(name);
   if (n == "uint8" || n == "u8") return DataType::kUInt8;
   if (n == "int8" || n == "i8") return DataType::kInt8;
+  if (n == "int16" || n == "short" || n == "i16") return DataType::kInt16;
+  if (n == "uint16" || n == "u16") return DataType::kUInt16;
   if (n == "int32" || n == "int" || n == "i32") return DataType::kInt32;
   if (n == "int64" || n == "long" || n == "i64") return DataType::kInt64;
   if (n == "float16" || n == "half" || n == "fp16") return DataType::kFloat16;
@@ -71,7 +77,7 @@ DataType parseDataType(const std::string& name) {
   if (n == "float64" || n == "double" || n == "fp64") return DataType::kFloat64;
   if (n == "bool") return DataType::kBool;
   throw InvalidArgument("unknown dtype '" + name +
-                        "' (expected uint8, int8, int32, int64, float16, bfloat16, float32, "
+                        "' (expected uint8, int8, int16, uint16, int32, int64, float16, bfloat16, float32, "
                         "float64 or bool)");
 }
 

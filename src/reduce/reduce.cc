@@ -105,6 +105,8 @@ void divideBuffer(DataType dtype, void* buf, size_t n, int64_t divisor) {
   switch (dtype) {
     case DataType::kUInt8: return divideTyped(static_cast<uint8_t*>(buf), n, divisor);
     case DataType::kInt8: return divideTyped(static_cast<int8_t*>(buf), n, divisor);
+    case DataType::kInt16: return divideTyped(static_cast<int16_t*>(buf), n, divisor);
+    case DataType::kUInt16: return divideTyped(static_cast<uint16_t*>(buf), n, divisor);
     case DataType::kInt32: return divideTyped(static_cast<int32_t*>(buf), n, divisor);
     case DataType::kInt64: return divideTyped(static_cast<int64_t*>(buf), n, divisor);
     default: return scaleBuffer(dtype, buf, n, 1.0 / static_cast<double>(divisor));

@@ -36,6 +36,7 @@ DataType toChorus(c10::ScalarType t) {
   switch (t) {
     case torch::kUInt8: return DataType::kUInt8;
     case torch::kInt8: return DataType::kInt8;
+    case torch::kInt16: return DataType::kInt16;
     case torch::kInt32: return DataType::kInt32;
     case torch::kInt64: return DataType::kInt64;
     case torch::kFloat16: return DataType::kFloat16;

@@ -198,7 +198,7 @@ int matrix() {
     std::fprintf(stderr, "rank %d: %s\n", r, what.c_str());
     return 1;
   };
-  const DataType dts[] = {DataType::kUInt8, DataType::kInt8, DataType::kInt32, DataType::kInt64, DataType::kFloat16,
+  const DataType dts[] = {DataType::kUInt8, DataType::kInt8, DataType::kInt16, DataType::kUInt16, DataType::kInt32, DataType::kInt64, DataType::kFloat16,
                           DataType::kBFloat16, DataType::kFloat32, DataType::kFloat64};
   for (DataType dt : dts) {
     for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct}) {
@@ -224,6 +224,8 @@ int matrix() {
           switch (dt) {
             case DataType::kUInt8: reinterpret_cast<uint8_t*>(buf.data())[i] = static_cast<uint8_t>(v); break;
             case DataType::kInt8: reinterpret_cast<int8_t*>(buf.data())[i] = static_cast<int8_t>(v); break;
+            case DataType::kInt16: reinterpret_cast<int16_t*>(buf.data())[i] = static_cast<int16_t>(v); break;
+            case DataType::kUInt16: reinterpret_cast<uint16_t*>(buf.data())[i] = static_cast<uint16_t>(v); break;
             case DataType::kInt32: reinterpret_cast<int32_t*>(buf.data())[i] = static_cast<int32_t>(v); break;
             case DataType::kInt64: reinterpret_cast<int64_t*>(buf.data())[i] = static_cast<int64_t>(v); break;
             case DataType::kFloat16: reinterpret_cast<uint16_t*>(buf.data())[i] = static_cast<uint16_t>(0x3c00); break;
@@ -244,6 +246,8 @@ int matrix() {
           switch (dt) {
             case DataType::kUInt8: got = reinterpret_cast<uint8_t*>(buf.data())[i]; break;
             case DataType::kInt8: got = reinterpret_cast<int8_t*>(buf.data())[i]; break;
+            case DataType::kInt16: got = reinterpret_cast<int16_t*>(buf.data())[i]; break;
+            case DataType::kUInt16: got = reinterpret_cast<uint16_t*>(buf.data())[i]; break;
             case DataType::kInt32: got = reinterpret_cast<int32_t*>(buf.data())[i]; break;
             case DataType::kInt64: got = static_cast<double>(reinterpret_cast<int64_t*>(buf.data())[i]); break;
             case DataType::kFloat16: {

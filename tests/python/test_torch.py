@@ -90,3 +90,13 @@ def test_collectives_under_mpirun(ranks, data_path):
 def test_dynamic_sets_from_split_communicators(ranks):
     out = ok(ranks(4, "mpi_dynamic.py", mpirun=True))
     assert out.count("mpi dynamic ok") == 4
+
+
+def test_missing_gradients_reduce_as_zeros(ranks):
+    out = ok(ranks(2, "uneven_grads.py", timeout=120))
+    assert out.count("uneven ok") == 2
+
+
+def test_every_dtype_in_every_collective(ranks):
+    out = ok(ranks(3, "dtypes.py", timeout=120))
+    assert out.count("dtypes ok") == 3

@@ -12,7 +12,8 @@ namespace chorus::testing {
 
 const std::vector<DataType> kAllDtypes = {DataType::kUInt8,   DataType::kInt8,     DataType::kInt32,
                                           DataType::kInt64,   DataType::kFloat16,  DataType::kBFloat16,
-                                          DataType::kFloat32, DataType::kFloat64,  DataType::kBool};
+                                          DataType::kFloat32, DataType::kFloat64,  DataType::kBool,
+                                          DataType::kInt16,   DataType::kUInt16};
 
 std::vector<std::string> runRanks(int size, const std::function<void(RankContext&)>& fn,
                                   const ConfigTweak& tweak) {
@@ -56,7 +57,7 @@ void runRanksOk(int size, const std::function<void(RankContext&)>& fn, const Con
 double testValue(int rank, int64_t i, DataType dtype, ReduceOp op) {
   if (dtype == DataType::kBool) return ((i + rank) % 3 == 0) ? 1 : 0;
   if (op == ReduceOp::kProduct) return 1 + (i + rank) % 2;  // products stay small
-  if (dtype == DataType::kUInt8) return static_cast<double>((i * 3 + rank * 5) % 11);
+  if (dtype == DataType::kUInt8 || dtype == DataType::kUInt16) return static_cast<double>((i * 3 + rank * 5) % 11);
   const double v = static_cast<double>((i * 3 + rank * 5) % 11 - 5);
   const bool isFloat = dtype == DataType::kFloat16 || dtype == DataType::kBFloat16 ||
                        dtype == DataType::kFloat32 || dtype == DataType::kFloat64;
@@ -85,7 +86,8 @@ double reference(ReduceOp op, DataType dtype, int n, int64_t i) {
     }
   }
   if (op == ReduceOp::kAverage) {
-    const bool integer = dtype == DataType::kUInt8 || dtype == DataType::kInt8 ||
+    const bool integer = dtype == DataType::kUInt8 || dtype == DataType::kInt8 || dtype == DataType::kInt16 ||
+                         dtype == DataType::kUInt16 ||
                          dtype == DataType::kInt32 || dtype == DataType::kInt64;
     acc = integer ? static_cast<double>(static_cast<int64_t>(acc) / n) : acc / n;
   }
@@ -99,6 +101,8 @@ double readAs(const void* data, DataType dtype, int64_t i) {
   switch (dtype) {
     case DataType::kUInt8: return static_cast<const uint8_t*>(data)[i];
     case DataType::kInt8: return static_cast<const int8_t*>(data)[i];
+    case DataType::kInt16: return static_cast<const int16_t*>(data)[i];
+    case DataType::kUInt16: return static_cast<const uint16_t*>(data)[i];
     case DataType::kInt32: return static_cast<const int32_t*>(data)[i];
     case DataType::kInt64: return static_cast<double>(static_cast<const int64_t*>(data)[i]);
     case DataType::kFloat16: return halfToFloat(static_cast<const uint16_t*>(data)[i]);
@@ -123,6 +127,8 @@ void HostBuffer::set(int64_t i, double v) {
   switch (dtype_) {
     case DataType::kUInt8: static_cast<uint8_t*>(d)[i] = static_cast<uint8_t>(v); break;
     case DataType::kInt8: static_cast<int8_t*>(d)[i] = static_cast<int8_t>(v); break;
+    case DataType::kInt16: static_cast<int16_t*>(d)[i] = static_cast<int16_t>(v); break;
+    case DataType::kUInt16: static_cast<uint16_t*>(d)[i] = static_cast<uint16_t>(v); break;
     case DataType::kInt32: static_cast<int32_t*>(d)[i] = static_cast<int32_t>(v); break;
     case DataType::kInt64: static_cast<int64_t*>(d)[i] = static_cast<int64_t>(v); break;
     case DataType::kFloat16: static_cast<uint16_t*>(d)[i] = floatToHalf(static_cast<float>(v)); break;

@@ -42,7 +42,7 @@ TEST(Kernels, ReduceManyMatchesFloat64) {
           ins.emplace_back(dt, Shape{count});
           for (int64_t i = 0; i < count; ++i) {
             double v = dt == DataType::kBool ? (small(gen) > 0) : op == ReduceOp::kProduct ? 1 + (i + j) % 2 : small(gen);
-            if (dt == DataType::kUInt8) v = std::abs(v);
+            if (dt == DataType::kUInt8 || dt == DataType::kUInt16) v = std::abs(v);
             ins.back().set(i, v);
           }
         }
@@ -97,7 +97,7 @@ TEST(Kernels, ReduceManyStreamedWritesReduceManysBitsEverywhere) {
                          : floating(dt)        ? (op == ReduceOp::kProduct ? 1 + real(gen) / 8 : real(gen))
                          : op == ReduceOp::kProduct ? 1 + (i + j) % 2
                                                     : small(gen);
-              if (dt == DataType::kUInt8) v = std::abs(v);
+              if (dt == DataType::kUInt8 || dt == DataType::kUInt16) v = std::abs(v);
               ins.back().set(i, v);
             }
             ptrs.push_back(ins.back().tensor().data);

@@ -27,15 +27,17 @@ MismatchError = _core.MismatchError
 
 _DTYPES = {
     torch.uint8: 0, torch.int8: 1, torch.int32: 2, torch.int64: 3, torch.float16: 4,
-    torch.bfloat16: 5, torch.float32: 6, torch.float64: 7, torch.bool: 8,
+    torch.bfloat16: 5, torch.float32: 6, torch.float64: 7, torch.bool: 8, torch.int16: 9,
 }
+if hasattr(torch, "uint16"):  # torch 2.3+
+    _DTYPES[torch.uint16] = 10
 
 
 def _dtype_code(tensor, where):
     code = _DTYPES.get(tensor.dtype)
     if code is None:
-        raise ValueError(f"{where}: dtype {tensor.dtype} is not supported (use uint8, int8, int32, "
-                         "int64, float16, bfloat16, float32, float64 or bool)")
+        raise ValueError(f"{where}: dtype {tensor.dtype} is not supported (use uint8, int8, int16, "
+                         "int32, int64, float16, bfloat16, float32, float64 or bool)")
     return code
 
 

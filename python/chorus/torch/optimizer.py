@@ -159,9 +159,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._synchronized = True
             return
         # Parameters whose hook did not fire this step are reduced now, so that all
-        # ranks issue the same collectives.
+        # ranks issue the same collectives; one this rank's loss never reached
+        # contributes zeros, as another rank may have a gradient for it.
         for p in self._delay:
-            if p.requires_grad and p.grad is not None and p not in self._handles:
+            if p.requires_grad and p not in self._handles:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
                 if self._groups is None:
                     self._handles[p] = self._allreduce_grad_async(p)
                 else:
