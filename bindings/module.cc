@@ -144,6 +144,9 @@ PYBIND11_MODULE(_core, m) {
   });
   m.def("is_initialized", [] { return rt().isInitialized(); });
   m.def("mpi_built", [] { return mpiBuilt(); });
+  m.def("mpi_enabled", [] { return rt().mpiEnabled(); });
+  m.def("mpi_threads_supported", [] { return rt().mpiThreadsSupported(); });
+  m.def("gloo_enabled", [] { return rt().glooEnabled(); });
   m.def("rank", [] { return rt().rank(); });
   m.def("size", [] { return rt().size(); });
   m.def("local_rank", [] { return rt().localRank(); });

@@ -75,6 +75,12 @@ class Runtime {
   int crossRank() const;
   int crossSize() const;
   bool isHomogeneous() const;
+  // Horovod's queries: the job joined an MPI world (mpirun, init(comm=...));
+  // that MPI allows calls from any thread; chorus's own TCP controller
+  // negotiates (Horovod's Gloo mode). False before init.
+  bool mpiEnabled() const;
+  bool mpiThreadsSupported() const;
+  bool glooEnabled() const;
   const Config& config() const;
 
   // Process sets. Add/remove are collective over all ranks, in the same order on each.

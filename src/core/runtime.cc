@@ -354,6 +354,9 @@ CHORUS_GETTER(int, crossRank, crossRank)
 CHORUS_GETTER(int, crossSize, crossSize)
 CHORUS_GETTER(bool, isHomogeneous, homogeneous)
 #undef CHORUS_GETTER
+bool Runtime::mpiEnabled() const { return impl_->initialized && impl_->mpiWorld() != nullptr; }
+bool Runtime::mpiThreadsSupported() const { return mpiEnabled() && impl_->mpiWorld()->threadsMultiple(); }
+bool Runtime::glooEnabled() const { return impl_->initialized && impl_->config.controller != "mpi"; }
 const Config& Runtime::config() const { return impl_->config; }
 ProcessSet Runtime::globalProcessSet() const { return processSet(kGlobalProcessSetId); }
 ProcessSet Runtime::processSet(int32_t id) const {

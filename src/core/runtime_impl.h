@@ -42,6 +42,7 @@ class RuntimeImpl {
   ProcessSetTable sets;
   // Written on rank 0 only; shared by this rank's controllers.
   std::shared_ptr<Timeline> timeline = std::make_shared<Timeline>();
+  const MpiWorld* mpiWorld() const { return mpi_.get(); }
 
  private:
   void exchangeHosts();

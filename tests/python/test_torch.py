@@ -100,3 +100,8 @@ def test_missing_gradients_reduce_as_zeros(ranks):
 def test_every_dtype_in_every_collective(ranks):
     out = ok(ranks(3, "dtypes.py", timeout=120))
     assert out.count("dtypes ok") == 3
+
+
+def test_horovod_names_build_queries_sparse_and_sync_batch_norm(ranks):
+    out = ok(ranks(3, "api_names.py", timeout=120))
+    assert out.count("api ok") == 3

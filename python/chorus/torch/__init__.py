@@ -1,9 +1,11 @@
 """Horovod-compatible PyTorch API: ``import chorus.torch as hvd``."""
-from chorus.torch.basics import (ProcessSet, add_process_set, cross_rank, cross_size, gloo_enabled,
-                                 global_process_set, init, is_homogeneous, is_initialized,
-                                 local_rank, local_size, mpi_enabled, mpi_threads_supported, rank,
-                                 remove_process_set, shutdown, size, start_timeline, stop_timeline)
+from chorus.torch.basics import (ProcessSet, add_process_set, ccl_built, cross_rank, cross_size, cuda_built,
+                                 ddl_built, gloo_built, gloo_enabled, global_process_set, init,
+                                 is_homogeneous, is_initialized, local_rank, local_size, mpi_built,
+                                 mpi_enabled, mpi_threads_supported, nccl_built, rank, remove_process_set,
+                                 rocm_built, shutdown, size, start_timeline, stop_timeline)
 from chorus.torch.compression import Compression
+from chorus.util import check_extension, gpu_available, split_list
 from chorus.torch.functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                                     broadcast_parameters)
 from chorus.torch.mpi_ops import (Adasum, Average, HorovodInternalError, Max, Min, MismatchError,
@@ -14,5 +16,6 @@ from chorus.torch.mpi_ops import (Adasum, Average, HorovodInternalError, Max, Mi
                                   grouped_allreduce_, grouped_allreduce_async,
                                   grouped_allreduce_async_, grouped_reducescatter,
                                   grouped_reducescatter_async, join, poll, reducescatter,
-                                  reducescatter_async, synchronize)
+                                  reducescatter_async, sparse_allreduce_async, synchronize)
 from chorus.torch.optimizer import DistributedOptimizer
+from chorus.torch.sync_batch_norm import SyncBatchNorm

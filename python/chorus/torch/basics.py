@@ -167,15 +167,50 @@ is_homogeneous = _core.is_homogeneous
 
 
 def mpi_threads_supported():
-    return False
+    """Whether the MPI job chorus joined runs at MPI_THREAD_MULTIPLE (False without MPI)."""
+    if not _core.is_initialized():
+        raise ValueError("chorus has not been initialized; use hvd.init()")
+    return _core.mpi_threads_supported()
 
 
 def mpi_enabled():
-    return _core.mpi_built()
+    """Whether this job runs in an MPI world (started by mpirun or given a communicator)."""
+    return _core.mpi_enabled()
 
 
 def gloo_enabled():
+    """Whether chorus's own TCP controller negotiates, the part Horovod's Gloo mode plays."""
+    return _core.gloo_enabled()
+
+
+# What this build has. chorus carries host tensors only (no NCCL, CUDA, ROCm,
+# DDL or oneCCL backend); Gloo's TCP transport and MPI are its wire backends.
+def mpi_built(verbose=False):
+    return _core.mpi_built()
+
+
+def gloo_built(verbose=False):
     return True
+
+
+def nccl_built(verbose=False):
+    return 0  # Horovod returns NCCL's version code, 0 when built without it
+
+
+def ddl_built(verbose=False):
+    return False
+
+
+def ccl_built(verbose=False):
+    return False
+
+
+def cuda_built(verbose=False):
+    return False
+
+
+def rocm_built(verbose=False):
+    return False
 
 
 def add_process_set(process_set):

@@ -360,6 +360,29 @@ def allgather_async(tensor, name=None, process_set=global_process_set, priority=
     return _first_result(h)
 
 
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
+    """Reduces a sparse COO tensor by gathering every rank's indices and values (the
+    result is uncoalesced: entries of the same index add up when used). Returns a
+    callable that waits and gives the result, as Horovod's does."""
+    if op not in (Average, Sum):
+        raise ValueError("sparse_allreduce_async supports op=Average and op=Sum")
+    if not tensor.is_sparse:
+        raise ValueError("sparse_allreduce_async takes a sparse COO tensor; use allreduce_async for dense ones")
+    # Rows of nnz entries, so that allgather's concatenation along the first
+    # dimension joins the ranks' entries.
+    indices = tensor._indices().t().contiguous()
+    values = tensor._values().contiguous()
+    h = grouped_allgather_async([indices, values], name=name, process_set=process_set)
+    size = (process_set or global_process_set).size()
+
+    def wait():
+        all_indices, all_values = synchronize(h)
+        if op == Average:
+            all_values = all_values / size if all_values.is_floating_point() else all_values // size
+        return torch.sparse_coo_tensor(all_indices.t(), all_values, tensor.size(), dtype=tensor.dtype)
+    return wait
+
+
 def _set_rank_and_size(process_set):
     ps = process_set or global_process_set
     return ps.rank(), ps.size()

@@ -8,7 +8,7 @@ from chorus import _core
 from chorus.torch.basics import _set_id, global_process_set
 from chorus.torch.compression import Compression
 from chorus.torch.mpi_ops import (Adasum, Average, Sum, _dtype_code, _set_rank_and_size, allreduce_async_,
-                                  grouped_allreduce_async_, synchronize)
+                                  grouped_allreduce_async_, sparse_allreduce_async, synchronize)
 
 
 class _Direct:
@@ -113,18 +113,21 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return 1.0 / self._predivide, self._predivide
         return 1.0, 1.0
 
-    def _grad_for_comm(self, p):
+    def _grad_for_comm(self, p, grouped=False):
         g = p.grad
         if g.is_sparse:
-            if not self._sparse_as_dense:
-                raise ValueError(f"parameter {self._names[p]} has a sparse gradient; pass "
-                                 "sparse_as_dense=True to reduce it as a dense tensor")
-            p.grad = g = g.to_dense()
+            if grouped and not self._sparse_as_dense:
+                raise ValueError(f"parameter {self._names[p]} has a sparse gradient, which groups cannot "
+                                 "carry; pass sparse_as_dense=True to reduce it as a dense tensor")
+            if self._sparse_as_dense:
+                p.grad = g = g.to_dense()
         return g
 
     def _allreduce_grad_async(self, p):
         pre, post = self._scales()
         g = self._grad_for_comm(p)
+        if g.is_sparse:  # gathered indices and values, as Horovod does
+            return sparse_allreduce_async(g, self._names[p], self._op, self._process_set), (None, None)
         if self._compression is Compression.none and g.device.type == "cpu" and g.is_contiguous():
             ptr = g.data_ptr()
             work = _core.grouped_allreduce_async([ptr], [ptr], [_dtype_code(g, "allreduce")], [list(g.shape)],
@@ -145,7 +148,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return
         members = self._groups[gi]
         pre, post = self._scales()
-        pairs = [self._compression.compress(self._grad_for_comm(q)) for q in members]
+        pairs = [self._compression.compress(self._grad_for_comm(q, grouped=True)) for q in members]
         handle = grouped_allreduce_async_([c for c, _ in pairs], name=self._names[members[0]] + ".group",
                                           op=self._op, prescale_factor=pre, postscale_factor=post,
                                           process_set=self._process_set)
@@ -175,6 +178,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 continue
             if isinstance(handle, _Direct):
                 handle.work.wait()
+            elif callable(handle):  # a sparse gradient's gather
+                p.grad = handle()
+                self._delay[p] = self.backward_passes_per_step
+                continue
             elif handle not in done:
                 done[handle] = synchronize(handle)
             compressed, cctx = ctx

@@ -39,6 +39,11 @@ class MpiWorldImpl : public MpiWorld {
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  bool threadsMultiple() const override {
+    int provided = 0;
+    MPI_Query_thread(&provided);
+    return provided >= MPI_THREAD_MULTIPLE;
+  }
 
   std::string broadcastString(const std::string& s, int root) override {
     int len = static_cast<int>(s.size());

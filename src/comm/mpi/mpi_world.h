@@ -15,6 +15,8 @@ class MpiWorld {
   virtual ~MpiWorld() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
+  // Whether MPI runs at MPI_THREAD_MULTIPLE (calls from any thread at once).
+  virtual bool threadsMultiple() const = 0;
   // Rank root's string on every rank.
   virtual std::string broadcastString(const std::string& s, int root) = 0;
   // Collective over every rank of the world: a communicator over `ranks` for
