@@ -135,17 +135,17 @@ DsConfig DsConfig::parse(const std::string& text, int world) {
       const json& p = o["params"];
       checkKeys(p, "optimizer.params", {"lr", "betas", "eps", "weight_decay", "momentum", "nesterov", "dampening",
                                          "amsgrad", "torch_adam", "adam_w_mode", "bias_correction"});
-      c.optimizer.lr = get<float>(p, "lr", "optimizer.params", c.optimizer.lr);
-      c.optimizer.eps = get<float>(p, "eps", "optimizer.params", c.optimizer.eps);
-      c.optimizer.weightDecay = get<float>(p, "weight_decay", "optimizer.params", 0.0f);
-      c.optimizer.momentum = get<float>(p, "momentum", "optimizer.params", 0.0f);
+      c.optimizer.lr = get<double>(p, "lr", "optimizer.params", c.optimizer.lr);
+      c.optimizer.eps = get<double>(p, "eps", "optimizer.params", c.optimizer.eps);
+      c.optimizer.weightDecay = get<double>(p, "weight_decay", "optimizer.params", 0.0);
+      c.optimizer.momentum = get<double>(p, "momentum", "optimizer.params", 0.0);
       c.optimizer.adamWMode = get<bool>(p, "adam_w_mode", "optimizer.params", true);
       if (p.contains("betas")) {
         const json& b = p["betas"];
         if (!b.is_array() || b.size() != 2 || !b[0].is_number() || !b[1].is_number())
           throw InvalidArgument("DeepSpeed config: 'optimizer.params.betas' must be two numbers");
-        c.optimizer.beta1 = b[0].get<float>();
-        c.optimizer.beta2 = b[1].get<float>();
+        c.optimizer.beta1 = b[0].get<double>();
+        c.optimizer.beta2 = b[1].get<double>();
       }
     }
   }

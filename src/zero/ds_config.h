@@ -17,8 +17,9 @@ struct DsConfig {
   struct Optimizer {
     bool present = false;
     std::string type;  // lower case: adam, adamw, sgd
-    float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weightDecay = 0.0f;
-    float momentum = 0.0f;
+    // As the JSON gives them (DeepSpeed's get_lr() reports 0.1, not 0.1f); the kernels take floats.
+    double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weightDecay = 0.0;
+    double momentum = 0.0;
     bool adamWMode = true;  // DeepSpeed's type Adam decouples weight decay unless adam_w_mode is false
   } optimizer;
 

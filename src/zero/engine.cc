@@ -299,18 +299,17 @@ StepResult Engine::prepareStep(float* gradScale) {
   res.lossScale = scaler_.scale();
   const bool fp16 = spec_.config.fp16.enabled;
   const double clip = spec_.config.gradientClipping;
+  // Always: DeepSpeed's get_global_grad_norm() reports it whether or not it clips.
   double sumsq = 0.0;
-  if (fp16 || clip > 0.0) {
-    for (size_t u = 0; u < plan_->units().size(); ++u)
-      sumsq += sumSquares(gradSlice(u), spec_.dtype, plan_->units()[u].slice);
-    if (stage_ > 0) {
-      AllreduceOptions o;
-      o.name = name("norm", 0);
-      o.processSet = spec_.processSet;
-      o.op = ReduceOp::kSum;
-      Tensor t{&sumsq, DataType::kFloat64, {1}};
-      rt_.allreduce(t, t, o);
-    }
+  for (size_t u = 0; u < plan_->units().size(); ++u)
+    sumsq += sumSquares(gradSlice(u), spec_.dtype, plan_->units()[u].slice);
+  if (stage_ > 0) {
+    AllreduceOptions o;
+    o.name = name("norm", 0);
+    o.processSet = spec_.processSet;
+    o.op = ReduceOp::kSum;
+    Tensor t{&sumsq, DataType::kFloat64, {1}};
+    rt_.allreduce(t, t, o);
   }
   // An overflow on any rank shows in the summed norm, so every rank skips together.
   const bool overflow = fp16 && !std::isfinite(sumsq);

@@ -63,6 +63,11 @@ def test_initialize_paths_and_errors(ranks, zero_env):
     assert out.count("zero api ok") == 3
 
 
+def test_engine_attributes_and_methods(ranks, zero_env):
+    out = ok(ranks(2, "zero_engine_api.py", env=zero_env))
+    assert out.count("engine api ok") == 2
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_memory_report_matches_zero_formulas(ranks, n):
     out = ok(ranks(n, os.path.join(REPO, "bench", "zero_memory.py"), "--params", "3M", "--width", "384", "--check"))

@@ -64,4 +64,5 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if callable(lr_scheduler) and not hasattr(lr_scheduler, "step"):
         engine.lr_scheduler = lr_scheduler(engine.optimizer)
     loader = engine.deepspeed_io(training_data, collate_fn=collate_fn) if training_data is not None else None
+    engine.training_dataloader = loader
     return engine, engine.optimizer, loader, engine.lr_scheduler

@@ -1,5 +1,6 @@
 """DeepSpeedEngine: wraps a torch module and hooks it into chorus's C++ ZeRO engine
 (partitioning, collectives, loss scaling, clipping and the optimizer all run there)."""
+import json
 import os
 import warnings
 
@@ -8,6 +9,7 @@ import torch
 from chorus import _core
 import chorus.torch as hvd
 from chorus.deepspeed import checkpoint, config as ds_config, stage3
+from chorus.deepspeed.engine_queries import EngineQueries
 from chorus.deepspeed.optimizer import ZeroOptimizer, translate
 from chorus.deepspeed.scheduler import WarmupDecayLR, WarmupLR
 from chorus.torch.mpi_ops import _dtype_code
@@ -19,7 +21,7 @@ def _view(array, dtype, shape):
     return torch.from_numpy(array).view(dtype).view(shape)
 
 
-class DeepSpeedEngine(torch.nn.Module):
+class DeepSpeedEngine(EngineQueries, torch.nn.Module):
     def __init__(self, model, optimizer=None, model_parameters=None, config_text=None, process_set=None,
                  lr_scheduler=None):
         super().__init__()
@@ -32,6 +34,12 @@ class DeepSpeedEngine(torch.nn.Module):
         self._config_text = config_text
         cfg = ds_config.parse(config_text, self.process_set.size())
         self.config = cfg
+        self._raw_config = json.loads(config_text)
+        self._boundary_override = None
+        self._step_applied = False
+        self._client_optimizer = optimizer
+        self.client_lr_scheduler = lr_scheduler
+        self.training_dataloader = None
         self.dtype = torch.float16 if cfg["fp16"] else torch.bfloat16 if cfg["bf16"] else torch.float32
         if self.dtype != torch.float32:
             model.to(self.dtype)
@@ -158,18 +166,6 @@ class DeepSpeedEngine(torch.nn.Module):
             inputs, kwargs = self._cast(inputs), self._cast(kwargs)
         return self.module(*inputs, **kwargs)
 
-    def gradient_accumulation_steps(self):
-        return self.config["gradient_accumulation_steps"]
-
-    def train_batch_size(self):
-        return self.config["train_batch_size"]
-
-    def train_micro_batch_size_per_gpu(self):
-        return self.config["train_micro_batch_size_per_gpu"]
-
-    def is_gradient_accumulation_boundary(self):
-        return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
-
     def backward(self, loss, retain_graph=False):
         if not torch.is_tensor(loss) or loss.numel() != 1:
             raise ValueError("model_engine.backward expects the scalar loss tensor")
@@ -195,6 +191,7 @@ class DeepSpeedEngine(torch.nn.Module):
                 self._client.step()
                 self.core.publish_external()
         self.global_steps += 1
+        self._step_applied = not skipped
         if skipped:
             self.skipped_steps += 1
         else:
@@ -205,19 +202,9 @@ class DeepSpeedEngine(torch.nn.Module):
     def zero_grad(self):
         """Gradients live in the engine and are cleared at each step."""
 
-    def get_lr(self):
-        return [g["lr"] for g in self.optimizer.param_groups]
-
-    def get_global_grad_norm(self):
-        return self._grad_norm
-
     @property
     def loss_scale(self):
         return self.core.loss_scale
-
-    @property
-    def local_rank(self):
-        return hvd.local_rank()
 
     @property
     def device(self):
@@ -258,3 +245,34 @@ class DeepSpeedEngine(torch.nn.Module):
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
                         load_lr_scheduler_states=True, load_module_only=False):
         return checkpoint.load(self, load_dir, tag, load_lr_scheduler_states)
+
+    def module_state_dict(self):
+        """The whole model's state on every rank (ZeRO-3 gathers each module's parameters
+        in turn; collective over the process set at stage 3)."""
+        state = self.module.state_dict(keep_vars=True)
+        whole = {}
+        if self._stage3 is not None:
+            for m, own in self._stage3.owned.items():
+                self._stage3.fetch(m)
+                for i in own:
+                    whole[id(self._params[i])] = self._params[i].detach().clone()
+                self._stage3.release(m)
+        return {k: whole[id(v)] if id(v) in whole else v.detach().clone() for k, v in state.items()}
+
+    def save_16bit_model(self, save_dir, save_filename="pytorch_model.bin", exclude_frozen_parameters=False):
+        """Writes the model's weights in their training dtype on rank 0 (a torch.load-able
+        state dict); every rank of the set calls it."""
+        state = self.module_state_dict()
+        if exclude_frozen_parameters:
+            frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}
+            state = {k: v for k, v in state.items() if k not in frozen}
+        if self.process_set.rank() == 0:
+            os.makedirs(save_dir, exist_ok=True)
+            path = os.path.join(save_dir, save_filename)
+            tmp = path + ".tmp"
+            torch.save(state, tmp)
+            os.replace(tmp, path)
+        hvd.barrier(process_set=self.process_set)
+        return True
+
+    save_fp16_model = save_16bit_model
