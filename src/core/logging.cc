@@ -28,7 +28,11 @@ LogLevel logLevel() { return static_cast<LogLevel>(gLevel.load()); }
 
 void logLine(LogLevel level, int rank, const std::string& text) {
   std::lock_guard<std::mutex> lock(gMutex);
-  std::fprintf(stderr, "[chorus %s rank %d] %s\n", levelName(level), rank, text.c_str());
+  if (rank < 0) {  // not a rank's line: the launcher's store, for one
+    std::fprintf(stderr, "[chorus %s] %s\n", levelName(level), text.c_str());
+  } else {
+    std::fprintf(stderr, "[chorus %s rank %d] %s\n", levelName(level), rank, text.c_str());
+  }
   std::fflush(stderr);
 }
 

@@ -83,6 +83,19 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  // prefix_command() hands an unknown option over as the command; refuse it as
+  // horovodrun (argparse) does. "--" ends the options for a command that starts with '-'.
+  if (!app.remaining().empty()) {
+    const std::string first = app.remaining()[0];
+    if (first.size() > 1 && first[0] == '-' && first != "--") {
+      std::fprintf(stderr,
+                   "usage: chorusrun [options] [--] command ...\n"
+                   "chorusrun: error: unrecognized arguments: %s\n"
+                   "(chorusrun --help lists the options; put -- before a command that starts with '-')\n",
+                   first.c_str());
+      return 2;
+    }
+  }
 
   try {
     if (serve) return serveStore(bind, port, secret);

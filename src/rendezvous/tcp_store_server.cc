@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -19,6 +20,7 @@
 #include "chorus/error.h"
 #include "chorus/store.h"
 #include "core/byte_io.h"
+#include "core/logging.h"
 #include "rendezvous/kv_table.h"
 #include "rendezvous/wire.h"
 
@@ -102,27 +104,59 @@ class Server : public TcpStoreServer {
     }
   }
 
+  // One warning line per refused connection, at most one a second (a scan or a
+  // stray job must not flood the launcher's stderr); the next line counts the rest.
+  void logRefused(int fd, const std::string& why) {
+    ++refused_;
+    std::string text;
+    {
+      std::lock_guard<std::mutex> lock(logMu_);
+      const auto now = std::chrono::steady_clock::now();
+      if (now - lastLog_ < std::chrono::seconds(1)) {
+        ++unlogged_;
+        return;
+      }
+      lastLog_ = now;
+      text = "chorus store: refused a connection from " + peerName(fd) + ": " + why;
+      if (unlogged_) text += " (and " + std::to_string(unlogged_) + " more refused since the last line)";
+      unlogged_ = 0;
+    }
+    logLine(LogLevel::kWarning, -1, text);
+  }
+
   void serve(int fd) {
     std::vector<char> req;
-    while (!stop_ && rendezvous::recvFrame(fd, &req)) {
+    uint32_t announced = 0;
+    while (!stop_) {
+      const auto got = rendezvous::readFrame(fd, &req, &announced);
+      if (got == rendezvous::FrameRead::kOversized) {
+        logRefused(fd, "a frame of " + std::to_string(announced) + " bytes, over the store's limit");
+        break;
+      }
+      if (got != rendezvous::FrameRead::kOk) break;
       ByteWriter out;
       bool keep = true;
+      std::string key;
+      bool parsed = false;
       try {
         ByteReader r(req);
         auto op = static_cast<StoreOp>(r.get<uint8_t>());
         std::string secret = r.getString();
-        std::string key = r.getString();
+        key = r.getString();
+        parsed = true;
         if (!secretsEqual(secret, secret_)) {
-          ++refused_;
-          std::fprintf(stderr, "chorus store: refused a request for key '%s' from %s: %s\n",
-                       key.c_str(), peerName(fd).c_str(),
-                       secret.empty() ? "no job secret" : "wrong job secret");
+          logRefused(fd, std::string(secret.empty() ? "no job secret" : "wrong job secret") + " (request for key '" +
+                             key + "')");
           out.put<uint8_t>(static_cast<uint8_t>(StoreStatus::kRefused));
           keep = false;
         } else {
           handle(op, key, r, out);
         }
       } catch (const std::exception& e) {
+        if (!parsed) {  // not a store request at all: nothing of it can be trusted
+          logRefused(fd, std::string("a malformed request (") + e.what() + ")");
+          break;
+        }
         ByteWriter err;
         err.put<uint8_t>(static_cast<uint8_t>(StoreStatus::kError));
         std::string msg = e.what();
@@ -176,6 +210,9 @@ class Server : public TcpStoreServer {
   int port_ = 0;
   std::atomic<bool> stop_{false};
   std::atomic<int64_t> refused_{0};
+  std::mutex logMu_;
+  std::chrono::steady_clock::time_point lastLog_{};
+  int64_t unlogged_ = 0;
   std::thread acceptThread_;
   std::mutex mu_;
   std::list<std::thread> clients_;

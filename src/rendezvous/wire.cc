@@ -43,11 +43,18 @@ bool sendFrame(int fd, const std::vector<char>& payload) {
   return writeAll(fd, reinterpret_cast<const char*>(&n), 4) && writeAll(fd, payload.data(), n);
 }
 
+FrameRead readFrame(int fd, std::vector<char>* payload, uint32_t* announced) {
+  uint32_t n = 0;
+  if (!readAll(fd, reinterpret_cast<char*>(&n), 4)) return FrameRead::kClosed;
+  *announced = n;
+  if (n > kMaxFrame) return FrameRead::kOversized;
+  payload->resize(n);
+  return readAll(fd, payload->data(), n) ? FrameRead::kOk : FrameRead::kTruncated;
+}
+
 bool recvFrame(int fd, std::vector<char>* payload) {
   uint32_t n = 0;
-  if (!readAll(fd, reinterpret_cast<char*>(&n), 4) || n > kMaxFrame) return false;
-  payload->resize(n);
-  return readAll(fd, payload->data(), n);
+  return readFrame(fd, payload, &n) == FrameRead::kOk;
 }
 
 int connectWithRetry(const std::string& host, int port, std::chrono::milliseconds timeout, const std::string& what) {

@@ -12,6 +12,11 @@ enum class StoreStatus : uint8_t { kOk = 0, kTimeout = 1, kRefused = 2, kError =
 // Both return false when the peer closed the connection.
 bool sendFrame(int fd, const std::vector<char>& payload);
 bool recvFrame(int fd, std::vector<char>* payload);
+// recvFrame with the reason when there is no frame: the peer closed (or the
+// socket failed) between frames, announced more than the frame limit, or
+// stopped within a frame.
+enum class FrameRead { kOk, kClosed, kOversized, kTruncated };
+FrameRead readFrame(int fd, std::vector<char>* payload, uint32_t* announced);
 
 // Connects to host:port (what: for the error), retrying until the deadline. Throws chorus::Timeout.
 int connectWithRetry(const std::string& host, int port, std::chrono::milliseconds timeout,

@@ -1,6 +1,11 @@
 // The rendezvous store: TCP client/server with the job secret, and the in-memory store.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <cstring>
 #include <thread>
 
 #include "chorus/chorus.h"
@@ -45,6 +50,53 @@ TEST(TcpStore, RequestsWithoutTheSecretAreRefused) {
   }
   EXPECT_EQ(server->refusedCount(), 2);
   EXPECT_EQ(good->get("k", 1s), (std::vector<char>{'1'}));
+}
+
+// Sends raw bytes to the store as a stranger would and waits for it to hang up.
+void sendRaw(int port, const std::string& bytes) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::write(fd, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+  char buf[256];
+  while (::read(fd, buf, sizeof(buf)) > 0) {
+  }
+  ::close(fd);
+}
+
+std::string frame(const std::string& payload) {
+  uint32_t n = static_cast<uint32_t>(payload.size());
+  return std::string(reinterpret_cast<const char*>(&n), 4) + payload;
+}
+
+TEST(TcpStore, LogsEachRefusedConnectionAtMostOnceASecond) {
+  auto server = startTcpStoreServer("127.0.0.1", 0, "right");
+  ::testing::internal::CaptureStderr();
+  sendRaw(server->port(), frame("\x02"));  // an op byte and then nothing: not a store request
+  sendRaw(server->port(), std::string("\xff\xff\xff\x7f", 4));  // announces a 2 GiB frame
+  for (int i = 0; i < 3; ++i) {
+    auto bad = connectTcpStore("127.0.0.1", server->port(), "wrong", 5s);
+    EXPECT_THROW(bad->get("k", 1s), InvalidArgument);
+  }
+  std::this_thread::sleep_for(1100ms);
+  auto none = connectTcpStore("127.0.0.1", server->port(), "", 5s);
+  EXPECT_THROW(none->check("k"), InvalidArgument);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(server->refusedCount(), 6);
+  // The first refusal is logged with the peer and the reason; the next four fall
+  // within the same second; the one after the pause says how many went unlogged.
+  EXPECT_NE(log.find("[chorus WARNING] chorus store: refused a connection from 127.0.0.1:"), std::string::npos) << log;
+  EXPECT_NE(log.find("a malformed request"), std::string::npos) << log;
+  EXPECT_EQ(log.find("wrong job secret"), std::string::npos) << log;
+  EXPECT_NE(log.find("no job secret (request for key 'k') (and 4 more refused since the last line)"),
+            std::string::npos)
+      << log;
+  int lines = 0;
+  for (char c : log) lines += c == '\n';
+  EXPECT_EQ(lines, 2) << log;
 }
 
 TEST(TcpStore, RanksRendezvousThroughIt) {
