@@ -85,13 +85,13 @@ void Coordinator::finishJoinIfComplete() {
   ready_.push_back(std::move(r));
 }
 
-// Joined ranks stand in (with zeros, or as receivers) only for these ops.
+// Joined ranks stand in for every op: zeros in reductions, no rows in gathers and
+// alltoalls, receivers in broadcasts; only a broadcast from a joined root cannot run.
 bool Coordinator::joinable(const Pending& p) const {
   for (const auto& q : p.byRank) {
     if (!q) continue;
-    if (q->type == OpType::kAllreduce || q->type == OpType::kBarrier) return true;
     if (q->type == OpType::kBroadcast) return q->root >= 0 && q->root < size_ && !joined_[q->root];
-    return false;
+    return true;
   }
   return false;
 }
@@ -128,8 +128,7 @@ void Coordinator::checkReady(const std::string& name) {
         if (joined_[r]) joinedRanks.push_back(r);
       err.error = std::string(opTypeName(any.type)) + " '" + name +
                   "' cannot run while ranks " + ranksOf(joinedRanks) +
-                  " have joined: only allreduce, broadcast (from a rank that has not joined) and "
-                  "barrier accept joined ranks";
+                  " have joined: its root has no data to send";
       err.priority = any.priority;
       table_.erase(it);
       ++version_;

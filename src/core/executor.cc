@@ -232,6 +232,12 @@ void Executor::runAllgather(const Response& r, EntryTable& entries, bool fromPay
     bytes[i] = static_cast<size_t>(r.rows[i]) * rb;
     rows += r.rows[i];
   }
+  if (it == entries.end()) {  // joined: gives no rows, takes the others' into scratch
+    if (fromPayload) return;
+    scratch_.resize(std::max<size_t>(static_cast<size_t>(rows) * rb, 1));
+    comm_.allgatherv(scratch_.data(), scratch_.data(), bytes);
+    return;
+  }
   Shape outShape = tailOf(r.shape);
   outShape.insert(outShape.begin(), rows);
   Entry& e = it->second;
@@ -266,7 +272,6 @@ void Executor::runBroadcast(const Response& r, EntryTable& entries, bool fromPay
 
 void Executor::runAlltoall(const Response& r, EntryTable& entries, bool fromPayload) {
   auto it = entries.find(r.name);
-  Entry& e = it->second;
   const int n = comm_.size();
   const int me = comm_.rank();
   const size_t rb = rowBytes(r);
@@ -279,6 +284,17 @@ void Executor::runAlltoall(const Response& r, EntryTable& entries, bool fromPayl
     recvBytes[j] = static_cast<size_t>(received[j]) * rb;
     rows += received[j];
   }
+  size_t largest = 0;  // every rank computes it from the same splits
+  for (int j = 0; j < n; ++j)
+    for (int k = 0; k < n; ++k)
+      if (j != k) largest = std::max(largest, static_cast<size_t>(r.splits[j][k]) * rb);
+  if (it == entries.end()) {  // joined: sends nothing, discards what it is sent
+    if (fromPayload) return;
+    scratch_.resize(std::max<size_t>(static_cast<size_t>(rows) * rb, 1));
+    comm_.alltoallv(scratch_.data(), sendBytes, scratch_.data(), recvBytes, largest);
+    return;
+  }
+  Entry& e = it->second;
   Shape outShape = tailOf(r.shape);
   outShape.insert(outShape.begin(), rows);
   std::exception_ptr allocErr;
@@ -291,10 +307,6 @@ void Executor::runAlltoall(const Response& r, EntryTable& entries, bool fromPayl
       if (recvBytes[j]) std::memcpy(to, sent(j, e.input.data) + at, recvBytes[j]);
     }
   } else {
-    size_t largest = 0;  // every rank computes it from the same splits
-    for (int j = 0; j < n; ++j)
-      for (int k = 0; k < n; ++k)
-        if (j != k) largest = std::max(largest, static_cast<size_t>(r.splits[j][k]) * rb);
     comm_.alltoallv(e.input.data, sendBytes, out, recvBytes, largest);
   }
   e.work->receivedSplits = received;
@@ -303,7 +315,6 @@ void Executor::runAlltoall(const Response& r, EntryTable& entries, bool fromPayl
 
 void Executor::runReducescatter(const Response& r, EntryTable& entries, bool fromPayload) {
   auto it = entries.find(r.name);
-  Entry& e = it->second;
   const int n = comm_.size();
   const int64_t rowsTotal = r.shape[0];
   const int64_t rowElems = numElements(tailOf(r.shape));
@@ -315,6 +326,16 @@ void Executor::runReducescatter(const Response& r, EntryTable& entries, bool fro
   }
   const size_t total = static_cast<size_t>(numElements(r.shape));
   const size_t esize = dtypeSize(r.dtype);
+  if (it == entries.end()) {  // joined: contributes zeros, discards its block
+    if (fromPayload) return;
+    scratch_.assign(std::max<size_t>(total * esize, 1), 0);
+    joinedOut_.resize(std::max<size_t>(counts[comm_.rank()] * esize, 1));
+    const double fold = foldedScale(r, n);
+    if (fold) comm_.reducescatterScaled(scratch_.data(), joinedOut_.data(), counts, r.dtype, r.op, fold);
+    else comm_.reducescatter(scratch_.data(), joinedOut_.data(), counts, r.dtype, r.op);
+    return;
+  }
+  Entry& e = it->second;
   // The transport reads the input itself when it only reads and nothing scales it.
   void* in = e.input.data;
   if (r.prescale != 1.0 || !comm_.reducescatterReadsOnly()) {

@@ -48,6 +48,7 @@ class Executor {
   Release release_;
   Timeline* timeline_;
   std::vector<char> scratch_;
+  std::vector<char> joinedOut_;  // a joined rank's reducescatter block, discarded
   std::vector<const Response*> group_;  // scratch of execute: one fused allreduce
   std::vector<Span> spans_;             // scratch of runAllreduce
   std::vector<const void*> payloadInputs_;

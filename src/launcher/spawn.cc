@@ -30,7 +30,9 @@ struct Stream {
   int fd = -1;
   int rank = 0;
   bool isErr = false;
-  std::string partial;
+  bool open = false;    // this stream's tag starts the terminal's current line
+  bool redraw = false;  // a '\r' came: the next text redraws the line, tag first
+  bool cut = false;     // another stream ended this one's line: its own newline is spent
 };
 
 struct Rank {
@@ -39,14 +41,40 @@ struct Rank {
   int status = 0;
 };
 
-void writeTagged(const Stream& s, const std::string& line, char end = '\n') {
+// Output is passed on as it arrives, each terminal line starting with its rank's
+// tag: a line redrawn after '\r' (a progress bar) gets one tag per redraw, and a
+// line left open by one stream is ended before another stream writes.
+Stream* gOpenLine = nullptr;
+
+FILE* fileOf(const Stream& s) { return s.isErr ? stderr : stdout; }
+
+void endOpenLine() {
+  if (!gOpenLine) return;
+  std::fputc('\n', fileOf(*gOpenLine));
+  std::fflush(fileOf(*gOpenLine));
+  gOpenLine->open = false;
+  gOpenLine->cut = true;
+  gOpenLine = nullptr;
+}
+
+void emit(Stream& s, const char* text, size_t n, bool newline) {
+  const bool cut = s.cut;
+  s.cut = false;
+  if (cut && newline && n == 0) return;  // the line it ends was ended for it
+  if (gOpenLine && gOpenLine != &s) endOpenLine();
   std::string out;
-  out.reserve(line.size() + 24);
-  out.append("[").append(std::to_string(s.rank)).append(s.isErr ? "]<stderr>:" : "]<stdout>:");
-  out.append(line).push_back(end);
-  FILE* f = s.isErr ? stderr : stdout;
-  std::fwrite(out.data(), 1, out.size(), f);
-  std::fflush(f);
+  if (s.redraw) {
+    out.push_back('\r');
+    s.open = false;
+    s.redraw = false;
+  }
+  if (!s.open) out.append("[").append(std::to_string(s.rank)).append(s.isErr ? "]<stderr>:" : "]<stdout>:");
+  out.append(text, n);
+  if (newline) out.push_back('\n');
+  std::fwrite(out.data(), 1, out.size(), fileOf(s));
+  std::fflush(fileOf(s));
+  s.open = !newline;
+  gOpenLine = newline ? nullptr : &s;
 }
 
 // Reads what is available; returns false at end of file.
@@ -55,16 +83,22 @@ bool pump(Stream& s) {
   ssize_t n = ::read(s.fd, buf, sizeof(buf));
   if (n < 0 && (errno == EAGAIN || errno == EINTR)) return true;
   if (n <= 0) {
-    if (!s.partial.empty()) writeTagged(s, s.partial);
-    s.partial.clear();
+    if (s.open && gOpenLine == &s) endOpenLine();
+    s.open = s.redraw = false;
     return false;
   }
-  s.partial.append(buf, static_cast<size_t>(n));
-  // '\r' ends a segment too (progress bars redraw their line), and is kept.
-  size_t pos;
-  while ((pos = s.partial.find_first_of("\n\r")) != std::string::npos) {
-    writeTagged(s, s.partial.substr(0, pos), s.partial[pos]);
-    s.partial.erase(0, pos + 1);
+  size_t at = 0;
+  const size_t len = static_cast<size_t>(n);
+  while (at < len) {
+    size_t end = at;
+    while (end < len && buf[end] != '\n' && buf[end] != '\r') ++end;
+    if (end < len && buf[end] == '\n') {
+      emit(s, buf + at, end - at, true);
+    } else if (end > at) {
+      emit(s, buf + at, end - at, false);
+    }
+    if (end < len && buf[end] == '\r') s.redraw = true;
+    at = end + 1;
   }
   return true;
 }
@@ -170,6 +204,7 @@ int runLocalJob(const LocalJob& job) {
 
   std::vector<Rank> ranks(np);
   std::vector<Stream> streams;
+  streams.reserve(2 * static_cast<size_t>(np));  // gOpenLine points into it
   for (int r = 0; r < np; ++r) {
     int out[2], err[2];
     if (pipe(out) != 0 || pipe(err) != 0) {
@@ -182,8 +217,8 @@ int runLocalJob(const LocalJob& job) {
     close(out[1]);
     close(err[1]);
     for (int fd : {out[0], err[0]}) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-    streams.push_back({out[0], r, false, ""});
-    streams.push_back({err[0], r, true, ""});
+    streams.push_back({out[0], r, false});
+    streams.push_back({err[0], r, true});
     if (job.verbose) std::fprintf(stderr, "chorusrun: started rank %d as pid %d\n", r, ranks[r].pid);
   }
 
@@ -225,6 +260,7 @@ int runLocalJob(const LocalJob& job) {
         ranks[r].status = status;
         const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
         if (failed && !stopping) {
+          endOpenLine();  // chorusrun's own line starts a line of its own
           if (result == 0) result = exitCodeOf(status);
           if (job.keepGoing) {
             std::fprintf(stderr, "chorusrun: rank %d %s; the other ranks run on (--keep-going)\n", r,
@@ -240,6 +276,7 @@ int runLocalJob(const LocalJob& job) {
       }
     }
     if (gInterrupted && !stopping) {
+      endOpenLine();
       std::fprintf(stderr, "chorusrun: interrupted (signal %d); stopping every rank\n", static_cast<int>(gInterrupted));
       stopping = true;
       result = 128 + gInterrupted;
@@ -252,6 +289,7 @@ int runLocalJob(const LocalJob& job) {
       killAt = std::chrono::steady_clock::time_point::max();
     }
   }
+  endOpenLine();
   for (auto& s : streams)
     if (s.fd >= 0) close(s.fd);
   if (result != 0 && job.verbose) std::fprintf(stderr, "chorusrun: job failed with exit code %d\n", result);

@@ -223,3 +223,23 @@ TEST(ChorusRun, RefusesAnUnknownOptionAndTakesDashDashAsTheEndOfOptions) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(ChorusRun, ProgressBarRedrawsCarryOneTagEach) {
+  // A progress bar redraws its line with '\r' (tqdm writes "\r" + the bar); each
+  // redraw starts with the tag once, and the bar's final newline ends the line.
+  // (The sleeps keep stderr's and stdout's pipes in order.)
+  auto r = run(kRun + " -np 1 sh -c \"printf '\\r 0%%|  |\\r50%%|# |' >&2; sleep 0.2; printf '\\r100%%|##|\\n' >&2; "
+                      "sleep 0.2; echo after\"");
+  EXPECT_EQ(r.exitCode, 0) << r.output;
+  EXPECT_NE(r.output.find("\r[0]<stderr>: 0%|  |\r[0]<stderr>:50%|# |\r[0]<stderr>:100%|##|\n"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("]<stderr>:[0]"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[0]<stdout>:after\n"), std::string::npos) << r.output;
+  // Text without a newline is shown as it comes and continued without a second tag.
+  r = run(kRun + " -np 1 sh -c \"printf 'epoch 1: ' ; sleep 0.2; echo loss 0.5\"");
+  EXPECT_NE(r.output.find("[0]<stdout>:epoch 1: loss 0.5\n"), std::string::npos) << r.output;
+}
+
+}  // namespace

@@ -40,9 +40,11 @@ int main() {
   CHECK(out[2 * (n - 1)].item<int64_t>() == 100 * (n - 1) + 2 * r);
   auto rs = ct::reducescatter(torch::ones({2 * n + 1, 2}, torch::kFloat32), chorus::ReducescatterOptions{});
   CHECK(rs.size(0) == 2 + (r < 1 ? 1 : 0) && rs[0][0].item<float>() == 1.0f);
+  auto i16 = ct::allreduce(torch::full({2}, r + 1, torch::kInt16), sum);
+  CHECK(i16.scalar_type() == torch::kInt16 && i16[1].item<int>() == n * (n + 1) / 2);
   bool threw = false;
   try {
-    ct::allreduce(torch::ones({2}, torch::kInt16));
+    ct::allreduce(torch::ones({2}, torch::kComplexFloat));
   } catch (const chorus::InvalidArgument&) {
     threw = true;
   }

@@ -39,7 +39,7 @@ def test_peer_failure_raises_horovod_internal_error(ranks):
     assert proc.stdout.count("HorovodInternalError caught") == 2, proc.stdout
 
 
-def test_join_returns_last_rank(ranks):
+def test_join_while_others_run_every_collective(ranks):
     out = ok(ranks(3, "join.py"))
     assert out.count("join ok") == 3
 
@@ -84,6 +84,12 @@ def test_seed_mpi_example_under_mpirun(ranks):
 def test_collectives_under_mpirun(ranks, data_path):
     out = ok(ranks(3, "collectives.py", mpirun=True, env={"CHORUS_CPU_OPERATIONS": data_path}))
     assert out.count("collectives ok") == 3
+
+
+@mpi
+def test_join_over_mpi_data_path(ranks):
+    out = ok(ranks(3, "join.py", mpirun=True, env={"CHORUS_CPU_OPERATIONS": "mpi"}))
+    assert out.count("join ok") == 3
 
 
 @mpi

@@ -424,6 +424,64 @@ TEST_P(Collectives, BarrierAndJoin) {
   }, transport());
 }
 
+TEST_P(Collectives, JoinedRanksStandInForEveryOp) {
+  const int n = ranks();
+  if (n < 2) GTEST_SKIP();
+  runRanksOk(n, [&](RankContext& c) {
+    // Rank 0 is out of data at once; the others run every kind of op meanwhile.
+    if (c.rank != 0) {
+      OpOptions o;
+      o.name = "joined.allgather";  // rank r gives r rows of r
+      HostBuffer g(DataType::kInt32, {c.rank, 2});
+      for (int64_t i = 0; i < 2 * c.rank; ++i) g.set(i, c.rank);
+      Work w = c.rt.allgather(g.tensor(), o);
+      ASSERT_EQ(w.output().shape, (Shape{n * (n - 1) / 2, 2}));
+      for (int r = 1, at = 0; r < n; at += 2 * r, ++r)
+        for (int i = 0; i < 2 * r; ++i) ASSERT_EQ(readAs(w.output().data, DataType::kInt32, at + i), r);
+
+      o.name = "joined.broadcast";
+      HostBuffer b(DataType::kFloat32, {3});
+      for (int i = 0; i < 3; ++i) b.set(i, c.rank);
+      c.rt.broadcast(b.tensor(), n - 1, o);
+      ASSERT_EQ(b.get(2), n - 1);
+
+      o.name = "joined.alltoall";  // one row to every rank; rank 0 sends none
+      HostBuffer a(DataType::kInt64, {n});
+      for (int k = 0; k < n; ++k) a.set(k, 100 * c.rank + k);
+      Work t = c.rt.alltoall(a.tensor(), std::vector<int64_t>(n, 1), o);
+      ASSERT_EQ(t.output().shape, (Shape{n - 1}));
+      for (int j = 1; j < n; ++j) ASSERT_EQ(readAs(t.output().data, DataType::kInt64, j - 1), 100 * j + c.rank);
+      ASSERT_EQ(t.receivedSplits()[0], 0);
+
+      ReducescatterOptions ro;  // rank 0 adds zeros; Average divides by every rank
+      ro.name = "joined.reducescatter";
+      HostBuffer x(DataType::kFloat64, {2 * n});
+      for (int64_t i = 0; i < 2 * n; ++i) x.set(i, 1.0);
+      Work s = c.rt.reducescatter(x.tensor(), ro);
+      ASSERT_EQ(s.output().shape, (Shape{2}));
+      ASSERT_DOUBLE_EQ(readAs(s.output().data, DataType::kFloat64, 1), static_cast<double>(n - 1) / n);
+
+      o.name = "joined.root";  // the joined rank has nothing to broadcast: an error, not a hang
+      try {
+        c.rt.broadcast(b.tensor(), 0, o);
+        ADD_FAILURE() << "a broadcast from a joined root ran";
+      } catch (const InvalidArgument& e) {
+        EXPECT_NE(std::string(e.what()).find("joined"), std::string::npos) << e.what();
+      }
+    }
+    const int last = c.rt.join();  // rank 0 joined first: the others' ops waited for it
+    EXPECT_GE(last, 1);
+    EXPECT_LT(last, n);
+    // Every rank afterwards: the runtime is usable.
+    HostBuffer one(DataType::kInt32, {1});
+    one.set(0, c.rank);
+    OpOptions o;
+    o.name = "after.join";
+    Work w = c.rt.allgather(one.tensor(), o);
+    for (int r = 0; r < n; ++r) ASSERT_EQ(readAs(w.output().data, DataType::kInt32, r), r);
+  }, transport());
+}
+
 // Sizes on both sides of the direct path's size (outputs in the shared pool)
 // and of the sizes whose outputs are streamed.
 TEST_P(Collectives, LargeAllgatherAndBroadcast) {

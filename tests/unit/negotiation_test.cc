@@ -306,25 +306,6 @@ TEST(Negotiation, BadArgumentErrorsNameTheOpAndTheTensor) {
   });
 }
 
-TEST(Negotiation, JoinedRanksCannotAllgather) {
-  runRanksOk(2, [&](RankContext& c) {
-    if (c.rank == 0) {
-      EXPECT_EQ(c.rt.join(), 1);
-    } else {
-      HostBuffer a(DataType::kFloat32, {2});
-      OpOptions o;
-      o.name = "gather.after.join";
-      try {
-        c.rt.allgather(a.tensor(), o);
-        ADD_FAILURE() << "allgather with a joined rank did not fail";
-      } catch (const InvalidArgument& e) {
-        EXPECT_NE(std::string(e.what()).find("joined"), std::string::npos) << e.what();
-      }
-      EXPECT_EQ(c.rt.join(), 1);
-    }
-  });
-}
-
 TEST(Negotiation, SynchronizeWaitsForEverythingInFlight) {
   runRanksOk(2, [&](RankContext& c) {
     std::vector<HostBuffer> bufs(8, HostBuffer(DataType::kFloat32, {100}));
