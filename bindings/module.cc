@@ -1,6 +1,9 @@
 // chorus._core: the Python binding over include/chorus. Tensors cross as raw
 // pointers (no copies); outputs that chorus allocates come back as numpy arrays
 // that keep the op's storage alive.
+#include <functional>
+#include <optional>
+
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -19,13 +22,29 @@ Tensor view(uintptr_t ptr, int dtype, const std::vector<int64_t>& shape) {
   return Tensor{reinterpret_cast<void*>(ptr), static_cast<DataType>(dtype), shape};
 }
 
+// Asked while a call waits with the interpreter lock released: runs Python's
+// signal handlers (on the main thread), true when one raised (KeyboardInterrupt...).
+bool pythonSignalled() {
+  py::gil_scoped_acquire gil;
+  return PyErr_CheckSignals() != 0;
+}
+const std::function<bool()> kSignalled = pythonSignalled;
+
+// The op a blocking call gave up on, still in flight: Python keeps its tensors
+// alive until it is done (mpi_ops takes it with take_interrupted()).
+thread_local std::optional<Work> tlsInterrupted;
+
 // One async op as Python sees it.
 struct PyWork {
   Work work;
   bool poll() const { return work.poll(); }
   void wait() const {
-    py::gil_scoped_release release;
-    work.wait();
+    bool finished;
+    {
+      py::gil_scoped_release release;
+      finished = work.waitUnless(kSignalled);
+    }
+    if (!finished) throw py::error_already_set();  // the handler's exception
   }
   size_t numOutputs() const { return work.outputs().size(); }
   std::vector<int64_t> outputShape(size_t i) const { return work.outputs().at(i).shape; }
@@ -48,8 +67,13 @@ Runtime& rt() { return defaultRuntime(); }
 template <typename Submit>
 PyWork start(bool wait, Submit submit) {
   if (!wait) return PyWork{submit()};
-  py::gil_scoped_release release;
-  return PyWork{rt().submitAndWait(submit)};
+  try {
+    py::gil_scoped_release release;
+    return PyWork{rt().submitAndWaitUnless(submit, kSignalled)};
+  } catch (const Interrupted& e) {
+    tlsInterrupted = e.work();
+    throw py::error_already_set();
+  }
 }
 
 template <typename O = OpOptions>
@@ -185,8 +209,7 @@ PYBIND11_MODULE(_core, m) {
         [](uintptr_t in, uintptr_t out, int dtype, const std::vector<int64_t>& shape, const std::string& name, int op,
            double prescale, double postscale, int32_t processSet, int32_t priority) {
           auto o = reduceOptions<AllreduceOptions>(name, op, prescale, postscale, processSet, priority);
-          py::gil_scoped_release release;
-          rt().allreduce(view(in, dtype, shape), view(out, dtype, shape), o);
+          start(true, [&] { return rt().allreduceAsync(view(in, dtype, shape), view(out, dtype, shape), o); });
         });
   m.def("grouped_allgather_async",
         [](const std::vector<uintptr_t>& in, const std::vector<int>& dtypes,
@@ -233,6 +256,12 @@ PYBIND11_MODULE(_core, m) {
         py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"), py::arg("step"),
         py::arg("adamw"), py::arg("low") = 0, py::arg("low_dtype") = static_cast<int>(DataType::kBFloat16));
   m.def("adam_simd_level", [] { return std::string(zero::adamSimdLevel()); });
+  m.def("take_interrupted", []() -> std::optional<PyWork> {
+    if (!tlsInterrupted) return std::nullopt;
+    PyWork w{*tlsInterrupted};
+    tlsInterrupted.reset();
+    return w;
+  });
   m.def("synchronize", [] {
     py::gil_scoped_release release;
     rt().synchronize();

@@ -126,6 +126,9 @@ class Runtime {
   // nothing else that waits); it is waited for here, as by the blocking forms.
   // Rethrows the op's error.
   Work submitAndWait(const std::function<Work()>& submit);
+  // submitAndWait that asks interrupted() as Work::waitUnless does; throws
+  // Interrupted (holding the op, still in flight) when it says so.
+  Work submitAndWaitUnless(const std::function<Work()>& submit, const std::function<bool()>& interrupted);
 
   ProcessSetStats stats(int32_t processSet = kGlobalProcessSetId) const;
 

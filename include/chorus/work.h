@@ -3,9 +3,11 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <vector>
 
+#include "chorus/error.h"
 #include "chorus/types.h"
 
 namespace chorus {
@@ -21,6 +23,10 @@ class Work {
   // Blocks until done; rethrows the op's error. Meanwhile the calling thread runs
   // the process set's negotiation cycles itself (no hand-off to the set's thread).
   void wait() const;
+  // Like wait(), but calls interrupted() every 50 ms or so while the op runs and
+  // returns false as soon as it says true; the op stays in flight (its buffers
+  // must stay valid until it is done). For callers that must see signals.
+  bool waitUnless(const std::function<bool()>& interrupted) const;
   // Like wait() but gives up after the timeout; returns whether it finished.
   bool waitFor(std::chrono::milliseconds timeout) const;
 
@@ -37,6 +43,17 @@ class Work {
 
  private:
   std::shared_ptr<WorkState> state_;
+};
+
+// A wait given up on request (a signal reached the caller); work() is the op,
+// still in flight, whose buffers must stay valid until it is done.
+class Interrupted : public Error {
+ public:
+  explicit Interrupted(Work w) : Error("the wait was interrupted; the op is still in flight"), work_(std::move(w)) {}
+  const Work& work() const { return work_; }
+
+ private:
+  Work work_;
 };
 
 }  // namespace chorus

@@ -443,13 +443,16 @@ void Controller::detectConflicts() {
 }
 
 void Controller::inspectStalls(Clock::time_point now) {
-  auto stalls = coordinator_.stalls(now, config_.stallCheckSeconds);
+  // A shutdown time under the warning time still applies: look that far back.
+  double olderThan = config_.stallCheckSeconds;
+  if (config_.stallShutdownSeconds > 0) olderThan = std::min(olderThan, config_.stallShutdownSeconds);
+  auto stalls = coordinator_.stalls(now, olderThan);
   if (stalls.empty()) return;
   if (comm_->rank() == 0) {
     std::ostringstream os;
     bool any = false;
     for (const auto& s : stalls) {
-      if (warned_[s.name]) continue;
+      if (s.seconds < config_.stallCheckSeconds || warned_[s.name]) continue;
       warned_[s.name] = true;
       any = true;
       os << "\n  '" << s.name << "' waited " << static_cast<int>(s.seconds)

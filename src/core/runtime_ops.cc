@@ -344,7 +344,7 @@ namespace {
 // submitAndWait's body; the blocking calls below hand it their lambdas directly
 // (a std::function of four references would allocate on every call).
 template <typename Submit>
-Work submitThenWait(Submit&& submit) {
+Work submitThenWait(Submit&& submit, const std::function<bool()>* interrupted = nullptr) {
   std::optional<Work> w;
   tlsWaitsAtOnce = true;
   try {
@@ -356,12 +356,15 @@ Work submitThenWait(Submit&& submit) {
   }
   tlsWaitsAtOnce = false;
   releaseEntered(w->state().get());
-  w->wait();
+  if (!w->state()->waitUnless(interrupted)) throw Interrupted(*w);
   return *w;
 }
 }  // namespace
 
 Work Runtime::submitAndWait(const std::function<Work()>& submit) { return submitThenWait(submit); }
+Work Runtime::submitAndWaitUnless(const std::function<Work()>& submit, const std::function<bool()>& interrupted) {
+  return submitThenWait(submit, &interrupted);
+}
 
 void Runtime::allreduce(const Tensor& input, const Tensor& output, const AllreduceOptions& opts) {
   submitThenWait([&] { return allreduceAsync(input, output, opts); });

@@ -17,16 +17,37 @@ void WorkState::complete(std::exception_ptr err) {
 // this acquire, so the outputs written before complete() are seen.
 bool WorkState::done() const { return remaining_.load(std::memory_order_acquire) == 0; }
 
-void WorkState::wait() const {
+bool WorkState::waitUnless(const std::function<bool()>* interrupted) const {
+  constexpr auto kAsk = std::chrono::milliseconds(50);
+  auto nextAsk = std::chrono::steady_clock::now() + kAsk;
+  // Asked by time, not per cycle: a cycle is microseconds, asking (a Python
+  // caller takes its interpreter lock to) is not.
+  auto stop = [&] {
+    if (!interrupted || std::chrono::steady_clock::now() < nextAsk) return false;
+    nextAsk = std::chrono::steady_clock::now() + kAsk;
+    return (*interrupted)();
+  };
   if (driver) {
     if (!driverEntered.exchange(false)) driver->enter();
+    bool stopped = false;
     while (!done() && driver->drive([this] { return done(); })) {
+      if (stop()) {
+        stopped = true;
+        break;
+      }
     }
     driver->leave();
+    if (stopped) return false;
   }
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return remaining_ == 0; });
+  while (!cv_.wait_for(lock, kAsk, [&] { return remaining_ == 0; })) {
+    lock.unlock();
+    const bool quit = stop();
+    lock.lock();
+    if (quit) return false;
+  }
   if (error_) std::rethrow_exception(error_);
+  return true;
 }
 
 bool WorkState::waitFor(std::chrono::milliseconds timeout) const {
@@ -44,6 +65,7 @@ std::exception_ptr WorkState::error() const {
 Work::Work(std::shared_ptr<WorkState> state) : state_(std::move(state)) {}
 bool Work::poll() const { return state_->done(); }
 void Work::wait() const { state_->wait(); }
+bool Work::waitUnless(const std::function<bool()>& interrupted) const { return state_->waitUnless(&interrupted); }
 bool Work::waitFor(std::chrono::milliseconds timeout) const { return state_->waitFor(timeout); }
 const std::vector<Tensor>& Work::outputs() const { return state_->outputs; }
 const std::vector<int64_t>& Work::receivedSplits() const { return state_->receivedSplits; }

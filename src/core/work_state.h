@@ -2,6 +2,7 @@
 // Shared completion state behind a Work handle; completed from controller threads.
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -20,7 +21,10 @@ class WorkState {
   void complete(std::exception_ptr err);
   bool done() const;
   // Runs the set's cycles on the calling thread while it can (see CycleDriver).
-  void wait() const;
+  void wait() const { waitUnless(nullptr); }
+  // wait() that asks *interrupted (when given) every 50 ms or so and returns false,
+  // the op still in flight, once it says so.
+  bool waitUnless(const std::function<bool()>* interrupted) const;
   bool waitFor(std::chrono::milliseconds timeout) const;
   std::exception_ptr error() const;
 

@@ -111,3 +111,14 @@ def test_every_dtype_in_every_collective(ranks):
 def test_horovod_names_build_queries_sparse_and_sync_batch_norm(ranks):
     out = ok(ranks(3, "api_names.py", timeout=120))
     assert out.count("api ok") == 3
+
+
+def test_sigint_and_signal_handlers_interrupt_a_blocked_collective(ranks):
+    out = ok(ranks(2, "interrupt.py", timeout=120))
+    assert "handler interrupted" in out and "SIGINT interrupted the blocking call" in out
+    assert "SIGINT interrupted synchronize" in out and out.count("interrupt ok") == 2
+
+
+def test_stall_shutdown_fails_a_blocked_call(ranks):
+    out = ok(ranks(2, "stall_shutdown.py", env={"CHORUS_STALL_SHUTDOWN_TIME_SECONDS": "2"}, timeout=120))
+    assert out.count("stall shutdown ok") == 2

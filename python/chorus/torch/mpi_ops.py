@@ -94,6 +94,28 @@ _lock = threading.Lock()
 _at_once = threading.local()
 
 
+# Ops whose wait a signal interrupted (Ctrl-C, a handler that raised), with the
+# tensors they read and write: kept until the op is done, as chorus still uses them.
+_abandoned = []
+
+
+def _abandon(work, keep):
+    if work is None:
+        return
+    with _lock:
+        _abandoned[:] = [(w, k) for w, k in _abandoned if not w.poll()]
+        _abandoned.append((work, keep))
+
+
+def _start(keep, core_call, *args):
+    """Calls the core; when a waiting call was interrupted, keeps its tensors alive."""
+    try:
+        return core_call(*args)
+    except BaseException:
+        _abandon(_core.take_interrupted(), keep)
+        raise
+
+
 def _waits_now():
     return getattr(_at_once, "on", False)
 
@@ -164,7 +186,12 @@ def synchronize(handle=None):
         h = _handles.pop(handle, None)
     if h is None:
         raise ValueError(f"unknown handle {handle!r} (already synchronized?)")
-    h.work.wait()
+    try:
+        h.work.wait()
+    except BaseException:
+        if not h.work.poll():  # interrupted, not failed: the op still uses h's tensors
+            _abandon(h.work, h)
+        raise
     return h.finish()
 
 
@@ -196,7 +223,7 @@ def _grouped_allreduce_async(tensors, name, op, prescale_factor, postscale_facto
     staged = [_stage(t) for t in tensors]
     outs = staged if inplace else [_new_output(s) for s in staged]
     codes = [_dtype_code(t, "allreduce") for t in staged]
-    work = _core.grouped_allreduce_async(
+    work = _start((staged, outs), _core.grouped_allreduce_async,
         [t.data_ptr() for t in staged], [o.data_ptr() for o in outs], codes,
         [list(t.shape) for t in staged], _name(name), op, float(prescale_factor),
         float(postscale_factor), _set_id(process_set), int(priority), _waits_now())
@@ -257,7 +284,7 @@ def _at_once_ok(tensor):
 
 
 def _allreduce_now(tensor, out, name, op, prescale_factor, postscale_factor, process_set, priority):
-    _core.allreduce_now(tensor.data_ptr(), out.data_ptr(), _dtype_code(tensor, "allreduce"), tensor.shape,
+    _start((tensor, out), _core.allreduce_now, tensor.data_ptr(), out.data_ptr(), _dtype_code(tensor, "allreduce"), tensor.shape,
                         _name(name), op, float(prescale_factor), float(postscale_factor), _set_id(process_set),
                         int(priority))
     return out
@@ -346,7 +373,7 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set, priority=0):
     staged = [_stage(t) for t in tensors]
     codes = [_dtype_code(t, "allgather") for t in staged]
-    work = _core.grouped_allgather_async([t.data_ptr() for t in staged], codes,
+    work = _start(staged, _core.grouped_allgather_async, [t.data_ptr() for t in staged], codes,
                                          [list(t.shape) for t in staged], _name(name),
                                          _set_id(process_set), int(priority), _waits_now())
 
@@ -426,7 +453,7 @@ def _broadcast_async(tensor, root_rank, name, process_set, priority, inplace):
     staged = _stage(tensor)
     out = staged if inplace else torch.empty_like(staged)
     code = _dtype_code(staged, "broadcast")
-    work = _core.broadcast_async(staged.data_ptr(), out.data_ptr(), code, list(staged.shape),
+    work = _start((staged, out), _core.broadcast_async, staged.data_ptr(), out.data_ptr(), code, list(staged.shape),
                                  int(root_rank), _name(name), _set_id(process_set), int(priority), _waits_now())
 
     def finish():
@@ -488,7 +515,7 @@ def _splits_list(splits):
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set, priority=0):
     staged = _stage(tensor)
     code = _dtype_code(staged, "alltoall")
-    work = _core.alltoall_async(staged.data_ptr(), code, list(staged.shape), _splits_list(splits),
+    work = _start(staged, _core.alltoall_async, staged.data_ptr(), code, list(staged.shape), _splits_list(splits),
                                 _name(name), _set_id(process_set), int(priority), _waits_now())
 
     def finish():
@@ -532,7 +559,7 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
         raise ValueError("reducescatter supports op=Sum and op=Average")
     staged = [_stage(t) for t in tensors]
     codes = [_dtype_code(t, "reducescatter") for t in staged]
-    work = _core.grouped_reducescatter_async([t.data_ptr() for t in staged], codes,
+    work = _start(staged, _core.grouped_reducescatter_async, [t.data_ptr() for t in staged], codes,
                                              [list(t.shape) for t in staged], _name(name), op,
                                              float(prescale_factor), float(postscale_factor),
                                              _set_id(process_set), int(priority), _waits_now())
@@ -596,12 +623,12 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
 # ---- barrier and join ----
 
 def barrier(process_set=global_process_set):
-    _core.barrier_async(_set_id(process_set), True).wait()
+    _start(None, _core.barrier_async, _set_id(process_set), True).wait()
 
 
 def join(device=-1, process_set=global_process_set):
     """Marks this rank as out of data: its peers' allreduces see zeros from it
     until every rank has joined. Returns the last rank to join."""
-    work = _core.join_async(_set_id(process_set), True)
+    work = _start(None, _core.join_async, _set_id(process_set), True)
     work.wait()
     return work.join_result()

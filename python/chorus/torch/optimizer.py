@@ -7,8 +7,9 @@ import torch
 from chorus import _core
 from chorus.torch.basics import _set_id, global_process_set
 from chorus.torch.compression import Compression
-from chorus.torch.mpi_ops import (Adasum, Average, Sum, _dtype_code, _set_rank_and_size, allreduce_async_,
-                                  grouped_allreduce_async_, sparse_allreduce_async, synchronize)
+from chorus.torch.mpi_ops import (Adasum, Average, Sum, _abandon, _dtype_code, _set_rank_and_size,
+                                  allreduce_async_, grouped_allreduce_async_, sparse_allreduce_async,
+                                  synchronize)
 
 
 class _Direct:
@@ -177,7 +178,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if handle is None:
                 continue
             if isinstance(handle, _Direct):
-                handle.work.wait()
+                try:
+                    handle.work.wait()
+                except BaseException:
+                    if not handle.work.poll():  # interrupted: the op still uses the gradient
+                        _abandon(handle.work, handle)
+                    raise
             elif callable(handle):  # a sparse gradient's gather
                 p.grad = handle()
                 self._delay[p] = self.backward_passes_per_step
