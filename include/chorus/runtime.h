@@ -133,8 +133,8 @@ class Runtime {
   ProcessSetStats stats(int32_t processSet = kGlobalProcessSetId) const;
 
   // Horovod's timeline (CHORUS_TIMELINE starts one at init): rank 0 writes a
-  // Chrome trace of every tensor's negotiation and execution to path, moved into
-  // place by stopTimeline() or shutdown(). The other ranks ignore both calls.
+  // Chrome trace of every tensor's negotiation and execution to path as the job
+  // runs; stopTimeline() or shutdown() completes it. The other ranks ignore both calls.
   void startTimeline(const std::string& path, bool markCycles = false);
   void stopTimeline();
 

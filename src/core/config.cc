@@ -75,7 +75,7 @@ const std::vector<SettingInfo>& settingsTable() {
        "1 allows adding and removing process sets at run time."},
       {"CHORUS_TIMELINE", "HOROVOD_TIMELINE", "",
        "File for a Chrome trace of every tensor's negotiation and execution, written by rank 0 "
-       "(moved into place at shutdown or stop_timeline)."},
+       "(written as the job runs; shutdown or stop_timeline completes it)."},
       {"CHORUS_TIMELINE_MARK_CYCLES", "HOROVOD_TIMELINE_MARK_CYCLES", "0",
        "1 marks every negotiation cycle in the timeline."},
   };

@@ -36,9 +36,8 @@ void Timeline::start(const std::string& path, bool markCycles) {
   std::lock_guard<std::mutex> lock(mu_);
   if (file_) throw InvalidArgument("timeline: already writing " + path_ + "; stop it before starting another");
   if (path.empty()) throw InvalidArgument("timeline: empty file name");
-  const std::string tmp = path + ".tmp." + std::to_string(getpid());
-  std::FILE* f = std::fopen(tmp.c_str(), "w");
-  if (!f) throw InvalidArgument("timeline: cannot write " + tmp + ": " + std::strerror(errno));
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) throw InvalidArgument("timeline: cannot write " + path + ": " + std::strerror(errno));
   file_ = f;
   active_ = true;
   path_ = path;
@@ -54,26 +53,49 @@ void Timeline::start(const std::string& path, bool markCycles) {
   write(nlohmann::json{{"name", "process_name"}, {"ph", "M"}, {"pid", 0},
                        {"args", {{"name", "chorus"}, {"start_time_since_epoch_in_micros", epochMicros}}}}
             .dump());
+  std::fflush(file_);  // on disk from the start
+  flusher_ = std::thread([this] { flushLoop(); });
+}
+
+// Readers (a viewer, tail -f, a crashed job's post-mortem) see events within 50 ms.
+void Timeline::flushLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (file_) {
+    flushCv_.wait_for(lock, std::chrono::milliseconds(50));
+    if (file_ && dirty_) {
+      std::fflush(file_);
+      dirty_ = false;
+    }
+  }
 }
 
 void Timeline::stop() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (file_) finish();
+  std::thread flusher;
+  std::exception_ptr err;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!file_) return;
+    try {
+      finish();
+    } catch (...) {
+      err = std::current_exception();
+    }
+    flusher = std::move(flusher_);
+  }
+  flushCv_.notify_all();
+  if (flusher.joinable()) flusher.join();
+  if (err) std::rethrow_exception(err);
 }
 
-// The closing bracket, then flushed, synced and renamed into place.
+// The closing bracket, then flushed and synced.
 void Timeline::finish() {
   std::FILE* f = file_;
   file_ = nullptr;
   active_ = false;
-  const std::string tmp = path_ + ".tmp." + std::to_string(getpid());
   const bool written = std::fputs("\n]\n", f) >= 0 && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
+  const std::string why = std::strerror(errno);
   const bool closed = std::fclose(f) == 0;
-  if (!written || !closed || ::rename(tmp.c_str(), path_.c_str()) != 0) {
-    const std::string why = std::strerror(errno);
-    ::unlink(tmp.c_str());
-    throw Error("timeline: cannot complete " + path_ + ": " + why);
-  }
+  if (!written || !closed) throw Error("timeline: cannot complete " + path_ + ": " + why);
   syncParentDir(path_);
 }
 
@@ -84,6 +106,7 @@ int64_t Timeline::micros() const {
 void Timeline::write(const std::string& event) {
   if (!first_) std::fputs(",\n", file_);
   first_ = false;
+  dirty_ = true;
   std::fputs(event.c_str(), file_);
 }
 

@@ -3,13 +3,17 @@
 // tensor's negotiation and execution, written by rank 0. Each tensor name is a
 // trace "process"; its NEGOTIATE_<OP> span holds a tick per rank whose request
 // was seen (requests served from the response cache have none), and its <OP>
-// span covers the collective. The file is written to `path.tmp` and renamed to
-// `path` when the timeline stops, so a reader never sees half a trace.
+// span covers the collective. The file is written as the job runs (flushed every
+// 50 ms): until stop() adds the closing bracket it is an unterminated JSON
+// array, which Chrome's trace format accepts, so a running or crashed job's
+// trace opens too.
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -39,6 +43,7 @@ class Timeline {
   int pidOf(const std::string& name);  // with mu_ held
   void write(const std::string& event);  // with mu_ held
   void finish();                         // with mu_ held
+  void flushLoop();
 
   std::mutex mu_;
   std::FILE* file_ = nullptr;
@@ -49,6 +54,9 @@ class Timeline {
   std::chrono::steady_clock::time_point start_;
   std::unordered_map<std::string, int> pids_;
   std::unordered_set<std::string> negotiating_;  // names inside a NEGOTIATE span
+  bool dirty_ = false;                           // events written since the last flush
+  std::condition_variable flushCv_;
+  std::thread flusher_;
 };
 
 // "ALLREDUCE", "ALLGATHER", ...: the phase names Horovod's timeline uses.

@@ -45,10 +45,10 @@ def test_join_while_others_run_every_collective(ranks):
 
 
 def test_timeline(ranks, tmp_path):
-    out = ok(ranks(2, "timeline.py", str(tmp_path / "trace.json")))
+    out = ok(ranks(2, "timeline.py", str(tmp_path / "trace.json"),
+                   env={"HOROVOD_TIMELINE": str(tmp_path / "at_init.json")}))
     assert out.count("timeline ok") == 2
-    assert (tmp_path / "trace.json").exists()
-    assert not [p for p in os.listdir(tmp_path) if ".tmp." in p]  # no temporary file left
+    assert sorted(os.listdir(tmp_path)) == ["at_init.json", "trace.json"]  # nothing else left
 
 
 def test_digits_main_job(ranks, tmp_path):

@@ -203,8 +203,10 @@ def _call(function, tensors, *args):
     return function.run(*args)
 
 
-def _name(name):
-    return "" if name is None else str(name)
+def _name(name, kind):
+    """Horovod's op name: the kind, then the caller's name ("allreduce.fc1.weight");
+    empty for an automatic name (the core's "allreduce.noname.N")."""
+    return "" if name is None else f"{kind}.{name}"
 
 
 # ---- allreduce ----
@@ -225,7 +227,7 @@ def _grouped_allreduce_async(tensors, name, op, prescale_factor, postscale_facto
     codes = [_dtype_code(t, "allreduce") for t in staged]
     work = _start((staged, outs), _core.grouped_allreduce_async,
         [t.data_ptr() for t in staged], [o.data_ptr() for o in outs], codes,
-        [list(t.shape) for t in staged], _name(name), op, float(prescale_factor),
+        [list(t.shape) for t in staged], _name(name, "allreduce"), op, float(prescale_factor),
         float(postscale_factor), _set_id(process_set), int(priority), _waits_now())
 
     def finish():
@@ -284,9 +286,9 @@ def _at_once_ok(tensor):
 
 
 def _allreduce_now(tensor, out, name, op, prescale_factor, postscale_factor, process_set, priority):
-    _start((tensor, out), _core.allreduce_now, tensor.data_ptr(), out.data_ptr(), _dtype_code(tensor, "allreduce"), tensor.shape,
-                        _name(name), op, float(prescale_factor), float(postscale_factor), _set_id(process_set),
-                        int(priority))
+    _start((tensor, out), _core.allreduce_now, tensor.data_ptr(), out.data_ptr(), _dtype_code(tensor, "allreduce"),
+           tensor.shape, _name(name, "allreduce"), op, float(prescale_factor), float(postscale_factor),
+           _set_id(process_set), int(priority))
     return out
 
 
@@ -374,8 +376,8 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set, 
     staged = [_stage(t) for t in tensors]
     codes = [_dtype_code(t, "allgather") for t in staged]
     work = _start(staged, _core.grouped_allgather_async, [t.data_ptr() for t in staged], codes,
-                                         [list(t.shape) for t in staged], _name(name),
-                                         _set_id(process_set), int(priority), _waits_now())
+                  [list(t.shape) for t in staged], _name(name, "allgather"),
+                  _set_id(process_set), int(priority), _waits_now())
 
     def finish():
         return [_output(work, i, t.dtype, t.device) for i, t in enumerate(tensors)]
@@ -454,7 +456,8 @@ def _broadcast_async(tensor, root_rank, name, process_set, priority, inplace):
     out = staged if inplace else torch.empty_like(staged)
     code = _dtype_code(staged, "broadcast")
     work = _start((staged, out), _core.broadcast_async, staged.data_ptr(), out.data_ptr(), code, list(staged.shape),
-                                 int(root_rank), _name(name), _set_id(process_set), int(priority), _waits_now())
+                  int(root_rank), _name(name, "broadcast"), _set_id(process_set), int(priority),
+                  _waits_now())
 
     def finish():
         if inplace:
@@ -516,7 +519,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     staged = _stage(tensor)
     code = _dtype_code(staged, "alltoall")
     work = _start(staged, _core.alltoall_async, staged.data_ptr(), code, list(staged.shape), _splits_list(splits),
-                                _name(name), _set_id(process_set), int(priority), _waits_now())
+                  _name(name, "alltoall"), _set_id(process_set), int(priority), _waits_now())
 
     def finish():
         out = _output(work, 0, tensor.dtype, tensor.device)
@@ -560,9 +563,9 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
     staged = [_stage(t) for t in tensors]
     codes = [_dtype_code(t, "reducescatter") for t in staged]
     work = _start(staged, _core.grouped_reducescatter_async, [t.data_ptr() for t in staged], codes,
-                                             [list(t.shape) for t in staged], _name(name), op,
-                                             float(prescale_factor), float(postscale_factor),
-                                             _set_id(process_set), int(priority), _waits_now())
+                  [list(t.shape) for t in staged], _name(name, "reducescatter"), op,
+                  float(prescale_factor), float(postscale_factor),
+                  _set_id(process_set), int(priority), _waits_now())
 
     def finish():
         return [_output(work, i, t.dtype, t.device) for i, t in enumerate(tensors)]

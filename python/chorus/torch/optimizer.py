@@ -47,9 +47,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if missing:
                 raise ValueError("named_parameters lacks some of the optimizer's parameters "
                                  f"(positions {missing[:5]} in the optimizer's parameter list)")
-            self._names = {p: f"allreduce.{n}" for n, p in named}
+            self._names = {p: n for n, p in named}  # ops are "allreduce.<name>", as in Horovod
         else:
-            self._names = {p: f"allreduce.noname.{i}" for i, p in enumerate(all_params)}
+            self._names = {p: f"noname.{i}" for i, p in enumerate(all_params)}
 
         self._groups = self._resolve_groups(groups, all_params)
         self._handles = {}
@@ -132,7 +132,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._compression is Compression.none and g.device.type == "cpu" and g.is_contiguous():
             ptr = g.data_ptr()
             work = _core.grouped_allreduce_async([ptr], [ptr], [_dtype_code(g, "allreduce")], [list(g.shape)],
-                                                 self._names[p], self._op, float(pre), float(post),
+                                                 "allreduce." + self._names[p], self._op, float(pre), float(post),
                                                  _set_id(self._process_set), 0, False)
             return _Direct(work, g), (g, None)
         compressed, ctx = self._compression.compress(g)

@@ -17,6 +17,6 @@ try:
         hvd.allreduce(torch.ones(1), name="other")
     raise AssertionError("the stalled job went on")
 except hvd.HorovodInternalError as e:
-    assert "stalled" in str(e) and "'lonely' missing ranks [0]" in str(e), e
+    assert "stalled" in str(e) and "'allreduce.lonely' missing ranks [0]" in str(e), e
     assert r == 0 or time.monotonic() - start < 30, time.monotonic() - start
 print(f"rank {r}: stall shutdown ok", flush=True)

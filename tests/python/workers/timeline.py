@@ -1,30 +1,52 @@
-"""hvd.start_timeline / stop_timeline: rank 0 writes a Chrome trace naming every tensor."""
+"""The timeline: rank 0 writes a Chrome trace as the job runs, with Horovod's names.
+argv: the trace path given to start_timeline, and one the HOROVOD_TIMELINE setting opened at init."""
 import json
 import os
 import sys
+import time
 
 import torch
 
 import chorus.torch as hvd
 
 hvd.init()
-path = sys.argv[1]
+path, at_init = sys.argv[1], os.environ.get("HOROVOD_TIMELINE")
+
+
+def running(p):
+    """A trace still being written: an unterminated array, as Chrome's format accepts."""
+    with open(p) as f:
+        text = f.read()
+    assert not text.rstrip().endswith("]"), "closed before the job ended"
+    return json.loads(text + "\n]")
+
+
+def spans(trace, name):
+    pids = {e["args"]["name"]: e["pid"] for e in trace if e.get("ph") == "M" and e["name"] == "process_name"}
+    assert name in pids, sorted(pids)
+    return [e.get("name") for e in trace if e.get("pid") == pids[name] and e["ph"] == "B"]
+
+
+if hvd.rank() == 0 and at_init:  # on disk from init on
+    assert os.path.exists(at_init)
+hvd.stop_timeline()  # the one HOROVOD_TIMELINE started, done before this test's own
 hvd.start_timeline(path, mark_cycles=True)
 t = torch.ones(3)
 for _ in range(2):
     hvd.allreduce(t, name="py.t")
-hvd.allgather(t, name="py.g")
-hvd.barrier()
-# Rank 0 writes the trace; another rank may look only after rank 0 has already stopped.
 if hvd.rank() == 0:
-    assert not os.path.exists(path), "the trace must appear only when complete"
+    time.sleep(0.1)
+    trace = running(path)  # read while the job runs
+    assert spans(trace, "allreduce.py.t") == ["NEGOTIATE_ALLREDUCE", "ALLREDUCE"] * 2, spans(trace, "allreduce.py.t")
+hvd.allgather(t, name="py.g")
+hvd.broadcast(t, root_rank=1, name="py.b")
+hvd.barrier()
 hvd.stop_timeline()
 if hvd.rank() == 0:
-    trace = json.load(open(path))
-    pids = {e["args"]["name"]: e["pid"] for e in trace if e.get("ph") == "M" and e["name"] == "process_name"}
-    assert {"py.t", "py.g"} <= set(pids), pids
-    spans = [e.get("name") for e in trace if e.get("pid") == pids["py.t"] and e["ph"] == "B"]
-    assert spans == ["NEGOTIATE_ALLREDUCE", "ALLREDUCE"] * 2, spans
+    trace = json.load(open(path))  # complete now
+    assert spans(trace, "allgather.py.g")[-1] == "ALLGATHER"
+    assert spans(trace, "broadcast.py.b")[-1] == "BROADCAST"
     assert any(e.get("name") == "CYCLE_START" for e in trace)
+    assert json.load(open(at_init))[0]["args"]["name"] == "chorus"
 hvd.shutdown()
 print("timeline ok")
