@@ -28,6 +28,8 @@ enum class ReduceOp : uint8_t {
   kMin = 2,
   kMax = 3,
   kProduct = 4,
+  // Adaptive summation (Horovod's Adasum): floating dtypes, allreduce only.
+  kAdasum = 5,
 };
 
 size_t dtypeSize(DataType t);

@@ -4,6 +4,7 @@
 
 #include "chorus/error.h"
 #include "comm/shm/shared_pool.h"
+#include "reduce/adasum.h"
 #include "reduce/reduce.h"
 
 namespace chorus {
@@ -163,6 +164,7 @@ void Executor::runAllreduce(const std::vector<const Response*>& group, EntryTabl
   const Response& head = *group.front();
   ++batches_;
   tensors_ += static_cast<int64_t>(group.size());
+  if (head.op == ReduceOp::kAdasum) return runAdasum(group, entries, fromPayload);
   // The outputs are the buffers; an unscaled input is read where it is (no copy
   // into the output first), a prescaled one is scaled into the output. Ranks that
   // joined contribute zeros from scratch.
@@ -209,6 +211,50 @@ void Executor::runAllreduce(const std::vector<const Response*>& group, EntryTabl
       if (!fold) postProcess(head, it->second.output.data, static_cast<size_t>(numElements(r->shape)), comm_.size());
       finishEntry(entries, it, release_);
     }
+  }
+}
+
+// Adasum is not element-wise: every rank gathers every rank's (fused) input and
+// combines each tensor in the same tree, so all get the same bits. This moves
+// (size - 1) times the data a reduce-scatter would: simple and exact, and what
+// the CPU gradients it is used for can afford; a joined rank sends zeros.
+void Executor::runAdasum(const std::vector<const Response*>& group, EntryTable& entries, bool fromPayload) {
+  const Response& head = *group.front();
+  const int n = comm_.size();
+  size_t total = 0;
+  for (const Response* r : group) total += r->bytes();
+  const char* base = nullptr;  // rank j's contribution starts at base + j * total
+  if (!fromPayload) {
+    scratch_.assign(std::max<size_t>(total, 1), 0);
+    size_t at = 0;
+    for (const Response* r : group) {
+      auto it = entries.find(r->name);
+      if (it != entries.end())
+        scaleCopy(r->dtype, scratch_.data() + at, it->second.input.data, static_cast<size_t>(numElements(r->shape)),
+                  head.prescale);
+      at += r->bytes();
+    }
+    gathered_.resize(std::max<size_t>(total * n, 1));
+    comm_.allgatherv(scratch_.data(), gathered_.data(), std::vector<size_t>(n, total));
+    base = gathered_.data();
+  }
+  size_t at = 0;
+  for (const Response* r : group) {
+    auto it = entries.find(r->name);
+    if (it != entries.end()) {
+      Entry& e = it->second;
+      const size_t count = static_cast<size_t>(numElements(r->shape));
+      const void* const* inputs = fromPayload ? sentInputs(e.input.data, 0) : nullptr;
+      if (!fromPayload) {
+        payloadInputs_.resize(n);
+        for (int j = 0; j < n; ++j) payloadInputs_[j] = base + static_cast<size_t>(j) * total + at;
+        inputs = payloadInputs_.data();
+      }
+      adasumCombine(r->dtype, e.output.data, inputs, n, count);
+      if (r->postscale != 1.0) scaleBuffer(r->dtype, e.output.data, count, r->postscale);
+      finishEntry(entries, it, release_);
+    }
+    at += r->bytes();
   }
 }
 

@@ -32,6 +32,7 @@ class Executor {
 
  private:
   void runAllreduce(const std::vector<const Response*>& group, EntryTable& entries, bool fromPayload);
+  void runAdasum(const std::vector<const Response*>& group, EntryTable& entries, bool fromPayload);
   void runAllgather(const Response& r, EntryTable& entries, bool fromPayload);
   void runBroadcast(const Response& r, EntryTable& entries, bool fromPayload);
   void runAlltoall(const Response& r, EntryTable& entries, bool fromPayload);
@@ -48,6 +49,7 @@ class Executor {
   Release release_;
   Timeline* timeline_;
   std::vector<char> scratch_;
+  std::vector<char> gathered_;   // every rank's inputs of an Adasum allreduce
   std::vector<char> joinedOut_;  // a joined rank's reducescatter block, discarded
   std::vector<const Response*> group_;  // scratch of execute: one fused allreduce
   std::vector<Span> spans_;             // scratch of runAllreduce

@@ -6,6 +6,7 @@
 
 #include "chorus/error.h"
 #include "core/runtime_impl.h"
+#include "reduce/reduce.h"
 
 namespace chorus {
 
@@ -61,7 +62,7 @@ void checkSameLayout(const Tensor& in, const Tensor& out, const OpWhere& where) 
 }
 
 void checkReduceOp(ReduceOp op, const std::string& what, bool sumOrAverageOnly) {
-  if (static_cast<int>(op) > static_cast<int>(ReduceOp::kProduct))
+  if (static_cast<int>(op) > static_cast<int>(ReduceOp::kAdasum))
     throw InvalidArgument(what + ": unknown reduce op");
   if (sumOrAverageOnly && op != ReduceOp::kSum && op != ReduceOp::kAverage)
     throw InvalidArgument(what + ": reducescatter supports Sum and Average, not " + reduceOpName(op));
@@ -200,6 +201,9 @@ Work submitAllreduce(RuntimeImpl& impl, TensorList inputs, TensorList outputs, c
   checkReduceOp(opts.op, "allreduce", false);
   return submitGroup(impl, OpType::kAllreduce, "allreduce", "grouped_allreduce", inputs, &outputs, opts,
                      [&](Request& q) {
+                       if (opts.op == ReduceOp::kAdasum && !isFloating(q.dtype))
+                         throw InvalidArgument("allreduce '" + q.name + "': Adasum needs a floating-point tensor, not " +
+                                               dtypeName(q.dtype));
                        q.op = opts.op;
                        q.prescale = opts.prescaleFactor;
                        q.postscale = opts.postscaleFactor;

@@ -54,6 +54,7 @@ const char* reduceOpName(ReduceOp op) {
     case ReduceOp::kMin: return "min";
     case ReduceOp::kMax: return "max";
     case ReduceOp::kProduct: return "product";
+    case ReduceOp::kAdasum: return "adasum";
   }
   return "unknown";
 }
@@ -88,7 +89,8 @@ ReduceOp parseReduceOp(const std::string& name) {
   if (n == "min") return ReduceOp::kMin;
   if (n == "max") return ReduceOp::kMax;
   if (n == "prod" || n == "product") return ReduceOp::kProduct;
-  throw InvalidArgument("unknown reduce op '" + name + "' (expected sum, avg, min, max or prod)");
+  if (n == "adasum") return ReduceOp::kAdasum;
+  throw InvalidArgument("unknown reduce op '" + name + "' (expected sum, avg, min, max, prod or adasum)");
 }
 
 int64_t numElements(const Shape& shape) {

@@ -60,6 +60,11 @@ const Kernels& kernels() {
 const char* simdLevel() { return kernels().name; }
 
 namespace {
+// Adasum is not element-wise: the executor combines it (reduce/adasum.h).
+void checkElementwise(ReduceOp op) {
+  if (op == ReduceOp::kAdasum) throw Error("internal error: Adasum reached an element-wise reduction");
+}
+
 void checkScale(DataType dtype, double scale) {
   if (scale != 1.0 && !isFloating(dtype))
     throw Error(std::string("internal error: a scaled reduction of ") + dtypeName(dtype));
@@ -67,10 +72,12 @@ void checkScale(DataType dtype, double scale) {
 }  // namespace
 
 void reduceMany(DataType dtype, ReduceOp op, void* out, const void* const* inputs, int n, size_t count, double scale) {
+  checkElementwise(op);
   checkScale(dtype, scale);
   kernels().reduceMany(dtype, op, out, inputs, n, count, scale);
 }
 void reduceBuffers(DataType dtype, ReduceOp op, void* out, const void* a, const void* b, size_t n) {
+  checkElementwise(op);
   kernels().reduceBuffers(dtype, op, out, a, b, n);
 }
 void scaleCopy(DataType dtype, void* dst, const void* src, size_t n, double factor) {
@@ -79,6 +86,7 @@ void scaleCopy(DataType dtype, void* dst, const void* src, size_t n, double fact
 
 void reduceManyStreamed(DataType dtype, ReduceOp op, void* cached, void* const* outs, int nOuts,
                         const void* const* inputs, int n, size_t count, double scale) {
+  checkElementwise(op);
   checkScale(dtype, scale);
   const size_t es = dtypeSize(dtype);
   const uintptr_t at = nOuts ? reinterpret_cast<uintptr_t>(outs[0]) % 64 : 0;

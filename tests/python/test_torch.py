@@ -13,6 +13,12 @@ def test_collectives(ranks, n):
     assert out.count("collectives ok") == n
 
 
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_adasum(ranks, n):
+    out = ok(ranks(n, "adasum.py"))
+    assert out.count("adasum ok") == n
+
+
 def test_autograd(ranks):
     out = ok(ranks(3, "autograd.py"))
     assert out.count("autograd ok") == 3

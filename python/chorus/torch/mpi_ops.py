@@ -50,9 +50,7 @@ def _resolve_op(op, average, where):
         op = Average if average else Sum
     if op is None:
         op = Average
-    if op == Adasum:
-        raise NotImplementedError("Adasum is not supported by chorus yet; use op=Average or op=Sum")
-    if op not in (Sum, Average, Min, Max, Product):
+    if op not in (Sum, Average, Min, Max, Product, Adasum):
         raise ValueError(f"{where}: unknown reduce op {op!r}")
     return op
 

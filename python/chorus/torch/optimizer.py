@@ -10,6 +10,8 @@ from chorus.torch.compression import Compression
 from chorus.torch.mpi_ops import (Adasum, Average, Sum, _abandon, _dtype_code, _set_rank_and_size,
                                   allreduce_async_, grouped_allreduce_async_, sparse_allreduce_async,
                                   synchronize)
+from chorus.torch.optimizer_adasum import _DistributedAdasumOptimizer
+from chorus.torch.optimizer_common import last_pass, parameter_names
 
 
 class _Direct:
@@ -33,23 +35,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.backward_passes_per_step = backward_passes_per_step
 
         all_params = [p for g in self.param_groups for p in g["params"]]
-        if named_parameters is not None:
-            named = list(named_parameters)
-            if any(not isinstance(p, tuple) for p in named):
-                raise ValueError("named_parameters should be a sequence of (name, parameter) tuples, "
-                                 "usually model.named_parameters()")
-            names = [n for n, _ in named]
-            dups = sorted({n for n in names if names.count(n) > 1})
-            if dups:
-                raise ValueError(f"parameter names must be unique; repeated: {', '.join(dups)}")
-            known = {id(p) for _, p in named}
-            missing = [i for i, p in enumerate(all_params) if id(p) not in known]
-            if missing:
-                raise ValueError("named_parameters lacks some of the optimizer's parameters "
-                                 f"(positions {missing[:5]} in the optimizer's parameter list)")
-            self._names = {p: n for n, p in named}  # ops are "allreduce.<name>", as in Horovod
-        else:
-            self._names = {p: f"noname.{i}" for i, p in enumerate(all_params)}
+        self._names = parameter_names(named_parameters, all_params)  # ops are "allreduce.<name>"
 
         self._groups = self._resolve_groups(groups, all_params)
         self._handles = {}
@@ -94,13 +80,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _make_hook(self, p):
         def hook(*_):
-            if self._handles.get(p, (None, None))[0] is not None and self._delay[p] <= 0:
-                raise AssertionError(
-                    "gradients were computed more than backward_passes_per_step times before "
-                    "step(); raise backward_passes_per_step to accumulate gradients locally")
-            self._delay[p] -= 1
             handle, ctx = None, None
-            if self._delay[p] == 0:
+            if last_pass(self, p):
                 if self._groups is None:
                     handle, ctx = self._allreduce_grad_async(p)
                 else:
@@ -234,16 +215,18 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          process_set=global_process_set):
     """Wraps optimizer so that gradients are averaged across ranks before each step,
     with allreduces started from gradient hooks while backward is still running."""
-    if op == Adasum:
-        raise NotImplementedError("Adasum is not supported by chorus yet; use op=Average or op=Sum")
-    if op not in (Average, Sum):
-        raise ValueError("DistributedOptimizer supports op=Average and op=Sum")
+    if op not in (Average, Sum, Adasum):
+        raise ValueError("DistributedOptimizer supports op=Average, op=Sum and op=Adasum")
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor needs op=Average")
     if num_groups and groups is not None:
         raise ValueError("give num_groups or groups, not both")
     if backward_passes_per_step < 1:
         raise ValueError("backward_passes_per_step must be >= 1")
+    if op == Adasum:
+        cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+                   dict(_DistributedAdasumOptimizer.__dict__))
+        return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, process_set)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,

@@ -75,6 +75,7 @@ MPI_Op mpiOp(DataType t, ReduceOp op) {
     case ReduceOp::kMin: return MPI_MIN;
     case ReduceOp::kMax: return MPI_MAX;
     case ReduceOp::kProduct: return MPI_PROD;
+    case ReduceOp::kAdasum: break;  // (the executor combines it; never reaches MPI)
   }
   return MPI_SUM;
 }
