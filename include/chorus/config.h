@@ -23,7 +23,9 @@ struct Config {
   std::string rendezvousAddr;
   int rendezvousPort = 0;
   std::string secret;
-  std::string bindAddress = "127.0.0.1";  // address the data transport listens on
+  // Address the TCP data transport listens on; empty: the one this host reaches
+  // the rendezvous store from (loopback when the store is on this host).
+  std::string bindAddress;
   std::string iface;                      // network interface (overrides bindAddress)
 
   // Data path between ranks: "auto" (shared memory when every rank of a set is on

@@ -28,7 +28,9 @@ const std::vector<SettingInfo>& settingsTable() {
        "Port of the rendezvous store."},
       {"CHORUS_SECRET", "HOROVOD_SECRET_KEY", "(set by chorusrun)",
        "Job secret; the store refuses requests without it."},
-      {"CHORUS_BIND_ADDR", "", "127.0.0.1", "Address the TCP data transport listens on."},
+      {"CHORUS_BIND_ADDR", "", "(auto)",
+       "Address the TCP data transport listens on; by default the address this host reaches the "
+       "rendezvous store from (127.0.0.1 when the store is on this host)."},
       {"CHORUS_IFACE", "HOROVOD_GLOO_IFACE", "", "Network interface for the TCP data transport."},
       {"CHORUS_CPU_OPERATIONS", "HOROVOD_CPU_OPERATIONS", "auto",
        "Data path: auto (shared memory within a host, TCP across hosts), shm, tcp (Gloo), or mpi "

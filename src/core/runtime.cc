@@ -10,12 +10,46 @@
 #include "chorus/error.h"
 #include "core/logging.h"
 #include "core/runtime_impl.h"
+#include "rendezvous/net_address.h"
+#include "rendezvous/wire.h"
 
 namespace chorus {
 
 namespace {
 std::chrono::milliseconds ms(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+}
+
+// Where an mpirun-started rank 0's store can be reached: the interface chosen
+// for the job, else every address of rank 0's host, loopback last.
+std::string storeAddresses(const std::string& iface) {
+  if (!iface.empty()) return net::addressOfInterface(iface);
+  std::string list;
+  for (const auto& a : net::localAddresses())
+    if (!a.loopback) list += a.address + ",";
+  return list + "127.0.0.1";
+}
+
+// The first address of a comma-separated list that a connection reaches (each
+// tried for a moment, the list again until the timeout).
+std::string firstReachable(const std::string& list, int port, std::chrono::milliseconds timeout) {
+  std::vector<std::string> addrs;
+  std::stringstream in(list);
+  for (std::string a; std::getline(in, a, ',');) addrs.push_back(a);
+  if (addrs.size() == 1) return addrs[0];
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::string last;
+  do {
+    for (const auto& a : addrs) {
+      try {
+        ::close(rendezvous::connectWithRetry(a, port, std::chrono::milliseconds(500), "the rendezvous store"));
+        return a;
+      } catch (const Error& e) {
+        last = e.what();
+      }
+    }
+  } while (std::chrono::steady_clock::now() < deadline);
+  throw Timeout("rank 0's rendezvous store answered at none of " + list + ": " + last);
 }
 }  // namespace
 
@@ -75,6 +109,11 @@ void RuntimeImpl::init(Config cfg) {
   // Each init is a new generation so that a re-init never reads stale keys.
   const int64_t gen = store->add("chorus/generation/" + std::to_string(rank), 1);
   prefix = "chorus/g" + std::to_string(gen) + "/";
+  if (config.bindAddress.empty() && config.iface.empty()) {
+    // The address peers on other hosts can reach: the one towards the store.
+    config.bindAddress = "127.0.0.1";
+    if (!cfg.store && !cfg.rendezvousAddr.empty()) config.bindAddress = net::sourceAddressTo(cfg.rendezvousAddr);
+  }
   device = makeTransportDevice(commOptions());
   // Before the first exchange, so that a bad file name fails before any rank waits on this one.
   if (rank == 0 && !cfg.timeline.empty()) timeline->start(cfg.timeline, cfg.timelineMarkCycles);
@@ -161,9 +200,7 @@ void RuntimeImpl::bootstrapFromMpi(Config& cfg) {
   if (cfg.rank == 0) {
     const std::string secret = generateSecret();
     storeServer_ = startTcpStoreServer("0.0.0.0", 0, secret);
-    char host[256] = {0};
-    gethostname(host, sizeof(host) - 1);
-    info = std::string(host) + "\n" + std::to_string(storeServer_->port()) + "\n" + secret;
+    info = storeAddresses(cfg.iface) + "\n" + std::to_string(storeServer_->port()) + "\n" + secret;
   }
   info = mpi_->broadcastString(info, 0);
   std::istringstream in(info);
@@ -172,6 +209,7 @@ void RuntimeImpl::bootstrapFromMpi(Config& cfg) {
   std::getline(in, port);
   std::getline(in, cfg.secret);
   cfg.rendezvousPort = std::stoi(port);
+  cfg.rendezvousAddr = firstReachable(cfg.rendezvousAddr, cfg.rendezvousPort, ms(cfg.startTimeoutSeconds));
   if (cfg.jobId == "nojob") cfg.jobId = "mpi-" + cfg.secret.substr(0, 12);
 }
 

@@ -1,8 +1,10 @@
 #include "launcher/hosts.h"
 
-#include <unistd.h>
+#include "rendezvous/net_address.h"
 
+#include <algorithm>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 
@@ -18,6 +20,12 @@ int parseSlots(const std::string& s, const std::string& where) {
   } catch (const std::exception&) {
     throw std::invalid_argument(where + ": slot count '" + s + "' is not a positive integer");
   }
+}
+
+int parseIndex(const std::string& s, const std::string& where) {
+  if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos || s.size() > 6)
+    throw std::invalid_argument(where + ": slot index '" + s + "' is not a non-negative integer");
+  return std::stoi(s);
 }
 
 std::string trim(const std::string& s) {
@@ -83,13 +91,70 @@ std::vector<HostSlots> parseHostfile(const std::string& path) {
   return out;
 }
 
-bool isLocalHost(const std::string& host) {
-  if (host == "localhost" || host == "127.0.0.1" || host == "::1" || host == "localhost.localdomain")
-    return true;
-  char name[256] = {0};
-  gethostname(name, sizeof(name) - 1);
-  std::string me = name;
-  return host == me || me.rfind(host + ".", 0) == 0 || host.rfind(me + ".", 0) == 0;
+bool isLocalHost(const std::string& host) { return host == "::1" || net::isThisHost(host); }
+
+namespace {
+// host -> the slot indices named (empty: every slot), in the order given.
+std::vector<std::pair<std::string, std::vector<int>>> parseFilter(const std::string& spec) {
+  std::vector<std::pair<std::string, std::vector<int>>> out;
+  std::stringstream ss(spec);
+  std::string item;
+  while (std::getline(ss, item, '@')) {
+    item = trim(item);
+    if (item.empty()) throw std::invalid_argument("resource filter '" + spec + "' has an empty entry");
+    const size_t colon = item.find(':');
+    std::vector<int> slots;
+    if (colon != std::string::npos) {
+      std::stringstream ls(item.substr(colon + 1));
+      for (std::string n; std::getline(ls, n, ',');) slots.push_back(parseIndex(trim(n), "'" + item + "'"));
+    }
+    out.emplace_back(item.substr(0, colon), slots);
+  }
+  return out;
+}
+
+const HostSlots& find(const std::vector<HostSlots>& hosts, const std::string& name, const std::string& spec) {
+  for (const auto& h : hosts)
+    if (h.host == name) return h;
+  throw std::invalid_argument("resource filter '" + spec + "' names host '" + name + "', which the host list lacks");
+}
+
+void checkSlots(const HostSlots& h, const std::vector<int>& slots) {
+  for (int s : slots)
+    if (s >= h.slots)
+      throw std::invalid_argument("host '" + h.host + "' has " + std::to_string(h.slots) + " slots; slot " +
+                                  std::to_string(s) + " does not exist");
+}
+}  // namespace
+
+std::vector<HostSlots> includeHosts(const std::vector<HostSlots>& hosts, const std::string& spec) {
+  std::vector<HostSlots> out;
+  try {
+    for (const auto& [name, slots] : parseFilter(spec)) {
+      const HostSlots& h = find(hosts, name, spec);
+      checkSlots(h, slots);
+      out.push_back({name, slots.empty() ? h.slots : static_cast<int>(std::set<int>(slots.begin(), slots.end()).size())});
+    }
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string("--include: ") + e.what());
+  }
+  return out;
+}
+
+std::vector<HostSlots> excludeHosts(const std::vector<HostSlots>& hosts, const std::string& spec) {
+  std::vector<HostSlots> out = hosts;
+  try {
+    for (const auto& [name, slots] : parseFilter(spec)) {
+      const HostSlots& h = find(hosts, name, spec);
+      checkSlots(h, slots);
+      for (auto& o : out)
+        if (o.host == name) o.slots = slots.empty() ? 0 : h.slots - static_cast<int>(std::set<int>(slots.begin(), slots.end()).size());
+    }
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string("--exclude: ") + e.what());
+  }
+  out.erase(std::remove_if(out.begin(), out.end(), [](const HostSlots& h) { return h.slots <= 0; }), out.end());
+  return out;
 }
 
 }  // namespace chorus::launcher

@@ -12,8 +12,7 @@
 
 #include "chorus/config.h"
 #include "chorus/store.h"
-#include "launcher/binding.h"
-#include "launcher/hosts.h"
+#include "launcher/job_plan.h"
 #include "launcher/spawn.h"
 
 namespace {
@@ -37,12 +36,20 @@ int serveStore(const std::string& bind, int port, std::string secret) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Internal modes, run on remote hosts over ssh (not options for users).
+  if (argc >= 3 && std::string(argv[1]) == "--rank-agent")
+    return chorus::launcher::runRankAgent(argv[2], std::vector<std::string>(argv + 3, argv + argc));
+  if (argc == 3 && std::string(argv[1]) == "--remove-segments") {
+    std::printf("%d\n", chorus::launcher::removeJobSegments(argv[2]));
+    return 0;
+  }
   // horovodrun spells the process count "-np"; CLI11 wants one dash per letter.
   std::vector<std::string> args(argv, argv + argc);
-  const std::vector<std::string> takesValue = {"-np", "-n", "--np", "--num-proc", "-H", "--hosts",
-                                               "--hostfile", "--start-timeout", "--store-bind",
-                                               "--store-port", "--secret", "--job-id", "--mpi-args",
-                                               "--bind-to"};
+  const std::vector<std::string> takesValue = {
+      "-np", "-n", "--np", "--num-proc", "-H", "--hosts", "--hostfile", "--start-timeout", "--store-bind",
+      "--store-port", "--secret", "--job-id", "--mpi-args", "--bind-to", "-x", "-p", "--ssh-port", "-i",
+      "--ssh-identity-file", "--ssh-options", "--network-interface", "--network-prefix", "--output-filename",
+      "--num_nodes", "--num_gpus", "--num_procs", "--include", "--exclude", "--master_addr", "--master_port"};
   for (size_t i = 1; i < args.size(); ++i) {
     if (args[i] == "--" || args[i].empty() || args[i][0] != '-') break;  // the command starts here
     const bool hasValue = std::find(takesValue.begin(), takesValue.end(), args[i]) != takesValue.end();
@@ -52,32 +59,49 @@ int main(int argc, char** argv) {
   std::vector<char*> cargv;
   for (auto& a : args) cargv.push_back(a.data());
 
-  CLI::App app{"chorusrun: start a chorus job (horovodrun's flags where they apply)"};
+  CLI::App app{"chorusrun: start a chorus job (horovodrun's and DeepSpeed's launcher flags where they apply)"};
   app.prefix_command();  // everything after the options is the command
-  int np = 0;
-  std::string hosts, hostfile, bind = "127.0.0.1", secret, jobId, mpiArgs, bindTo = "none";
-  bool useMpi = false;
-  double startTimeout = 30;
-  bool verbose = false, keepGoing = false, serve = false, printSettings = false;
+  chorus::launcher::LaunchOptions o;
+  std::string bind = "127.0.0.1", secret;
+  bool serve = false, printSettings = false, gloo = false;
   int port = 0;
-  app.add_option("-n,--np,--num-proc", np, "number of ranks (also -np)");
-  app.add_option("-H,--hosts", hosts, "hosts and slots, e.g. localhost:4");
-  app.add_option("--hostfile", hostfile, "file with lines 'host slots=N'");
-  app.add_option("--start-timeout", startTimeout, "seconds for every rank to start and meet")
+  app.add_option("-n,--np,--num-proc", o.np, "number of ranks (also -np)");
+  app.add_option("-H,--hosts", o.hosts, "hosts and slots, e.g. node1:2,node2:2");
+  app.add_option("--hostfile", o.hostfile, "file with lines 'host slots=N' or 'host:N' ('#' comments)");
+  app.add_option("--start-timeout", o.startTimeout, "seconds for every rank to start and meet")
       ->check(CLI::PositiveNumber);
-  app.add_flag("--verbose", verbose, "print what chorusrun does");
-  app.add_flag("--keep-going", keepGoing, "when a rank fails, let the others run on");
+  app.add_flag("--verbose", o.verbose, "print what chorusrun does");
+  app.add_flag("--keep-going", o.keepGoing, "when a rank fails, let the others run on");
+  app.add_option("-p,--ssh-port", o.ssh.port, "ssh port of the remote hosts");
+  app.add_option("-i,--ssh-identity-file", o.ssh.identityFile, "ssh private key for the remote hosts");
+  app.add_option("--ssh-options", o.ssh.extra, "more ssh options, e.g. \"-o ConnectTimeout=5 -F ssh_config\"");
+  app.add_option("-x", o.exports, "NAME or NAME=VALUE: pass a variable to every rank (repeatable, as mpirun's -x)")
+      ->allow_extra_args(false);
+  app.add_option("--network-interface", o.networkInterface,
+                 "interface the store and the TCP transport use (e.g. eth0)");
+  app.add_option("--network-prefix", o.networkPrefix, "network the store and the TCP transport use (e.g. 10.0.0.0/24)");
+  app.add_option("--output-filename", o.outputDir, "also write each rank's output to DIR/rank.N/stdout and stderr");
+  app.add_flag("--gloo", gloo, "chorus's own TCP controller (the default; as horovodrun --gloo)");
   app.add_flag("--serve-store", serve, "only run the rendezvous store (to start ranks by hand)");
   app.add_option("--store-bind", bind, "address the store listens on (default 127.0.0.1)");
   app.add_option("--store-port", port, "port of the store (default: any free port)");
   app.add_option("--secret", secret, "job secret for --serve-store (default: random)");
-  app.add_flag("--mpi", useMpi, "start the ranks with mpirun (hosts from -H or --hostfile)");
-  app.add_option("--mpi-args", mpiArgs, "extra arguments for mpirun, e.g. \"-x NCCL_DEBUG=INFO\"");
-  app.add_option("--job-id", jobId, "job identity (default: chorusrun's pid and a random tag)");
+  app.add_flag("--mpi", o.useMpi, "start the ranks with mpirun (hosts from -H or --hostfile)");
+  app.add_option("--mpi-args", o.mpiArgs, "extra arguments for mpirun, e.g. \"-x NCCL_DEBUG=INFO\"");
+  app.add_option("--job-id", o.jobId, "job identity (default: chorusrun's pid and a random tag)");
   app.add_flag("--print-settings", printSettings, "print the table of CHORUS_* settings (markdown)");
-  app.add_option("--bind-to", bindTo,
-                 "CPU binding of the ranks: none (the default, as horovodrun), core (a block of cores per "
+  app.add_option("--bind-to", o.bindTo,
+                 "CPU binding of the local ranks: none (the default, as horovodrun), core (a block of cores per "
                  "rank, as mpirun), or auto (core when every rank can have a core of its own)");
+  auto* ds = "DeepSpeed launcher";
+  app.add_option("--num_nodes", o.numNodes, "use the first N hosts of the host list")->group(ds);
+  app.add_option("--num_gpus,--num_procs", o.numProcs, "ranks per host")->group(ds);
+  app.add_option("--include", o.include, "only these hosts/slots, e.g. node1@node2:0,1")->group(ds);
+  app.add_option("--exclude", o.exclude, "not these hosts/slots, e.g. node2:1")->group(ds);
+  app.add_option("--master_addr", o.masterAddr, "address the store listens on and ranks meet at")->group(ds);
+  app.add_option("--master_port", o.masterPort, "port of the store")->group(ds);
+  app.add_flag("--no_python", o.noPython, "run the command as it is, even a .py file")->group(ds);
+  app.add_flag("--module", o.module, "run the command as a Python module (python -m)")->group(ds);
   try {
     app.parse(static_cast<int>(cargv.size()), cargv.data());
   } catch (const CLI::ParseError& e) {
@@ -108,82 +132,10 @@ int main(int argc, char** argv) {
                     s.defaultValue, s.meaning);
       return 0;
     }
-    std::vector<std::string> command = app.remaining();
-    if (!command.empty() && command[0] == "--") command.erase(command.begin());
-    if (command.empty()) throw std::invalid_argument("no command given; usage: chorusrun -np N command ...");
-    if (!hosts.empty() && !hostfile.empty()) throw std::invalid_argument("give -H or --hostfile, not both");
-    std::vector<chorus::launcher::HostSlots> hostList;
-    if (!hosts.empty()) hostList = chorus::launcher::parseHostList(hosts);
-    if (!hostfile.empty()) hostList = chorus::launcher::parseHostfile(hostfile);
-    if (useMpi) {
-      if (np <= 0) throw std::invalid_argument("give the number of ranks with -np N");
-      return chorus::launcher::runWithMpirun(np, hosts, hostfile, mpiArgs, command, verbose);
-    }
-    int slots = 0;
-    for (const auto& h : hostList) {
-      if (!chorus::launcher::isLocalHost(h.host)) {
-        throw std::invalid_argument("host '" + h.host +
-                                    "' is not this machine; chorusrun starts ranks on this host only for "
-                                    "now (use mpirun for several hosts)");
-      }
-      slots += h.slots;
-    }
-    if (np <= 0) np = slots;
-    if (np <= 0) throw std::invalid_argument("give the number of ranks with -np N");
-    if (!hostList.empty() && np > slots) {
-      throw std::invalid_argument(std::to_string(np) + " ranks requested but the hosts offer " +
-                                  std::to_string(slots) + " slots");
-    }
-
-    const std::string jobSecret = chorus::generateSecret();
-    if (jobId.empty()) jobId = std::to_string(getpid()) + "-" + jobSecret.substr(0, 8);
-    if (jobId.find_first_of("/ ") != std::string::npos) throw std::invalid_argument("--job-id may not contain '/' or spaces");
-    auto server = chorus::startTcpStoreServer("127.0.0.1", 0, jobSecret);
-    chorus::launcher::LocalJob job;
-    job.command = command;
-    job.keepGoing = keepGoing;
-    job.verbose = verbose;
-    job.rankCpus = chorus::launcher::planBinding(bindTo, np);
-    for (int r = 0; r < np; ++r) {
-      std::map<std::string, std::string> env = {
-          {"CHORUS_RANK", std::to_string(r)},
-          {"CHORUS_SIZE", std::to_string(np)},
-          {"CHORUS_LOCAL_RANK", std::to_string(r)},
-          {"CHORUS_LOCAL_SIZE", std::to_string(np)},
-          {"CHORUS_CROSS_RANK", "0"},
-          {"CHORUS_CROSS_SIZE", "1"},
-          {"CHORUS_RENDEZVOUS_ADDR", "127.0.0.1"},
-          {"CHORUS_RENDEZVOUS_PORT", std::to_string(server->port())},
-          {"CHORUS_SECRET", jobSecret},
-          {"CHORUS_START_TIMEOUT", std::to_string(startTimeout)},
-          {"CHORUS_JOB_ID", jobId},
-      };
-      // Programs written for Horovod read these.
-      for (const char* k : {"RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE"})
-        env[std::string("HOROVOD_") + k] = env[std::string("CHORUS_") + k];
-      // ... and these, programs written for torch.distributed and DeepSpeed.
-      env["RANK"] = env["CHORUS_RANK"];
-      env["WORLD_SIZE"] = env["CHORUS_SIZE"];
-      env["LOCAL_RANK"] = env["CHORUS_LOCAL_RANK"];
-      env["LOCAL_WORLD_SIZE"] = env["CHORUS_LOCAL_SIZE"];
-      job.rankEnv.push_back(std::move(env));
-    }
-    if (verbose) {
-      std::fprintf(stderr, "chorusrun: %d ranks, store on 127.0.0.1:%d, command:", np, server->port());
-      for (const auto& c : command) std::fprintf(stderr, " %s", c.c_str());
-      std::fprintf(stderr, "\n");
-      for (int r = 0; r < np; ++r) {
-        std::string cpus;
-        for (int c : job.rankCpus[r]) cpus += (cpus.empty() ? "" : ",") + std::to_string(c);
-        std::fprintf(stderr, "chorusrun: rank %d runs on CPUs %s\n", r, cpus.empty() ? "(unbound)" : cpus.c_str());
-      }
-    }
-    const int rc = chorus::launcher::runLocalJob(job);
-    // Segments are unlinked once every rank has mapped them; a rank killed before
-    // that leaves one behind, which goes now.
-    const int removed = chorus::launcher::removeJobSegments(jobId);
-    if (removed && verbose) std::fprintf(stderr, "chorusrun: removed %d stale shared-memory segments\n", removed);
-    return rc;
+    if (gloo && o.useMpi) throw std::invalid_argument("give --gloo or --mpi, not both");
+    o.command = app.remaining();
+    if (!o.command.empty() && o.command[0] == "--") o.command.erase(o.command.begin());
+    return chorus::launcher::launch(o);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "chorusrun: %s\n", e.what());
     return 2;

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -13,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 
 #include "launcher/binding.h"
@@ -28,6 +30,7 @@ void onSignal(int sig) { gInterrupted = sig; }
 
 struct Stream {
   int fd = -1;
+  FILE* log = nullptr;  // --output-filename's file for this stream
   int rank = 0;
   bool isErr = false;
   bool open = false;    // this stream's tag starts the terminal's current line
@@ -37,6 +40,7 @@ struct Stream {
 
 struct Rank {
   pid_t pid = -1;
+  int input = -1;  // write end of its standard input, when the job gives it one
   bool running = false;
   int status = 0;
 };
@@ -82,6 +86,10 @@ bool pump(Stream& s) {
   char buf[65536];
   ssize_t n = ::read(s.fd, buf, sizeof(buf));
   if (n < 0 && (errno == EAGAIN || errno == EINTR)) return true;
+  if (n > 0 && s.log) {
+    std::fwrite(buf, 1, static_cast<size_t>(n), s.log);
+    std::fflush(s.log);
+  }
   if (n <= 0) {
     if (s.open && gOpenLine == &s) endOpenLine();
     s.open = s.redraw = false;
@@ -103,7 +111,16 @@ bool pump(Stream& s) {
   return true;
 }
 
-std::string describe(int status) {
+// A remote rank's status is its agent's, through ssh: 128 + N for signal N, 255
+// when ssh itself failed.
+std::string describe(int status, const std::string& host) {
+  if (!host.empty() && WIFEXITED(status)) {
+    const int code = WEXITSTATUS(status);
+    const std::string on = " on host " + host;
+    if (code == 255) return "lost its ssh connection to host " + host + " (ssh exited with 255)";
+    if (code > 128 && code < 128 + 65) return "was killed by signal " + std::to_string(code - 128) + " (" + strsignal(code - 128) + ")" + on;
+    return "exited with code " + std::to_string(code) + on;
+  }
   if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
   if (WIFSIGNALED(status)) {
     int sig = WTERMSIG(status);
@@ -118,46 +135,55 @@ int exitCodeOf(int status) {
   return 1;
 }
 
-pid_t spawnRank(const LocalJob& job, int rank, int outFd, int errFd) {
+pid_t spawnRank(const Job& job, int rank, int inFd, int outFd, int errFd) {
   pid_t pid = fork();
   if (pid != 0) return pid;
   // Child: its own process group, so that stopping it stops what it started.
   setpgid(0, 0);
   signal(SIGINT, SIG_DFL);
   signal(SIGTERM, SIG_DFL);
+  if (inFd >= 0) dup2(inFd, STDIN_FILENO);
   dup2(outFd, STDOUT_FILENO);
   dup2(errFd, STDERR_FILENO);
   for (const auto& [k, v] : job.rankEnv[rank]) setenv(k.c_str(), v.c_str(), 1);
   if (static_cast<size_t>(rank) < job.rankCpus.size() && !bindTo(job.rankCpus[rank]))
     std::fprintf(stderr, "chorusrun: cannot bind rank %d to its CPUs: %s; it runs unbound\n", rank, std::strerror(errno));
+  const auto& command = static_cast<size_t>(rank) < job.rankArgv.size() && !job.rankArgv[rank].empty()
+                            ? job.rankArgv[rank]
+                            : job.command;
   std::vector<char*> argv;
-  for (const auto& a : job.command) argv.push_back(const_cast<char*>(a.c_str()));
+  for (const auto& a : command) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   execvp(argv[0], argv.data());
   std::fprintf(stderr, "chorusrun: cannot run '%s': %s\n", argv[0], std::strerror(errno));
   _exit(127);
 }
 
+template <typename T>
+const T& at(const std::vector<T>& v, int i) {
+  static const T none{};
+  return static_cast<size_t>(i) < v.size() ? v[i] : none;
+}
+
+FILE* openLog(const std::string& dir, int rank, int np, const char* name) {
+  if (dir.empty()) return nullptr;
+  std::string digits = std::to_string(rank);
+  digits.insert(0, std::to_string(np - 1).size() - digits.size(), '0');
+  const std::string rankDir = dir + "/rank." + digits;
+  std::string made;
+  for (size_t at = 0; at != std::string::npos;) {  // mkdir -p
+    at = rankDir.find('/', at + 1);
+    made = rankDir.substr(0, at);
+    if (!made.empty()) mkdir(made.c_str(), 0755);
+  }
+  FILE* f = std::fopen((rankDir + "/" + name).c_str(), "w");
+  if (!f) throw std::runtime_error("--output-filename: cannot write " + rankDir + "/" + name + ": " + std::strerror(errno));
+  return f;
+}
+
 }  // namespace
 
-int runWithMpirun(int np, const std::string& hosts, const std::string& hostfile, const std::string& mpiArgs,
-                  const std::vector<std::string>& command, bool verbose) {
-  std::vector<std::string> args = {"mpirun", "-np", std::to_string(np), "--tag-output", "--bind-to", "none",
-                                   "--map-by", "slot"};
-  if (getuid() == 0) args.push_back("--allow-run-as-root");
-  if (!hosts.empty()) args.insert(args.end(), {"-H", hosts});
-  if (!hostfile.empty()) args.insert(args.end(), {"--hostfile", hostfile});
-  // Pass chorus's settings and the paths the ranks need on every host.
-  for (char** e = environ; *e; ++e) {
-    std::string kv = *e;
-    std::string key = kv.substr(0, kv.find('='));
-    if (key.rfind("CHORUS_", 0) == 0 || key.rfind("HOROVOD_", 0) == 0 || key == "PATH" || key == "LD_LIBRARY_PATH" ||
-        key == "PYTHONPATH")
-      args.insert(args.end(), {"-x", key});
-  }
-  std::istringstream extra(mpiArgs);
-  for (std::string a; extra >> a;) args.push_back(a);
-  args.insert(args.end(), command.begin(), command.end());
+int runForeground(const std::vector<std::string>& args, bool verbose) {
   if (verbose) {
     std::string line = "chorusrun: running";
     for (const auto& a : args) line += " " + a;
@@ -169,7 +195,7 @@ int runWithMpirun(int np, const std::string& hosts, const std::string& hostfile,
     for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
     execvp(argv[0], argv.data());
-    std::fprintf(stderr, "chorusrun: cannot run mpirun: %s (install Open MPI: openmpi-bin)\n", std::strerror(errno));
+    std::fprintf(stderr, "chorusrun: cannot run %s: %s (install Open MPI: openmpi-bin)\n", argv[0], std::strerror(errno));
     _exit(127);
   }
   // mpirun forwards Ctrl-C to the ranks itself; chorusrun just waits.
@@ -194,7 +220,7 @@ int removeJobSegments(const std::string& jobId) {
   return removed;
 }
 
-int runLocalJob(const LocalJob& job) {
+int runJob(const Job& job) {
   const int np = static_cast<int>(job.rankEnv.size());
   struct sigaction sa {};
   sa.sa_handler = onSignal;
@@ -206,19 +232,28 @@ int runLocalJob(const LocalJob& job) {
   std::vector<Stream> streams;
   streams.reserve(2 * static_cast<size_t>(np));  // gOpenLine points into it
   for (int r = 0; r < np; ++r) {
-    int out[2], err[2];
-    if (pipe(out) != 0 || pipe(err) != 0) {
+    // Close-on-exec everywhere: a rank must not hold another's pipes (an input
+    // held open elsewhere would never end, and its remote rank never stop).
+    int out[2], err[2], in[2] = {-1, -1};
+    const std::string& input = at(job.rankInput, r);
+    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0 || (!input.empty() && pipe2(in, O_CLOEXEC) != 0)) {
       std::perror("chorusrun: pipe");
       return 1;
     }
-    ranks[r].pid = spawnRank(job, r, out[1], err[1]);
+    ranks[r].pid = spawnRank(job, r, in[0], out[1], err[1]);
     ranks[r].running = ranks[r].pid > 0;
     setpgid(ranks[r].pid, ranks[r].pid);
     close(out[1]);
     close(err[1]);
+    if (in[0] >= 0) {
+      close(in[0]);
+      if (::write(in[1], input.data(), input.size()) != static_cast<ssize_t>(input.size()))
+        std::fprintf(stderr, "chorusrun: could not hand rank %d its environment\n", r);
+      ranks[r].input = in[1];
+    }
     for (int fd : {out[0], err[0]}) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-    streams.push_back({out[0], r, false});
-    streams.push_back({err[0], r, true});
+    streams.push_back({out[0], openLog(job.outputDir, r, np, "stdout"), r, false});
+    streams.push_back({err[0], openLog(job.outputDir, r, np, "stderr"), r, true});
     if (job.verbose) std::fprintf(stderr, "chorusrun: started rank %d as pid %d\n", r, ranks[r].pid);
   }
 
@@ -227,8 +262,13 @@ int runLocalJob(const LocalJob& job) {
   auto killAt = std::chrono::steady_clock::time_point::max();
   auto drainUntil = std::chrono::steady_clock::time_point::max();
   auto stopAll = [&](int sig) {
-    for (auto& rk : ranks)
+    for (auto& rk : ranks) {
+      if (rk.input >= 0) {  // a remote rank's agent stops it when its input ends
+        close(rk.input);
+        rk.input = -1;
+      }
       if (rk.running) kill(-rk.pid, sig);
+    }
   };
 
   while (true) {
@@ -258,15 +298,20 @@ int runLocalJob(const LocalJob& job) {
         if (ranks[r].pid != pid) continue;
         ranks[r].running = false;
         ranks[r].status = status;
+        if (ranks[r].input >= 0) {
+          close(ranks[r].input);
+          ranks[r].input = -1;
+        }
         const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
         if (failed && !stopping) {
           endOpenLine();  // chorusrun's own line starts a line of its own
           if (result == 0) result = exitCodeOf(status);
           if (job.keepGoing) {
             std::fprintf(stderr, "chorusrun: rank %d %s; the other ranks run on (--keep-going)\n", r,
-                         describe(status).c_str());
+                         describe(status, at(job.rankHost, r)).c_str());
           } else {
-            std::fprintf(stderr, "chorusrun: rank %d %s; stopping the other ranks\n", r, describe(status).c_str());
+            std::fprintf(stderr, "chorusrun: rank %d %s; stopping the other ranks\n", r,
+                         describe(status, at(job.rankHost, r)).c_str());
             stopping = true;
             stopAll(SIGTERM);
             killAt = std::chrono::steady_clock::now() +
@@ -290,8 +335,12 @@ int runLocalJob(const LocalJob& job) {
     }
   }
   endOpenLine();
-  for (auto& s : streams)
+  for (auto& s : streams) {
     if (s.fd >= 0) close(s.fd);
+    if (s.log) std::fclose(s.log);
+  }
+  for (auto& rk : ranks)
+    if (rk.input >= 0) close(rk.input);
   if (result != 0 && job.verbose) std::fprintf(stderr, "chorusrun: job failed with exit code %d\n", result);
   return result;
 }

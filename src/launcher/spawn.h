@@ -1,13 +1,23 @@
 #pragma once
-// Starts the ranks of a job on this host, tags their output, and watches them.
+// Starts the ranks of a job (on this host, or through ssh on others), tags
+// their output, and watches them.
 #include <map>
 #include <string>
 #include <vector>
 
 namespace chorus::launcher {
 
-struct LocalJob {
+struct Job {
   std::vector<std::string> command;
+  // Per rank, where it is not command itself: ssh and the agent for a remote rank.
+  std::vector<std::vector<std::string>> rankArgv;
+  // Per rank: written to its standard input, which then stays open until the rank
+  // ends or is stopped (a remote rank's agent reads its environment from it).
+  std::vector<std::string> rankInput;
+  // Per rank: the host it runs on, for messages ("" for this host).
+  std::vector<std::string> rankHost;
+  // horovodrun's --output-filename: DIR/rank.N/stdout and stderr, beside the terminal.
+  std::string outputDir;
   // Per rank: the environment variables that identify it.
   std::vector<std::map<std::string, std::string>> rankEnv;
   // Per rank: the CPUs it runs on (empty: unbound).
@@ -19,12 +29,11 @@ struct LocalJob {
 
 // Runs the job to the end. Returns 0 when every rank exited 0; otherwise the
 // first failure's exit code (128+signal for a signal). Ctrl-C stops every rank.
-int runLocalJob(const LocalJob& job);
+int runJob(const Job& job);
 
-// Hands the job to mpirun: the ranks then learn their ranks and hosts from MPI
-// and meet through a store that rank 0 serves. Returns mpirun's exit code.
-int runWithMpirun(int np, const std::string& hosts, const std::string& hostfile, const std::string& mpiArgs,
-                  const std::vector<std::string>& command, bool verbose);
+// Runs argv (mpirun) in the foreground and returns its exit code; it forwards
+// Ctrl-C to its ranks itself.
+int runForeground(const std::vector<std::string>& argv, bool verbose);
 
 // Unlinks /dev/shm/chorus-<jobId>-*; returns how many were removed.
 int removeJobSegments(const std::string& jobId);

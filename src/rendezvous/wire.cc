@@ -1,11 +1,14 @@
 #include "rendezvous/wire.h"
 
+#include <fcntl.h>
 #include <netdb.h>
+#include <poll.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <thread>
@@ -36,6 +39,28 @@ bool readAll(int fd, char* p, size_t n) {
   return true;
 }
 constexpr uint32_t kMaxFrame = 256u << 20;
+
+// A connect that gives up after at most 2 s (or at the deadline): a blocking
+// one to an address that drops packets waits minutes. Leaves fd blocking.
+bool connectWithin(int fd, const addrinfo* ai, std::chrono::steady_clock::time_point deadline) {
+  const int flags = fcntl(fd, F_GETFL);
+  fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+  bool ok = ::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0;
+  if (!ok && errno == EINPROGRESS) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    pollfd p{fd, POLLOUT, 0};
+    int rc;
+    do rc = ::poll(&p, 1, static_cast<int>(std::clamp<int64_t>(left.count(), 100, 2000)));
+    while (rc < 0 && errno == EINTR);
+    int err = ETIMEDOUT;
+    socklen_t len = sizeof(err);
+    if (rc > 0) getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+    errno = err;
+    ok = err == 0;
+  }
+  fcntl(fd, F_SETFL, flags);
+  return ok;
+}
 }  // namespace
 
 bool sendFrame(int fd, const std::vector<char>& payload) {
@@ -72,7 +97,7 @@ int connectWithRetry(const std::string& host, int port, std::chrono::millisecond
       for (addrinfo* ai = res; ai; ai = ai->ai_next) {
         int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
         if (fd < 0) continue;
-        if (::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
+        if (connectWithin(fd, ai, deadline)) {
           int one = 1;
           setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
           freeaddrinfo(res);

@@ -1,0 +1,40 @@
+#pragma once
+// From chorusrun's options to a running job: which host each rank runs on,
+// where the store listens, each rank's environment, how remote ranks start.
+#include <map>
+#include <string>
+#include <vector>
+
+#include "launcher/remote.h"
+
+namespace chorus::launcher {
+
+struct LaunchOptions {
+  int np = 0;
+  std::string hosts, hostfile;  // -H, --hostfile
+  bool useMpi = false;
+  double startTimeout = 30;
+  bool verbose = false, keepGoing = false;
+  std::string jobId, mpiArgs, bindTo = "none";
+  SshOptions ssh;
+  std::vector<std::string> exports;  // -x NAME[=VALUE]
+  std::string networkInterface, networkPrefix, outputDir;
+  // DeepSpeed's launcher: --num_nodes, --num_gpus/--num_procs, --include,
+  // --exclude, --master_addr, --master_port, --no_python, --module.
+  int numNodes = -1, numProcs = -1;
+  std::string include, exclude, masterAddr;
+  int masterPort = 0;
+  bool noPython = false, module = false;
+  std::vector<std::string> command;
+};
+
+// Runs the job to its end; returns chorusrun's exit code. Throws
+// std::invalid_argument (and chorus::Error) on bad options, before anything starts.
+int launch(LaunchOptions opts);
+
+// The variables a remote rank gets from the launcher's environment, as
+// horovodrun forwards them: PATH, PYTHONPATH, LD_LIBRARY_PATH and every
+// CHORUS_*, HOROVOD_*, NCCL_* one, then -x NAME[=VALUE].
+std::map<std::string, std::string> forwardedEnvironment(const std::vector<std::string>& exports);
+
+}  // namespace chorus::launcher
