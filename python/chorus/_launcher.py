@@ -8,6 +8,8 @@ def main():
     if not os.path.exists(exe):
         sys.exit(f"chorusrun: the launcher binary is missing from {os.path.dirname(exe)}; "
                  "reinstall chorus")
+    # DeepSpeed's launcher runs a .py script with the Python it runs on; so does chorusrun.
+    os.environ.setdefault("CHORUS_PYTHON", sys.executable)
     os.execv(exe, [exe] + sys.argv[1:])
 
 

@@ -1,5 +1,7 @@
 #include "launcher/remote.h"
 
+#include "launcher/spawn.h"
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -189,9 +191,11 @@ int runRankAgent(const std::string& cwd, const std::vector<std::string>& command
   if (chdir(cwd.c_str()) != 0) {
     // As horovodrun: the rank starts in the home directory when the launcher's is not here.
   }
+  const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid == 0) {
     setpgid(0, 0);
+    stopWithParent(parent);
     const int null = open("/dev/null", O_RDONLY);
     dup2(null, STDIN_FILENO);
     std::vector<char*> argv;

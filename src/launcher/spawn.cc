@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <poll.h>
 #include <signal.h>
@@ -136,10 +137,12 @@ int exitCodeOf(int status) {
 }
 
 pid_t spawnRank(const Job& job, int rank, int inFd, int outFd, int errFd) {
+  const pid_t parent = getpid();
   pid_t pid = fork();
   if (pid != 0) return pid;
   // Child: its own process group, so that stopping it stops what it started.
   setpgid(0, 0);
+  stopWithParent(parent);
   signal(SIGINT, SIG_DFL);
   signal(SIGTERM, SIG_DFL);
   if (inFd >= 0) dup2(inFd, STDIN_FILENO);
@@ -204,6 +207,11 @@ int runForeground(const std::vector<std::string>& args, bool verbose) {
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   return exitCodeOf(status);
+}
+
+void stopWithParent(pid_t parent) {
+  prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (getppid() != parent) _exit(1);
 }
 
 int removeJobSegments(const std::string& jobId) {

@@ -1,6 +1,8 @@
 #pragma once
 // Starts the ranks of a job (on this host, or through ssh on others), tags
 // their output, and watches them.
+#include <sys/types.h>
+
 #include <map>
 #include <string>
 #include <vector>
@@ -34,6 +36,10 @@ int runJob(const Job& job);
 // Runs argv (mpirun) in the foreground and returns its exit code; it forwards
 // Ctrl-C to its ranks itself.
 int runForeground(const std::vector<std::string>& argv, bool verbose);
+
+// In a child before exec: SIGTERM when the launcher (parent) dies, even by
+// SIGKILL, so that no rank outlives it; exits at once if it is already gone.
+void stopWithParent(pid_t parent);
 
 // Unlinks /dev/shm/chorus-<jobId>-*; returns how many were removed.
 int removeJobSegments(const std::string& jobId);
