@@ -111,6 +111,24 @@ int runMpirun(const LaunchOptions& o, const std::vector<std::string>& command) {
 
 }  // namespace
 
+std::map<std::string, std::string> rankEnvironment(int rank, int size, int localRank, int localSize, int crossRank,
+                                                   int crossSize) {
+  std::map<std::string, std::string> env = {
+      {"CHORUS_RANK", std::to_string(rank)},           {"CHORUS_SIZE", std::to_string(size)},
+      {"CHORUS_LOCAL_RANK", std::to_string(localRank)}, {"CHORUS_LOCAL_SIZE", std::to_string(localSize)},
+      {"CHORUS_CROSS_RANK", std::to_string(crossRank)}, {"CHORUS_CROSS_SIZE", std::to_string(crossSize)},
+  };
+  // Programs written for Horovod read these ...
+  for (const char* k : {"RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE"})
+    env[std::string("HOROVOD_") + k] = env[std::string("CHORUS_") + k];
+  // ... and these, programs written for torch.distributed and DeepSpeed.
+  env["RANK"] = env["CHORUS_RANK"];
+  env["WORLD_SIZE"] = env["CHORUS_SIZE"];
+  env["LOCAL_RANK"] = env["CHORUS_LOCAL_RANK"];
+  env["LOCAL_WORLD_SIZE"] = env["CHORUS_LOCAL_SIZE"];
+  return env;
+}
+
 std::map<std::string, std::string> forwardedEnvironment(const std::vector<std::string>& exports) {
   std::map<std::string, std::string> env;
   for (char** e = environ; *e; ++e) {
@@ -179,53 +197,34 @@ int launch(LaunchOptions o) {
   const std::string cwd = currentDir();
 
   Job job;
-  job.command = command;
   job.keepGoing = o.keepGoing;
   job.verbose = o.verbose;
   job.outputDir = o.outputDir;
   for (int r = 0, l = 0; r < o.np; ++r) {
     const Placement& p = place[r];
-    std::map<std::string, std::string> env = {
-        {"CHORUS_RANK", std::to_string(r)},
-        {"CHORUS_SIZE", std::to_string(o.np)},
-        {"CHORUS_LOCAL_RANK", std::to_string(p.localRank)},
-        {"CHORUS_LOCAL_SIZE", std::to_string(p.localSize)},
-        {"CHORUS_CROSS_RANK", std::to_string(p.crossRank)},
-        {"CHORUS_CROSS_SIZE", std::to_string(crossSize)},
-        {"CHORUS_RENDEZVOUS_ADDR", addr},
-        {"CHORUS_RENDEZVOUS_PORT", std::to_string(server->port())},
-        {"CHORUS_SECRET", secret},
-        {"CHORUS_START_TIMEOUT", std::to_string(o.startTimeout)},
-        {"CHORUS_JOB_ID", o.jobId},
-    };
+    std::map<std::string, std::string> env = rankEnvironment(r, o.np, p.localRank, p.localSize, p.crossRank, crossSize);
+    env["CHORUS_RENDEZVOUS_ADDR"] = env["MASTER_ADDR"] = addr;
+    env["CHORUS_RENDEZVOUS_PORT"] = env["MASTER_PORT"] = std::to_string(server->port());
+    env["CHORUS_SECRET"] = secret;
+    env["CHORUS_START_TIMEOUT"] = std::to_string(o.startTimeout);
+    env["CHORUS_JOB_ID"] = o.jobId;
     if (!o.networkInterface.empty()) env["CHORUS_IFACE"] = o.networkInterface;
-    // Programs written for Horovod read these ...
-    for (const char* k : {"RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE"})
-      env[std::string("HOROVOD_") + k] = env[std::string("CHORUS_") + k];
-    // ... and these, programs written for torch.distributed and DeepSpeed.
-    env["RANK"] = env["CHORUS_RANK"];
-    env["WORLD_SIZE"] = env["CHORUS_SIZE"];
-    env["LOCAL_RANK"] = env["CHORUS_LOCAL_RANK"];
-    env["LOCAL_WORLD_SIZE"] = env["CHORUS_LOCAL_SIZE"];
-    env["MASTER_ADDR"] = addr;
-    env["MASTER_PORT"] = std::to_string(server->port());
+    RankSpec spec;
+    spec.tag = r;
     if (p.local) {
       for (const auto& x : o.exports)  // -x NAME=VALUE also reaches local ranks (they inherit the rest)
         if (x.find('=') != std::string::npos) env[x.substr(0, x.find('='))] = x.substr(x.find('=') + 1);
-      job.rankEnv.push_back(env);
-      job.rankArgv.emplace_back();
-      job.rankInput.emplace_back();
-      job.rankHost.emplace_back();
-      job.rankCpus.push_back(cpus.empty() ? std::vector<int>{} : cpus[l++]);
+      spec.argv = command;
+      spec.env = env;
+      if (!cpus.empty()) spec.cpus = cpus[l++];
     } else {
       std::map<std::string, std::string> all = forwarded;
       for (const auto& [k, v] : env) all[k] = v;
-      job.rankEnv.emplace_back();
-      job.rankArgv.push_back(remoteRankArgv(o.ssh, p.host, self, cwd, command));
-      job.rankInput.push_back(encodeEnvironment(all));
-      job.rankHost.push_back(p.host);
-      job.rankCpus.emplace_back();
+      spec.argv = remoteRankArgv(o.ssh, p.host, self, cwd, command);
+      spec.input = encodeEnvironment(all);
+      spec.host = p.host;
     }
+    job.ranks.push_back(std::move(spec));
   }
   if (o.verbose) {
     std::fprintf(stderr, "chorusrun: %d ranks on %d hosts, store on %s:%d, command:", o.np, crossSize, addr.c_str(),
@@ -234,7 +233,7 @@ int launch(LaunchOptions o) {
     std::fprintf(stderr, "\n");
     for (int r = 0; r < o.np; ++r) {
       std::string cpuList;
-      for (int c : job.rankCpus[r]) cpuList += (cpuList.empty() ? "" : ",") + std::to_string(c);
+      for (int c : job.ranks[r].cpus) cpuList += (cpuList.empty() ? "" : ",") + std::to_string(c);
       std::fprintf(stderr, "chorusrun: rank %d on %s%s, CPUs %s\n", r, place[r].host.c_str(),
                    place[r].local ? " (this host)" : " (over ssh)", cpuList.empty() ? "unbound" : cpuList.c_str());
     }

@@ -32,6 +32,11 @@ struct LaunchOptions {
 // std::invalid_argument (and chorus::Error) on bad options, before anything starts.
 int launch(LaunchOptions opts);
 
+// The variables that tell a rank who it is (CHORUS_*, HOROVOD_*, and RANK,
+// WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE as torch.distributed has them).
+std::map<std::string, std::string> rankEnvironment(int rank, int size, int localRank, int localSize, int crossRank,
+                                                   int crossSize);
+
 // The variables a remote rank gets from the launcher's environment, as
 // horovodrun forwards them: PATH, PYTHONPATH, LD_LIBRARY_PATH and every
 // CHORUS_*, HOROVOD_*, NCCL_* one, then -x NAME[=VALUE].

@@ -1,32 +1,20 @@
 #pragma once
-// Starts the ranks of a job (on this host, or through ssh on others), tags
-// their output, and watches them.
+// Runs a job of a fixed set of ranks to its end; the process helpers around it.
 #include <sys/types.h>
 
-#include <map>
 #include <string>
 #include <vector>
+
+#include "launcher/supervisor.h"
 
 namespace chorus::launcher {
 
 struct Job {
-  std::vector<std::string> command;
-  // Per rank, where it is not command itself: ssh and the agent for a remote rank.
-  std::vector<std::vector<std::string>> rankArgv;
-  // Per rank: written to its standard input, which then stays open until the rank
-  // ends or is stopped (a remote rank's agent reads its environment from it).
-  std::vector<std::string> rankInput;
-  // Per rank: the host it runs on, for messages ("" for this host).
-  std::vector<std::string> rankHost;
-  // horovodrun's --output-filename: DIR/rank.N/stdout and stderr, beside the terminal.
-  std::string outputDir;
-  // Per rank: the environment variables that identify it.
-  std::vector<std::map<std::string, std::string>> rankEnv;
-  // Per rank: the CPUs it runs on (empty: unbound).
-  std::vector<std::vector<int>> rankCpus;
+  std::vector<RankSpec> ranks;
   bool keepGoing = false;  // survivors run on when a rank fails
   bool verbose = false;
   double killGraceSeconds = 5.0;
+  std::string outputDir;  // horovodrun's --output-filename: DIR/rank.N/stdout and stderr
 };
 
 // Runs the job to the end. Returns 0 when every rank exited 0; otherwise the

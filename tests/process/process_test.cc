@@ -158,12 +158,22 @@ TEST(ChorusRun, StoreRefusesRequestsWithoutTheSecret) {
   EXPECT_NE(r.output.find("wrong job secret"), std::string::npos) << r.output;
 }
 
-TEST(ChorusRun, RefusesOtherHostsAndTooFewSlots) {
-  auto r = run(kRun + " -H elsewhere:2 -np 2 true");
+// (Other hosts: tests/multihost, on namespace hosts.)
+TEST(ChorusRun, RefusesBadHostListsAndTooFewSlots) {
+  auto r = run(kRun + " -H localhost:1 -np 2 true");
   EXPECT_EQ(r.exitCode, 2);
-  EXPECT_NE(r.output.find("host 'elsewhere' is not this machine"), std::string::npos) << r.output;
-  r = run(kRun + " -H localhost:1 -np 2 true");
   EXPECT_NE(r.output.find("2 ranks requested but the hosts offer 1 slots"), std::string::npos) << r.output;
+  r = run("(f=$(mktemp); printf '# hosts\\nlocalhost slots=2\\n\\nlocalhost gpus=2\\n' > $f; " + kRun +
+          " --hostfile $f true; rm -f $f)");
+  EXPECT_NE(r.output.find(":4: unknown field 'gpus=2'"), std::string::npos) << r.output;
+  r = run(kRun + " --num_nodes 1 --include localhost true");
+  EXPECT_NE(r.output.find("cannot be combined"), std::string::npos) << r.output;
+  r = run(kRun + " -H localhost:2 --exclude localhost:5 true");
+  EXPECT_NE(r.output.find("--exclude: host 'localhost' has 2 slots; slot 5 does not exist"), std::string::npos)
+      << r.output;
+  r = run(kRun + " -H localhost:3 --exclude localhost:0,2 --verbose true");
+  EXPECT_EQ(r.exitCode, 0) << r.output;
+  EXPECT_NE(r.output.find("1 ranks on 1 hosts"), std::string::npos) << r.output;
 }
 
 TEST(ChorusRun, InterruptStopsEveryRank) {

@@ -1,0 +1,100 @@
+#include "launcher/output.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+
+namespace chorus::launcher {
+
+namespace {
+Stream* gOpenLine = nullptr;
+
+FILE* fileOf(const Stream& s) { return s.isErr ? stderr : stdout; }
+
+}  // namespace
+
+void endOpenLine() {
+  if (!gOpenLine) return;
+  std::fputc('\n', fileOf(*gOpenLine));
+  std::fflush(fileOf(*gOpenLine));
+  gOpenLine->open = false;
+  gOpenLine->cut = true;
+  gOpenLine = nullptr;
+}
+
+namespace {
+void emit(Stream& s, const char* text, size_t n, bool newline) {
+  const bool cut = s.cut;
+  s.cut = false;
+  if (cut && newline && n == 0) return;  // the line it ends was ended for it
+  if (gOpenLine && gOpenLine != &s) endOpenLine();
+  std::string out;
+  if (s.redraw) {
+    out.push_back('\r');
+    s.open = false;
+    s.redraw = false;
+  }
+  if (!s.open) out.append("[").append(std::to_string(s.rank)).append(s.isErr ? "]<stderr>:" : "]<stdout>:");
+  out.append(text, n);
+  if (newline) out.push_back('\n');
+  std::fwrite(out.data(), 1, out.size(), fileOf(s));
+  std::fflush(fileOf(s));
+  s.open = !newline;
+  gOpenLine = newline ? nullptr : &s;
+}
+
+}  // namespace
+
+bool pump(Stream& s) {
+  char buf[65536];
+  ssize_t n = ::read(s.fd, buf, sizeof(buf));
+  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return true;
+  if (n > 0 && s.log) {
+    std::fwrite(buf, 1, static_cast<size_t>(n), s.log);
+    std::fflush(s.log);
+  }
+  if (n <= 0) {
+    if (s.open && gOpenLine == &s) endOpenLine();
+    s.open = s.redraw = false;
+    return false;
+  }
+  size_t at = 0;
+  const size_t len = static_cast<size_t>(n);
+  while (at < len) {
+    size_t end = at;
+    while (end < len && buf[end] != '\n' && buf[end] != '\r') ++end;
+    if (end < len && buf[end] == '\n') {
+      emit(s, buf + at, end - at, true);
+    } else if (end > at) {
+      emit(s, buf + at, end - at, false);
+    }
+    if (end < len && buf[end] == '\r') s.redraw = true;
+    at = end + 1;
+  }
+  return true;
+}
+
+void forgetStream(const Stream& s) {
+  if (gOpenLine == &s) gOpenLine = nullptr;
+}
+
+FILE* openLog(const std::string& dir, int rank, int width, const char* name) {
+  if (dir.empty()) return nullptr;
+  std::string digits = std::to_string(rank);
+  digits.insert(0, std::to_string(width - 1).size() - digits.size(), '0');
+  const std::string rankDir = dir + "/rank." + digits;
+  std::string made;
+  for (size_t at = 0; at != std::string::npos;) {  // mkdir -p
+    at = rankDir.find('/', at + 1);
+    made = rankDir.substr(0, at);
+    if (!made.empty()) mkdir(made.c_str(), 0755);
+  }
+  FILE* f = std::fopen((rankDir + "/" + name).c_str(), "w");
+  if (!f) throw std::runtime_error("--output-filename: cannot write " + rankDir + "/" + name + ": " + std::strerror(errno));
+  return f;
+}
+
+}  // namespace chorus::launcher

@@ -1,0 +1,31 @@
+#pragma once
+// Ranks' output on chorusrun's terminal: passed on as it arrives, every line
+// starting with its rank's tag ("[1]<stderr>:"); a line redrawn after '\r' (a
+// progress bar) gets one tag per redraw, and a line left open by one stream is
+// ended before another stream writes.
+#include <cstdio>
+#include <string>
+
+namespace chorus::launcher {
+
+struct Stream {
+  int fd = -1;
+  FILE* log = nullptr;  // --output-filename's file for this stream
+  int rank = 0;         // the tag
+  bool isErr = false;
+  bool open = false;    // this stream's tag starts the terminal's current line
+  bool redraw = false;  // a '\r' came: the next text redraws the line, tag first
+  bool cut = false;     // another stream ended this one's line: its own newline is spent
+};
+
+// Reads what is available; returns false at end of file.
+bool pump(Stream& s);
+// Ends a line a stream left open, before chorusrun writes one of its own.
+void endOpenLine();
+// Forgets s as the holder of the open line (before s goes away).
+void forgetStream(const Stream& s);
+
+// dir/rank.N/name (N zero-padded to the digits of width - 1), directories made.
+FILE* openLog(const std::string& dir, int rank, int width, const char* name);
+
+}  // namespace chorus::launcher
