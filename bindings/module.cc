@@ -269,5 +269,13 @@ PYBIND11_MODULE(_core, m) {
   m.def("start_timeline", [](const std::string& path, bool markCycles) { rt().startTimeline(path, markCycles); },
         py::arg("file_path"), py::arg("mark_cycles") = false);
   m.def("stop_timeline", [] { rt().stopTimeline(); });
+  m.def("elastic_join_next_round", [] {
+    py::gil_scoped_release release;
+    return rt().elasticJoinNextRound();
+  });
+  m.def("elastic_host_updates", [] {
+    py::gil_scoped_release release;
+    return rt().elasticHostUpdates();
+  });
   bindZero(m);
 }

@@ -59,6 +59,11 @@ struct Config {
   // (MPI_Comm_c2f; mpi4py's comm.py2f()) that chorus is restricted to.
   int64_t mpiCommHandle = -2;
 
+  // Elastic training (chorusrun --min-np/--max-np): this worker's identity (set
+  // by chorusrun); rank and size then come from the driver's rounds.
+  std::string elasticWorker;
+  double elasticTimeoutSeconds = 600.0;
+
   // Process sets given at init (static), and whether add/remove is allowed.
   std::vector<std::vector<int>> processSets;
   bool dynamicProcessSets = false;

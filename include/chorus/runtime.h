@@ -3,6 +3,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "chorus/config.h"
@@ -145,6 +146,15 @@ class Runtime {
   // Waits for every asynchronous op this rank has in flight (all sets; a blocking
   // call waits for its own); rethrows the first error.
   void synchronize();
+
+  // Elastic jobs: how often the driver changed the set of hosts, and whether
+  // those changes only removed hosts ({0, false} outside an elastic job). Workers
+  // compare it at each commit, as Horovod's check_host_updates() does.
+  std::pair<int64_t, bool> elasticHostUpdates();
+  // Between shutdown() and init() of an elastic worker: waits for the driver's
+  // next round that includes this worker and returns its {rank, size} there, so
+  // that the caller can choose process sets for that size; the next init() joins it.
+  std::pair<int, int> elasticJoinNextRound();
 
  private:
   std::unique_ptr<RuntimeImpl> impl_;

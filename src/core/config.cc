@@ -28,6 +28,10 @@ const std::vector<SettingInfo>& settingsTable() {
        "Port of the rendezvous store."},
       {"CHORUS_SECRET", "HOROVOD_SECRET_KEY", "(set by chorusrun)",
        "Job secret; the store refuses requests without it."},
+      {"CHORUS_ELASTIC_WORKER", "", "(set by chorusrun)",
+       "Identity of an elastic worker (host:slot); its rank and size then come from the elastic driver."},
+      {"CHORUS_ELASTIC_TIMEOUT", "HOROVOD_ELASTIC_TIMEOUT", "600",
+       "Seconds an elastic worker waits to be given a place in the job before it fails."},
       {"CHORUS_BIND_ADDR", "", "(auto)",
        "Address the TCP data transport listens on; by default the address this host reaches the "
        "rendezvous store from (127.0.0.1 when the store is on this host)."},
@@ -182,6 +186,8 @@ void Config::applyEnv() {
   if (readSetting("CHORUS_STALL_CHECK_DISABLE", &v)) stallCheckDisable = (v == "1" || v == "true");
   if (readSetting("CHORUS_DYNAMIC_PROCESS_SETS", &v)) dynamicProcessSets = (v == "1" || v == "true");
   if (readSetting("CHORUS_LOG_LEVEL", &v)) logLevel = parseLevel(v);
+  if (elasticWorker.empty() && readSetting("CHORUS_ELASTIC_WORKER", &v)) elasticWorker = v;
+  readNumber("CHORUS_ELASTIC_TIMEOUT", &elasticTimeoutSeconds);
   if (timeline.empty() && readSetting("CHORUS_TIMELINE", &v)) timeline = v;
   if (readSetting("CHORUS_TIMELINE_MARK_CYCLES", &v)) timelineMarkCycles = (v == "1" || v == "true");
 

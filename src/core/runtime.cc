@@ -85,6 +85,12 @@ void RuntimeImpl::init(Config cfg) {
     throw InvalidArgument(std::string(cfg.cpuOperations == "mpi" ? "CHORUS_CPU_OPERATIONS" : "CHORUS_CONTROLLER") +
                           "=mpi needs the job to be started by mpirun");
   }
+  if (!cfg.elasticWorker.empty()) {
+    if (elasticPending_.first < 0) elasticJoin(cfg);  // else elasticJoinNextRound() did
+    cfg.rank = elasticPending_.first;
+    cfg.size = elasticPending_.second;
+    elasticPending_ = {-1, 0};
+  }
   if (cfg.rank < 0 || cfg.size <= 0) {
     throw InvalidArgument(
         "rank and size are unknown: start the program with chorusrun (or set CHORUS_RANK and "
@@ -97,7 +103,7 @@ void RuntimeImpl::init(Config cfg) {
   config = cfg;
   rank = cfg.rank;
   size = cfg.size;
-  store = cfg.store;
+  if (cfg.elasticWorker.empty()) store = cfg.store;
   if (!store) {
     if (cfg.rendezvousAddr.empty() || cfg.rendezvousPort <= 0) {
       throw InvalidArgument(
@@ -107,8 +113,12 @@ void RuntimeImpl::init(Config cfg) {
     store = connectTcpStore(cfg.rendezvousAddr, cfg.rendezvousPort, cfg.secret, ms(cfg.startTimeoutSeconds));
   }
   // Each init is a new generation so that a re-init never reads stale keys.
-  const int64_t gen = store->add("chorus/generation/" + std::to_string(rank), 1);
-  prefix = "chorus/g" + std::to_string(gen) + "/";
+  if (cfg.elasticWorker.empty()) {
+    const int64_t gen = store->add("chorus/generation/" + std::to_string(rank), 1);
+    prefix = "chorus/g" + std::to_string(gen) + "/";
+  } else {
+    prefix = "chorus/e" + std::to_string(elasticRound_) + "/";  // every round meets afresh
+  }
   if (config.bindAddress.empty() && config.iface.empty()) {
     // The address peers on other hosts can reach: the one towards the store.
     config.bindAddress = "127.0.0.1";
@@ -412,5 +422,7 @@ ProcessSetStats Runtime::stats(int32_t processSet) const {
   return impl_->sets.controllerFor(processSet, impl_->rank)->stats();
 }
 void Runtime::synchronize() { impl_->synchronize(); }
+std::pair<int64_t, bool> Runtime::elasticHostUpdates() { return impl_->elasticHostUpdates(); }
+std::pair<int, int> Runtime::elasticJoinNextRound() { return impl_->elasticJoinNextRound(); }
 
 }  // namespace chorus

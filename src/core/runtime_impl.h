@@ -30,6 +30,9 @@ class RuntimeImpl {
   std::string autoName(int32_t setId, const char* kind);
   std::string resolveName(const OpOptions& opts, const char* kind);
   void synchronize();
+  // The elastic driver's count of host-set changes, and whether they only removed hosts.
+  std::pair<int64_t, bool> elasticHostUpdates();
+  std::pair<int, int> elasticJoinNextRound();
 
   Config config;
   bool initialized = false;
@@ -49,6 +52,10 @@ class RuntimeImpl {
   void computeTopology();
   void checkStaticSetsAgree(Communicator& global);
   void bootstrapFromMpi(Config& cfg);
+  // Elastic workers: waits for the driver's next round that includes this worker
+  // and takes its rank and size from it (src/core/elastic.cc).
+  void elasticRendezvous(Config& cfg);
+  void elasticJoin(Config& cfg);  // connects the store, then elasticRendezvous
   // The negotiation communicator of a set when CHORUS_CONTROLLER asks for one
   // apart from the data path (every rank calls it: an MPI split is collective).
   std::unique_ptr<Communicator> makeControl(const ProcessSet& ps);
@@ -68,6 +75,8 @@ class RuntimeImpl {
   std::shared_ptr<NameRegistry> names_ = std::make_shared<NameRegistry>();  // shared by this rank's controllers
   std::list<std::weak_ptr<WorkState>> outstanding_;
   int64_t dynamicSeq_ = 0;
+  int64_t elasticRound_ = 0;  // the last elastic round joined; kept across re-inits
+  std::pair<int, int> elasticPending_{-1, 0};  // rank, size of a round joined before init
   int32_t nextSetId_ = 1;
 };
 

@@ -48,6 +48,8 @@ std::vector<HostSlots> selectHosts(const LaunchOptions& o) {
   return hosts;
 }
 
+}  // namespace
+
 // DeepSpeed's launcher runs a script with the current Python: "train.py" is
 // "python -u train.py" (--no_python: run as it is; --module: python -m).
 std::vector<std::string> resolveCommand(const LaunchOptions& o) {
@@ -84,6 +86,8 @@ std::string storeAddress(const LaunchOptions& o, const std::vector<std::string>&
   if (!remote.empty()) return net::sourceAddressTo(remote.front());
   return "127.0.0.1";
 }
+
+namespace {
 
 int runMpirun(const LaunchOptions& o, const std::vector<std::string>& command) {
   if (o.np <= 0) throw std::invalid_argument("give the number of ranks with -np N");

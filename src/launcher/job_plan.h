@@ -32,6 +32,13 @@ struct LaunchOptions {
 // std::invalid_argument (and chorus::Error) on bad options, before anything starts.
 int launch(LaunchOptions opts);
 
+// The command to run: a .py script under the current Python, as DeepSpeed's launcher does.
+std::vector<std::string> resolveCommand(const LaunchOptions& o);
+// Where the store listens (see docs/multihost.md); remote: the hosts other than this one.
+std::string storeAddress(const LaunchOptions& o, const std::vector<std::string>& remote);
+std::string selfPath();    // this chorusrun, which remote hosts run as the rank agent
+std::string currentDir();  // where remote ranks start
+
 // The variables that tell a rank who it is (CHORUS_*, HOROVOD_*, and RANK,
 // WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE as torch.distributed has them).
 std::map<std::string, std::string> rankEnvironment(int rank, int size, int localRank, int localSize, int crossRank,

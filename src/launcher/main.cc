@@ -12,6 +12,7 @@
 
 #include "chorus/config.h"
 #include "chorus/store.h"
+#include "launcher/elastic_driver.h"
 #include "launcher/job_plan.h"
 #include "launcher/spawn.h"
 
@@ -49,12 +50,15 @@ int main(int argc, char** argv) {
       "-np", "-n", "--np", "--num-proc", "-H", "--hosts", "--hostfile", "--start-timeout", "--store-bind",
       "--store-port", "--secret", "--job-id", "--mpi-args", "--bind-to", "-x", "-p", "--ssh-port", "-i",
       "--ssh-identity-file", "--ssh-options", "--network-interface", "--network-prefix", "--output-filename",
-      "--num_nodes", "--num_gpus", "--num_procs", "--include", "--exclude", "--master_addr", "--master_port"};
+      "--num_nodes", "--num_gpus", "--num_procs", "--include", "--exclude", "--master_addr", "--master_port",
+      "--min-np", "--max-np", "--host-discovery-script", "--slots-per-host", "--slots", "--reset-limit",
+      "--elastic-timeout"};
   for (size_t i = 1; i < args.size(); ++i) {
     if (args[i] == "--" || args[i].empty() || args[i][0] != '-') break;  // the command starts here
     const bool hasValue = std::find(takesValue.begin(), takesValue.end(), args[i]) != takesValue.end();
     if (args[i] == "-np") args[i] = "--np";
     if (hasValue) ++i;
+    if (args[i] == "--blacklist-cooldown-range") i += 2;
   }
   std::vector<char*> cargv;
   for (auto& a : args) cargv.push_back(a.data());
@@ -102,6 +106,25 @@ int main(int argc, char** argv) {
   app.add_option("--master_port", o.masterPort, "port of the store")->group(ds);
   app.add_flag("--no_python", o.noPython, "run the command as it is, even a .py file")->group(ds);
   app.add_flag("--module", o.module, "run the command as a Python module (python -m)")->group(ds);
+  chorus::launcher::ElasticOptions el;
+  std::vector<double> cooldown;
+  auto* elastic = "Elastic training (horovodrun's)";
+  app.add_option("--min-np", el.minNp, "fewest workers the job runs with")->group(elastic);
+  app.add_option("--max-np", el.maxNp, "most workers the job runs with")->group(elastic);
+  app.add_option("--host-discovery-script", el.discoveryScript,
+                 "prints the usable hosts, 'host' or 'host:slots' per line; run every second")
+      ->group(elastic);
+  app.add_option("--slots-per-host,--slots", el.slotsPerHost, "slots of a discovered host listed without ':N'")
+      ->group(elastic);
+  app.add_option("--reset-limit", el.resetLimit, "fail after this many resets")->group(elastic);
+  app.add_option("--blacklist-cooldown-range", cooldown,
+                 "MIN MAX: a failed host comes back after a random time in this range (seconds), doubled at "
+                 "each failure; without it a failed host stays out")
+      ->expected(2)
+      ->group(elastic);
+  app.add_option("--elastic-timeout", el.elasticTimeout,
+                 "seconds to wait for at least --min-np workers before failing (default 600)")
+      ->group(elastic);
   try {
     app.parse(static_cast<int>(cargv.size()), cargv.data());
   } catch (const CLI::ParseError& e) {
@@ -135,6 +158,16 @@ int main(int argc, char** argv) {
     if (gloo && o.useMpi) throw std::invalid_argument("give --gloo or --mpi, not both");
     o.command = app.remaining();
     if (!o.command.empty() && o.command[0] == "--") o.command.erase(o.command.begin());
+    if (!el.discoveryScript.empty() || app.count("--min-np") || app.count("--max-np")) {
+      if (cooldown.size() == 2) {
+        el.cooldownMin = cooldown[0];
+        el.cooldownMax = cooldown[1];
+        if (el.cooldownMin < 0 || el.cooldownMax < el.cooldownMin)
+          throw std::invalid_argument("--blacklist-cooldown-range needs 0 <= MIN <= MAX");
+      }
+      if (o.useMpi) throw std::invalid_argument("elastic jobs run without --mpi");
+      return chorus::launcher::runElastic(o, el);
+    }
     return chorus::launcher::launch(o);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "chorusrun: %s\n", e.what());

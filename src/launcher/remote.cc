@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 #include <stdexcept>
@@ -188,6 +189,8 @@ int runRankAgent(const std::string& cwd, const std::vector<std::string>& command
     if (eq != std::string::npos) setenv(entry.substr(0, eq).c_str(), entry.substr(eq + 1).c_str(), 1);
     entry.clear();
   }
+  const char* beat = std::getenv("CHORUS_AGENT_TIMEOUT");
+  const double silence = beat ? std::atof(beat) : 10.0;  // the launcher writes every second
   if (chdir(cwd.c_str()) != 0) {
     // As horovodrun: the rank starts in the home directory when the launcher's is not here.
   }
@@ -211,6 +214,7 @@ int runRankAgent(const std::string& cwd, const std::vector<std::string>& command
   for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaction(sig, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
   auto killAt = Clock::time_point::max();
+  auto heard = Clock::now();
   bool inputOpen = true;
   int status = 0;
   while (true) {
@@ -225,11 +229,18 @@ int runRankAgent(const std::string& cwd, const std::vector<std::string>& command
       if (poll(&p, 1, 100) > 0) {
         char buf[256];
         const ssize_t n = read(STDIN_FILENO, buf, sizeof(buf));
+        if (n > 0) heard = Clock::now();
         if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) {
           inputOpen = false;  // the launcher or the connection is gone: stop the rank
           kill(-pid, SIGTERM);
           killAt = Clock::now() + std::chrono::seconds(5);
         }
+      }
+      if (inputOpen && silence > 0 && std::chrono::duration<double>(Clock::now() - heard).count() > silence) {
+        std::fprintf(stderr, "chorusrun agent: no word from the launcher for %.0f s; stopping the rank\n", silence);
+        inputOpen = false;  // the link to the launcher is down
+        kill(-pid, SIGTERM);
+        killAt = Clock::now() + std::chrono::seconds(5);
       }
     } else {
       usleep(50000);

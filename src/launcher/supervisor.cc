@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <stdexcept>
 
@@ -16,6 +17,7 @@
 namespace chorus::launcher {
 
 namespace {
+using Clock = std::chrono::steady_clock;
 volatile sig_atomic_t gStop = 0;
 void onStop(int sig) { gStop = sig; }
 
@@ -109,6 +111,7 @@ int Supervisor::start(const RankSpec& spec) {
     if (::write(in[1], spec.input.data(), spec.input.size()) != static_cast<ssize_t>(spec.input.size()))
       std::fprintf(stderr, "chorusrun: could not hand rank %d its environment\n", spec.tag);
     p.input = in[1];
+    fcntl(p.input, F_SETFL, fcntl(p.input, F_GETFL) | O_NONBLOCK);  // a stalled ssh must not block us
   }
   for (int fd : {out[0], err[0]}) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
   streams_.push_back(new Stream{out[0], openLog(outputDir_, spec.tag, logWidth_, "stdout"), spec.tag, false});
@@ -132,6 +135,13 @@ std::vector<Ended> Supervisor::poll(int timeoutMs) {
       close(s->fd);
       s->fd = -1;
     }
+  }
+  // A heartbeat to every remote agent: one that hears nothing for a while takes
+  // the launcher (or the link to it) for gone and stops its rank.
+  if (Clock::now() - lastBeat_ > std::chrono::seconds(1)) {
+    lastBeat_ = Clock::now();
+    for (auto& p : procs_)
+      if (p.input >= 0 && ::write(p.input, "\n", 1) < 0 && errno != EAGAIN) closeInput(p);
   }
   std::vector<Ended> ended;
   for (size_t i = 0; i < procs_.size(); ++i) {

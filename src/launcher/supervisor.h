@@ -3,6 +3,7 @@
 // output on tagged, and reaps them: what a plain job and the elastic driver share.
 #include <sys/types.h>
 
+#include <chrono>
 #include <map>
 #include <string>
 #include <vector>
@@ -62,6 +63,7 @@ class Supervisor {
   bool verbose_;
   std::vector<Proc> procs_;
   std::vector<Stream*> streams_;  // stable addresses: output.cc remembers the open line's
+  std::chrono::steady_clock::time_point lastBeat_{};
 };
 
 // "exited with code 3", "was killed by signal 9 (Killed) on host node2", ...: a

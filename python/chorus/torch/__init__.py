@@ -19,3 +19,5 @@ from chorus.torch.mpi_ops import (Adasum, Average, HorovodInternalError, Max, Mi
                                   reducescatter_async, sparse_allreduce_async, synchronize)
 from chorus.torch.optimizer import DistributedOptimizer
 from chorus.torch.sync_batch_norm import SyncBatchNorm
+from chorus.torch import elastic  # noqa: E402  (hvd.elastic.run, as horovod.torch has it)
+from chorus.torch.elastic import HostsUpdatedInterrupt  # noqa: E402

@@ -3,6 +3,7 @@ from chorus import _core
 
 _initialized_sets = []  # ProcessSet objects registered at init or added later
 _init_comm = None  # the mpi4py communicator init() was given, if any
+_last_process_sets = None  # init()'s process_sets argument
 
 
 class ProcessSet:
@@ -107,7 +108,8 @@ def init(comm=None, process_sets=None):
         for ps in static:
             if not isinstance(ps, ProcessSet):
                 raise ValueError(f"process_sets must hold ProcessSet objects, got {type(ps).__name__}")
-    global _init_comm
+    global _init_comm, _last_process_sets
+    _last_process_sets = process_sets  # an elastic reset re-forms them (chorus.torch.elastic)
     mpi_handle = -2
     init_comm = None
     if comm is not None:

@@ -11,7 +11,7 @@ from chorus.torch.mpi_ops import (Adasum, Average, Sum, _abandon, _dtype_code, _
                                   allreduce_async_, grouped_allreduce_async_, sparse_allreduce_async,
                                   synchronize)
 from chorus.torch.optimizer_adasum import _DistributedAdasumOptimizer
-from chorus.torch.optimizer_common import last_pass, parameter_names
+from chorus.torch.optimizer_common import _live, last_pass, parameter_names
 
 
 class _Direct:
@@ -44,8 +44,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
         self._grad_accs = []
+        _live.add(self)
         if _set_rank_and_size(process_set)[1] > 1:
             self._register_hooks()
+
+    def _reset_in_flight(self):
+        """Forgets the reductions of a step that failed (an elastic reset follows)."""
+        self._handles.clear()
+        self._group_ready.clear()
+        for p in self._delay:
+            self._delay[p] = self.backward_passes_per_step
+        self._synchronized = False
 
     @staticmethod
     def _resolve_groups(groups, all_params):

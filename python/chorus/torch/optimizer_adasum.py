@@ -11,7 +11,7 @@ import contextlib
 import torch
 
 from chorus.torch.mpi_ops import Adasum, allreduce_async_, synchronize
-from chorus.torch.optimizer_common import last_pass, parameter_names
+from chorus.torch.optimizer_common import _live, last_pass, parameter_names
 
 
 class _DistributedAdasumOptimizer(torch.optim.Optimizer):
@@ -27,12 +27,19 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         self._handles = {}
         self._grad_accs = []
         self._requires_update = set()
+        _live.add(self)
         for p in all_params:
             if p.requires_grad:
                 self._requires_update.add(p)
                 grad_acc = p.expand_as(p).grad_fn.next_functions[0][0]
                 grad_acc.register_hook(self._make_hook(p))
                 self._grad_accs.append(grad_acc)
+
+    def _reset_in_flight(self):
+        """Forgets the updates of a step that failed (an elastic reset follows)."""
+        self._handles.clear()
+        for p in self._delay:
+            self._delay[p] = self.backward_passes_per_step
 
     def set_backward_passes_per_step(self, passes):
         self.backward_passes_per_step = passes

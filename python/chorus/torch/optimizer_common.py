@@ -1,4 +1,14 @@
 """What both DistributedOptimizers (averaging gradients, Adasum of updates) share."""
+import weakref
+
+# Every DistributedOptimizer, so that an elastic reset can drop a failed step's reductions.
+_live = weakref.WeakSet()
+
+
+def reset_all_in_flight():
+    for opt in list(_live):
+        opt._reset_in_flight()
+
 
 
 def parameter_names(named_parameters, all_params):

@@ -1,0 +1,34 @@
+#pragma once
+// chorusrun's elastic mode (horovodrun --min-np/--max-np): hosts come from a
+// discovery script, one worker per slot; the driver groups the live workers into
+// rounds (see src/core/elastic_keys.h), blacklists the host of a worker that
+// fails, starts workers on hosts that appear, and tells the workers when the
+// host set changed. The job ends when every worker has exited 0, or fails when
+// fewer than min-np workers remain for longer than the elastic timeout, or after
+// more than reset-limit resets.
+#include <string>
+#include <vector>
+
+#include "launcher/hosts.h"
+#include "launcher/job_plan.h"
+
+namespace chorus::launcher {
+
+struct ElasticOptions {
+  int minNp = 1;
+  int maxNp = 0;  // 0: as many as the slots
+  std::string discoveryScript;
+  int slotsPerHost = 1;     // for discovered hosts listed without ":N"
+  int resetLimit = -1;      // -1: no limit
+  double cooldownMin = 0;   // --blacklist-cooldown-range: a failed host comes back after
+  double cooldownMax = 0;   // a random time in [min, max] x 2^(failures-1); 0 0: never
+  double elasticTimeout = 600;
+  double discoveryInterval = 1.0;
+};
+
+int runElastic(LaunchOptions o, const ElasticOptions& e);
+
+// Parses the discovery script's output: "host" or "host:slots" per line.
+std::vector<HostSlots> parseDiscovery(const std::string& text, int slotsPerHost);
+
+}  // namespace chorus::launcher

@@ -1,0 +1,142 @@
+"""Elastic training on namespace hosts, 2 hosts x 2 slots: a worker killed with
+signal 9 mid-step, a host's link taken down in a large allreduce, a host added
+through discovery, and hosts lost until fewer than --min-np remain. The final
+parameters must equal a fault-free replay of the committed schedule of world sizes."""
+import json
+import os
+import re
+import subprocess
+import time
+
+import pytest
+import torch
+
+from conftest import WORKERS, chorusrun
+from test_launch import no_leftovers
+
+TRAIN = os.path.join(WORKERS, "elastic_train.py")
+FORWARD = ["-x", "FAULT", "-x", "STEPS", "-x", "STEP_PAUSE"]  # to the workers on node2 too
+
+
+def reference(sizes):
+    """elastic_train.py without faults: at step s, the mean gradient of ranks 0..n-1."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1).double()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step, n in enumerate(sizes):
+        grads = [torch.zeros_like(p) for p in model.parameters()]
+        for r in range(n):
+            g = torch.Generator().manual_seed(1000 * step + r)
+            x = torch.randn(8, 4, generator=g, dtype=torch.float64)
+            y = x.sum(1, keepdim=True) * 0.5 + 1.0
+            model.zero_grad()
+            ((model(x) - y) ** 2).mean().backward()
+            for acc, p in zip(grads, model.parameters()):
+                acc += p.grad
+        for acc, p in zip(grads, model.parameters()):
+            p.grad = acc / n
+        opt.step()
+    return [p.detach().flatten().tolist() for p in model.parameters()]
+
+
+def discovery(tmp_path, hosts):
+    listing = tmp_path / "hosts"
+    listing.write_text("".join(f"{h}\n" for h in hosts))
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {listing}\n")
+    script.chmod(0o755)
+    return listing, script
+
+
+def start(bed, env, script, result, *extra, fault=None, steps=24, pause=0.25):
+    e = dict(env, STEPS=str(steps), STEP_PAUSE=str(pause), CHORUS_TIMEOUT_SECONDS="10")
+    if fault:
+        e["FAULT"] = fault
+    cmd = [chorusrun(), "--min-np", "2", "--max-np", "4", "--host-discovery-script", str(script),
+           "--slots-per-host", "2", *bed.ssh_args(), "--elastic-timeout", "20", *extra, *FORWARD,
+           "python", TRAIN, str(result)]
+    return bed.popen("node1", cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def watch(proc, until=None, timeout=240):
+    """Reads proc's output to its end (or until a line matches `until`); returns it."""
+    lines = []
+    deadline = time.time() + timeout
+    for line in proc.stdout:
+        lines.append(line)
+        if until and re.search(until, line):
+            return "".join(lines)
+        assert time.time() < deadline, "".join(lines)
+    proc.wait(timeout=60)
+    return "".join(lines)
+
+
+def check_result(result, out):
+    res = json.loads(result.read_text())
+    want = reference(res["sizes"])
+    for got, exp in zip(res["params"], want):
+        assert got == pytest.approx(exp, rel=1e-9, abs=1e-12), out
+    return res["sizes"]
+
+
+def test_killed_worker(bed, env, tmp_path):
+    _, script = discovery(tmp_path, ["node1", "node2"])
+    result = tmp_path / "result.json"
+    proc = start(bed, env, script, result, fault="kill:node2:1:8")
+    out = watch(proc)
+    assert proc.returncode == 0, out
+    assert "worker node2:1 (rank 3) was killed by signal 9 (Killed) on host node2" in out, out
+    assert "host node2 is blacklisted" in out and "round 2: 2 workers (node1:0, node1:1)" in out, out
+    assert re.search(r"resuming from commit 8 with 2 ranks", out), out
+    sizes = check_result(result, out)
+    assert sizes == [4] * 8 + [2] * 16, sizes  # nothing committed was lost or done twice
+    no_leftovers(bed)
+
+
+def test_link_down_in_a_large_allreduce(bed, env, tmp_path):
+    _, script = discovery(tmp_path, ["node1", "node2"])
+    result = tmp_path / "result.json"
+    proc = start(bed, env, script, result, steps=16)
+    out = watch(proc, until=r"step 6 size 4")
+    bed.link("node2", up=False)
+    t0 = time.time()
+    try:
+        out += watch(proc, until=r"resuming from commit \d+ with 2 ranks")
+        recovered = time.time() - t0
+        out += watch(proc)
+    finally:
+        bed.link("node2", up=True)
+    assert proc.returncode == 0, out
+    assert recovered < 10 + 10, (recovered, out)  # transport timeout (10 s) + 10
+    sizes = check_result(result, out)
+    assert sizes[:6] == [4] * 6 and sizes[-1] == 2 and len(sizes) == 16, sizes
+    no_leftovers(bed)
+
+
+def test_host_added_through_discovery(bed, env, tmp_path):
+    listing, script = discovery(tmp_path, ["node1"])
+    result = tmp_path / "result.json"
+    proc = start(bed, env, script, result, steps=20)
+    out = watch(proc, until=r"step 4 size 2")
+    listing.write_text("node1\nnode2\n")
+    out += watch(proc)
+    assert proc.returncode == 0, out
+    assert "host node2 joins the job" in out and re.search(r"round 2: 4 workers", out), out
+    sizes = check_result(result, out)
+    assert sizes[:4] == [2] * 4 and sizes[-1] == 4 and len(sizes) == 20, sizes
+    no_leftovers(bed)
+
+
+def test_fewer_than_min_np_fails_cleanly(bed, env, tmp_path):
+    _, script = discovery(tmp_path, ["node1", "node2"])
+    result = tmp_path / "result.json"
+    e = dict(env, STEPS="200", STEP_PAUSE="0.1", CHORUS_TIMEOUT_SECONDS="10")
+    cmd = [chorusrun(), "--min-np", "3", "--max-np", "4", "--host-discovery-script", str(script),
+           "--slots-per-host", "2", *bed.ssh_args(), "--elastic-timeout", "3", *FORWARD, "python", TRAIN,
+           str(result)]
+    proc = bed.popen("node1", cmd, env=dict(e, FAULT="kill:node2:0:3"), stdout=subprocess.PIPE,
+                     stderr=subprocess.STDOUT, text=True)
+    out = watch(proc)
+    assert proc.returncode != 0, out
+    assert "only 2 workers remain, fewer than --min-np 3, for more than 3 s" in out, out
+    no_leftovers(bed)
