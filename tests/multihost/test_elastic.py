@@ -140,3 +140,26 @@ def test_fewer_than_min_np_fails_cleanly(bed, env, tmp_path):
     assert proc.returncode != 0, out
     assert "only 2 workers remain, fewer than --min-np 3, for more than 3 s" in out, out
     no_leftovers(bed)
+
+
+def test_elastic_example_says_who_joined_and_left(bed, env, tmp_path):
+    """examples/elastic/digits_elastic.py: node2 joins after the first epoch, then
+    one of its workers is killed; the example names both and the commit it resumed from."""
+    from conftest import REPO
+    listing, script = discovery(tmp_path, ["node1:1"])
+    example = os.path.join(REPO, "examples", "elastic", "digits_elastic.py")
+    cmd = [chorusrun(), "--min-np", "1", "--max-np", "3", "--host-discovery-script", str(script),
+           *bed.ssh_args(), "-x", "EPOCHS", "-x", "BATCH_PAUSE", "python", example]
+    proc = bed.popen("node1", cmd, env=dict(env, EPOCHS="5", BATCH_PAUSE="0.02"), stdout=subprocess.PIPE,
+                     stderr=subprocess.STDOUT, text=True)
+    out = watch(proc, until=r"epoch 0: loss")
+    listing.write_text("node1:1\nnode2:2\n")
+    out += watch(proc, until=r"joined: node2:0, node2:1")
+    out += watch(proc, until=r"epoch \d: loss .* on 3 workers")
+    assert bed.kill("node2", "digits_elastic.py", one=True)
+    out += watch(proc)
+    assert proc.returncode == 0, out
+    assert re.search(r"resuming from commit epoch \d+ batch \d+ with \d workers; left: node2:", out), out
+    acc = float(re.search(r"done: accuracy ([0-9.]+)", out).group(1))
+    assert acc > 0.85, out
+    no_leftovers(bed)

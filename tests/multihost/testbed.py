@@ -238,6 +238,23 @@ class TestBed:
         out = _sh("ip", "netns", "pids", ns, check=False).stdout.split()
         return [int(p) for p in out if int(p) != self.sshd[host].pid]
 
+    def kill(self, host, pattern, sig=signal.SIGKILL, one=False):
+        """Sends sig to the processes on host whose command line holds pattern (not
+        chorusrun's agents); the oldest alone with one=True. Returns their pids.
+        (pkill would not do: the hosts share one PID namespace.)"""
+        hit = []
+        for pid in sorted(self.pids(host)):
+            try:
+                cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if pattern in cmd and "--rank-agent" not in cmd and not cmd.startswith("sshd"):
+                os.kill(pid, sig)
+                hit.append(pid)
+                if one:
+                    break
+        return hit
+
     def shm(self, host):
         """The files in host's /dev/shm."""
         r = self.run(host, ["ls", "-A", "/dev/shm"], stdout=subprocess.PIPE, text=True, check=True)

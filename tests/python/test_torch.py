@@ -19,6 +19,11 @@ def test_adasum(ranks, n):
     assert out.count("adasum ok") == n
 
 
+def test_elastic_state_and_sampler(ranks):
+    out = ok(ranks(3, "elastic_api.py"))
+    assert out.count("elastic api ok") == 3
+
+
 def test_autograd(ranks):
     out = ok(ranks(3, "autograd.py"))
     assert out.count("autograd ok") == 3
