@@ -147,9 +147,10 @@ class Runtime {
   // call waits for its own); rethrows the first error.
   void synchronize();
 
-  // Elastic jobs: how often the driver changed the set of hosts, and whether
-  // those changes only removed hosts ({0, false} outside an elastic job). Workers
-  // compare it at each commit, as Horovod's check_host_updates() does.
+  // Elastic jobs: how often the driver changed the set of hosts since the round
+  // this worker is in was formed, and whether those changes only removed hosts
+  // ({0, false} outside an elastic job). Workers compare it at each commit, as
+  // Horovod's check_host_updates() does.
   std::pair<int64_t, bool> elasticHostUpdates();
   // Between shutdown() and init() of an elastic worker: waits for the driver's
   // next round that includes this worker and returns its {rank, size} there, so

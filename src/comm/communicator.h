@@ -70,6 +70,10 @@ class Communicator {
   // True when reducescatter only reads buf: the caller may hand it the input itself.
   virtual bool reducescatterReadsOnly() const { return false; }
   virtual void barrier() = 0;
+  // After a failure that ends this communicator's use: peers waiting on this
+  // rank are made to fail now, not at their timeout (shared memory: the segment
+  // is marked failed; TCP: the direct connections are shut).
+  virtual void abort() {}
   // True when a negotiation cycle is expensive (network round trips), so the
   // controller should let requests accumulate for a cycle time after busy cycles.
   virtual bool batchesRequests() const { return false; }

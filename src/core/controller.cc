@@ -187,6 +187,13 @@ bool Controller::runCycle() {
     err = std::current_exception();
   }
   failAll(err);
+  try {
+    std::rethrow_exception(err);
+  } catch (const ShutdownError&) {  // every rank agreed to stop: nobody waits on us
+  } catch (...) {
+    comm_->abort();  // this set failed here: its peers on this host and elsewhere fail now too
+    if (control_) control_->abort();
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopped_ = true;

@@ -28,7 +28,7 @@ void RuntimeImpl::elasticRendezvous(Config& cfg) {
     if (latest > elasticRound_ && store->check(elastic::roundKey(latest, me))) {
       const auto v = store->get(elastic::roundKey(latest, me), std::chrono::seconds(5));
       std::istringstream in(std::string(v.begin(), v.end()));
-      if (!(in >> cfg.rank >> cfg.size) || cfg.rank < 0 || cfg.rank >= cfg.size)
+      if (!(in >> cfg.rank >> cfg.size >> elasticBaseUpdates_) || cfg.rank < 0 || cfg.rank >= cfg.size)
         throw Error("elastic round " + std::to_string(latest) + " gave worker " + me + " a malformed place");
       elasticRound_ = latest;
       return;
@@ -76,7 +76,8 @@ std::pair<int64_t, bool> RuntimeImpl::elasticHostUpdates() {
   int64_t count = 0;
   int removedOnly = 0;
   in >> count >> removedOnly;
-  return {count, removedOnly != 0};
+  // Changes the current round already includes do not count.
+  return {std::max<int64_t>(0, count - elasticBaseUpdates_), removedOnly != 0};
 }
 
 }  // namespace chorus

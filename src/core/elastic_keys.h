@@ -2,7 +2,8 @@
 // The store keys through which chorusrun's elastic driver and the workers of an
 // elastic job agree on rounds (the sets of workers that train together):
 //   elastic/round            the latest round N the driver published
-//   elastic/r<N>/<worker>    "rank size" of a worker in round N (absent: not in it)
+//   elastic/r<N>/<worker>    "rank size updates" of a worker in round N (absent: not
+//                            in it); updates: the host-set changes the round includes
 //   elastic/wait/<worker>    L: the worker waits for a round after L
 //   elastic/updated          "<count> <removed only>": the host set changed count
 //                            times; the workers' state.commit() raises

@@ -77,6 +77,7 @@ class RuntimeImpl {
   int64_t dynamicSeq_ = 0;
   int64_t elasticRound_ = 0;  // the last elastic round joined; kept across re-inits
   std::pair<int, int> elasticPending_{-1, 0};  // rank, size of a round joined before init
+  int64_t elasticBaseUpdates_ = 0;             // host-set changes the joined round includes
   int32_t nextSetId_ = 1;
 };
 

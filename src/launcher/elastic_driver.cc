@@ -260,7 +260,8 @@ bool Driver::allWaiting(const std::vector<Worker*>& m) {
 void Driver::publish(const std::vector<Worker*>& m) {
   const int64_t next = round_ + 1;
   for (size_t r = 0; r < m.size(); ++r) {
-    setKey(elastic::roundKey(next, m[r]->id), std::to_string(r) + " " + std::to_string(m.size()));
+    setKey(elastic::roundKey(next, m[r]->id),
+           std::to_string(r) + " " + std::to_string(m.size()) + " " + std::to_string(updates_));
     m[r]->lastRank = static_cast<int>(r);
   }
   setKey(elastic::kRoundKey, std::to_string(next));

@@ -150,6 +150,11 @@ DirectMesh::DirectMesh(Store& store, const std::string& prefix, int rank, int si
   }
 }
 
+void DirectMesh::abort() {
+  for (int fd : fds_)
+    if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+}
+
 DirectMesh::~DirectMesh() {
   for (int fd : fds_)
     if (fd >= 0) ::close(fd);

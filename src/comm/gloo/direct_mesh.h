@@ -23,6 +23,8 @@ class DirectMesh {
   DirectMesh(Store& store, const std::string& prefix, int rank, int size, const std::string& host,
              const std::string& iface, std::chrono::milliseconds connectTimeout, std::chrono::milliseconds timeout);
   ~DirectMesh();
+  // Shuts every connection: peers blocked on this rank see it closed at once.
+  void abort();
   DirectMesh(const DirectMesh&) = delete;
   DirectMesh& operator=(const DirectMesh&) = delete;
 

@@ -21,6 +21,9 @@ class GlooCommunicator : public Communicator {
   GlooCommunicator(std::shared_ptr<gloo::Context> ctx, std::unique_ptr<DirectMesh> mesh,
                    std::chrono::milliseconds timeout)
       : ctx_(std::move(ctx)), mesh_(std::move(mesh)), timeout_(timeout) {}
+  void abort() override {
+    if (mesh_) mesh_->abort();
+  }
 
   int rank() const override { return ctx_->rank; }
   int size() const override { return ctx_->size; }

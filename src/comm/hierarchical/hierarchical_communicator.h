@@ -41,6 +41,10 @@ class HierarchicalCommunicator : public Communicator {
     flat_->reducescatter(buf, out, counts, dtype, op);
   }
   bool reducescatterReadsOnly() const override { return flat_->reducescatterReadsOnly(); }
+  void abort() override {
+    for (auto* c : {local_.get(), cross_.get(), flat_.get()})
+      if (c) c->abort();
+  }
   void barrier() override;
   bool batchesRequests() const override { return true; }
 

@@ -45,6 +45,7 @@ constexpr size_t kStreamUnreadBytes = 32 << 10;
 
 class ShmCommunicator : public Communicator {
  public:
+  void abort() override { seg_->abort(); }
   ShmCommunicator(std::unique_ptr<ShmSegment> seg, PeerPath peerPath = PeerPath::kAuto)
       : seg_(std::move(seg)), paths_(peerPath) {}
 

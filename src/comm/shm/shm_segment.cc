@@ -200,6 +200,11 @@ void ShmSegment::fail(const std::string& why, bool timeout) {
   throw PeerFailure(why);
 }
 
+void ShmSegment::abort() {
+  header_->failed.store(1);
+  futexWakeAll(&header_->generation);
+}
+
 void ShmSegment::checkPeers() {
   if (header_->failed.load()) throw PeerFailure("peer failure: another rank of this host's process set failed");
   for (int r = 0; r < size_; ++r) {

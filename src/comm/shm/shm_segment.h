@@ -20,6 +20,8 @@ class ShmSegment {
              size_t slotBytes, std::chrono::milliseconds connectTimeout, std::chrono::milliseconds timeout,
              bool allowSingleCopy = true);
   ~ShmSegment();
+  // Marks the segment failed and wakes every waiter: they throw PeerFailure.
+  void abort();
   ShmSegment(const ShmSegment&) = delete;
   ShmSegment& operator=(const ShmSegment&) = delete;
 

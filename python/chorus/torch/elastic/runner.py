@@ -1,5 +1,6 @@
 """run(): the elastic training loop around the user's function."""
 import functools
+import sys
 
 from chorus import _core
 from chorus.torch import basics
@@ -35,6 +36,11 @@ def _process_sets_after_reset(n):
     return kept
 
 
+def _say(what):
+    sys.stderr.write(f"chorus.torch.elastic: rank {basics.rank()}: {what}\n")
+    sys.stderr.flush()
+
+
 def reset():
     """Leaves the current round and joins the next one the driver forms."""
     basics.shutdown()
@@ -56,10 +62,12 @@ def run(func):
                 if not skip_sync:
                     state.sync()
                 return func(state, *args, **kwargs)
-            except HorovodInternalError:
+            except HorovodInternalError as e:
+                _say(f"{e}; rolling back to the last commit")
                 state.restore()
                 skip_sync = False
             except HostsUpdatedInterrupt as e:
+                _say(f"{e}; re-forming the job")
                 skip_sync = e.skip_sync
             reset()
             state.on_reset()

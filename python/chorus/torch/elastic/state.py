@@ -29,6 +29,7 @@ class State:
         self._reset_callbacks.extend(callbacks)
 
     def on_reset(self):
+        self._last_updated = 0  # the new round includes every change so far
         self.reset()
         for callback in self._reset_callbacks:
             callback()
