@@ -15,7 +15,7 @@ from conftest import WORKERS, chorusrun
 from test_launch import no_leftovers
 
 TRAIN = os.path.join(WORKERS, "elastic_train.py")
-FORWARD = ["-x", "FAULT", "-x", "STEPS", "-x", "STEP_PAUSE"]  # to the workers on node2 too
+FORWARD = ["-x", "FAULT", "-x", "STEPS", "-x", "STEP_PAUSE", "-x", "PROCESS_SETS"]  # to the workers on node2 too
 
 
 def reference(sizes):
@@ -48,8 +48,9 @@ def discovery(tmp_path, hosts):
     return listing, script
 
 
-def start(bed, env, script, result, *extra, fault=None, steps=24, pause=0.25):
-    e = dict(env, STEPS=str(steps), STEP_PAUSE=str(pause), CHORUS_TIMEOUT_SECONDS="10")
+def start(bed, env, script, result, *extra, fault=None, steps=24, pause=0.25, sets=False):
+    e = dict(env, STEPS=str(steps), STEP_PAUSE=str(pause), CHORUS_TIMEOUT_SECONDS="10",
+             PROCESS_SETS="1" if sets else "0")
     if fault:
         e["FAULT"] = fault
     cmd = [chorusrun(), "--min-np", "2", "--max-np", "4", "--host-discovery-script", str(script),
@@ -82,7 +83,7 @@ def check_result(result, out):
 def test_killed_worker(bed, env, tmp_path):
     _, script = discovery(tmp_path, ["node1", "node2"])
     result = tmp_path / "result.json"
-    proc = start(bed, env, script, result, fault="kill:node2:1:8")
+    proc = start(bed, env, script, result, fault="kill:node2:1:8", sets=True)
     out = watch(proc)
     assert proc.returncode == 0, out
     assert "worker node2:1 (rank 3) was killed by signal 9 (Killed) on host node2" in out, out
@@ -90,6 +91,8 @@ def test_killed_worker(bed, env, tmp_path):
     assert re.search(r"resuming from commit 8 with 2 ranks", out), out
     sizes = check_result(result, out)
     assert sizes == [4] * 8 + [2] * 16, sizes  # nothing committed was lost or done twice
+    # Static process sets across the reset: [2, 3] is gone with node2, [0, 1] works on.
+    assert out.index("process sets: [[0, 1], [2, 3]]") < out.index("process sets: [[0, 1]]\n"), out
     no_leftovers(bed)
 
 
@@ -162,4 +165,22 @@ def test_elastic_example_says_who_joined_and_left(bed, env, tmp_path):
     assert re.search(r"resuming from commit epoch \d+ batch \d+ with \d workers; left: node2:", out), out
     acc = float(re.search(r"done: accuracy ([0-9.]+)", out).group(1))
     assert acc > 0.85, out
+    no_leftovers(bed)
+
+
+def test_blacklist_cooldown_and_reset_limit(bed, env, tmp_path):
+    # With a cooldown, node2 comes back after its worker was killed and rejoins.
+    _, script = discovery(tmp_path, ["node1", "node2"])
+    result = tmp_path / "result.json"
+    proc = start(bed, env, script, result, "--blacklist-cooldown-range", "1", "2", fault="kill:node2:1:4", steps=30)
+    out = watch(proc)
+    assert proc.returncode == 0, out
+    assert "host node2 is blacklisted for" in out and "host node2 is back from its blacklist cooldown" in out, out
+    sizes = check_result(result, out)
+    assert sizes[:4] == [4] * 4 and 2 in sizes and sizes[-1] == 4, sizes
+    no_leftovers(bed)
+    # --reset-limit 0: the first failure ends the job.
+    proc = start(bed, env, script, result, "--reset-limit", "0", fault="kill:node2:1:4")
+    out = watch(proc)
+    assert proc.returncode != 0 and "more than --reset-limit 0" in out, out
     no_leftovers(bed)

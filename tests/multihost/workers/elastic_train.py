@@ -26,7 +26,14 @@ def data(step, r):
     return x, x.sum(1, keepdim=True) * 0.5 + 1.0
 
 
-hvd.init()
+# PROCESS_SETS=1: static sets [0, 1] and [2, 3] given at the first init (of 4);
+# a reset keeps those of their ranks the new world has (a set left empty goes).
+SETS = os.environ.get("PROCESS_SETS") == "1"
+if SETS:
+    low, high = hvd.ProcessSet([0, 1]), hvd.ProcessSet([2, 3])
+    hvd.init(process_sets=[low, high])
+else:
+    hvd.init()
 torch.manual_seed(0)
 model = torch.nn.Linear(4, 1).double()
 opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR), named_parameters=model.named_parameters())
@@ -38,8 +45,21 @@ def on_reset():
     print(f"worker {me}: reset, now rank {hvd.rank()} of {hvd.size()}", flush=True)
 
 
+def check_sets():
+    live = [ps for ps in (low, high) if ps.process_set_id is not None]
+    for ps in live:
+        assert all(r < hvd.size() for r in ps.ranks), ps
+        if ps.included():
+            got = hvd.allreduce(torch.tensor([float(hvd.rank())]), op=hvd.Sum, process_set=ps).item()
+            assert got == sum(ps.ranks), (got, ps)
+    if hvd.rank() == 0:
+        print(f"process sets: {[ps.ranks for ps in live]}", flush=True)
+
+
 @hvd.elastic.run
 def train(state):
+    if SETS:
+        check_sets()
     if hvd.rank() == 0:
         print(f"resuming from commit {state.step} with {hvd.size()} ranks", flush=True)
     while state.step < STEPS:
