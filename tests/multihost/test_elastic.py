@@ -15,11 +15,12 @@ from conftest import WORKERS, chorusrun
 from test_launch import no_leftovers
 
 TRAIN = os.path.join(WORKERS, "elastic_train.py")
-FORWARD = ["-x", "FAULT", "-x", "STEPS", "-x", "STEP_PAUSE", "-x", "PROCESS_SETS"]  # to the workers on node2 too
+FORWARD = ["-x", "FAULT", "-x", "STEPS", "-x", "STEP_PAUSE", "-x", "PROCESS_SETS", "-x", "ZERO_STAGE"]  # to the workers on node2 too
 
 
-def reference(sizes):
-    """elastic_train.py without faults: at step s, the mean gradient of ranks 0..n-1."""
+def reference(sizes, data_dtype=torch.float64):
+    """elastic_train.py without faults: at step s, the mean gradient of ranks 0..n-1
+    (computed in float64; data_dtype: the dtype the workers draw their data in)."""
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1).double()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -27,7 +28,7 @@ def reference(sizes):
         grads = [torch.zeros_like(p) for p in model.parameters()]
         for r in range(n):
             g = torch.Generator().manual_seed(1000 * step + r)
-            x = torch.randn(8, 4, generator=g, dtype=torch.float64)
+            x = torch.randn(8, 4, generator=g, dtype=data_dtype).double()
             y = x.sum(1, keepdim=True) * 0.5 + 1.0
             model.zero_grad()
             ((model(x) - y) ** 2).mean().backward()
@@ -183,4 +184,28 @@ def test_blacklist_cooldown_and_reset_limit(bed, env, tmp_path):
     proc = start(bed, env, script, result, "--reset-limit", "0", fault="kill:node2:1:4")
     out = watch(proc)
     assert proc.returncode != 0 and "more than --reset-limit 0" in out, out
+    no_leftovers(bed)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_deepspeed_engine_resumes_from_its_commit(bed, env, tmp_path, stage):
+    """A ZeRO-2 or ZeRO-3 engine: node2's worker killed mid-step; the survivors re-partition and
+    load the last commit (a checkpoint on storage every host reads)."""
+    _, script = discovery(tmp_path, ["node1", "node2"])
+    result, commits = tmp_path / "result.json", tmp_path / "commits"
+    cmd = [chorusrun(), "--min-np", "2", "--max-np", "4", "--host-discovery-script", str(script),
+           "--slots-per-host", "2", *bed.ssh_args(), "--elastic-timeout", "20", *FORWARD, "python",
+           os.path.join(WORKERS, "ds_elastic.py"), str(result), str(commits)]
+    proc = bed.popen("node1", cmd, env=dict(env, FAULT="kill:node2:0:6", STEPS="16", CHORUS_TIMEOUT_SECONDS="10",
+                                            ZERO_STAGE=str(stage)),
+                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = watch(proc)
+    assert proc.returncode == 0, out
+    assert "resuming from commit 6 with 2 ranks" in out, out
+    res = json.loads(result.read_text())
+    assert res["sizes"] == [4] * 6 + [2] * 10 and res["global_steps"] == 16, res
+    want = reference(res["sizes"], torch.float32)  # float64 reference of the same schedule
+    for got, exp in zip(res["params"], want):
+        assert got == pytest.approx(exp, rel=1e-4, abs=1e-5), out
+    assert len([t for t in os.listdir(commits) if t.startswith("elastic_commit")]) <= 2  # old commits removed
     no_leftovers(bed)

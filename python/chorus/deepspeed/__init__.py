@@ -8,6 +8,7 @@ import os as _os
 
 import chorus.torch as _hvd
 from chorus.deepspeed import config as _config
+from chorus.deepspeed import elastic  # noqa: F401  (deepspeed.elastic.DeepSpeedState)
 from chorus.deepspeed.engine import DeepSpeedEngine
 from chorus.deepspeed.scheduler import WarmupDecayLR, WarmupLR
 

@@ -49,9 +49,8 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
         self._params, self._names = self._trainable(model, optimizer, model_parameters)
         self._shapes = [tuple(p.shape) for p in self._params]
         kind, groups, self._client = translate(optimizer, cfg["optimizer"], cfg["offload_optimizer"] == "cpu")
-        group_of = self._group_of(groups)
-        self.core = _core.ZeroEngine(config_text, self.process_set.process_set_id, _dtype_code(self._params[0], "ZeRO"),
-                                     [p.numel() for p in self._params], group_of, kind or "adam")
+        self._core_args = (self._group_of(groups), kind or "adam")
+        self.core = self._make_core()
         self._attach_params()
         self.optimizer = ZeroOptimizer(self, groups)
         if self._client is not None:
@@ -69,6 +68,29 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
         self._stage3 = stage3.Stage3Hooks(self) if self.core.stage == 3 else None
 
     # --- setup -------------------------------------------------------------------------------
+    def _make_core(self):
+        group_of, kind = self._core_args
+        return _core.ZeroEngine(self._config_text, self.process_set.process_set_id,
+                                _dtype_code(self._params[0], "ZeRO"), [p.numel() for p in self._params], group_of, kind)
+
+    def _rebuild(self):
+        """Re-forms the engine over the world after an elastic reset: a C++ ZeRO engine
+        partitioned for the process set's new size, under the same parameters,
+        optimizer object, scheduler and gradient hooks. The values are the old
+        engine's parameters; an elastic state loads its last commit next."""
+        self.config = ds_config.parse(self._config_text, self.process_set.size())
+        if self._stage3 is not None:
+            self._stage3.detach()
+            for i, p in enumerate(self._params):  # the full parameters, from the old engine's partition
+                p.data = torch.zeros(self._shapes[i], dtype=self.dtype)
+        else:
+            for p in self._params:
+                p.data = p.data.clone()  # off the old engine's storage, which goes now
+        self.core = self._make_core()
+        self._attach_params()
+        if self._client is not None:
+            self._bind_client()
+        self._stage3 = stage3.Stage3Hooks(self) if self.core.stage == 3 else None
     @staticmethod
     def _trainable(model, optimizer, model_parameters):
         named = {}

@@ -31,13 +31,14 @@ class Stage3Hooks:
         self.params = engine._params
         index = {id(p): i for i, p in enumerate(self.params)}
         self.owned = {}  # module -> indices of its own trainable parameters
+        self.handles = []
         for m in engine.module.modules():
             own = [index[id(p)] for p in m.parameters(recurse=False) if id(p) in index]
             if own:
                 self.owned[m] = own
-                m.register_forward_pre_hook(self._pre_forward)
-                m.register_forward_hook(self._post_forward)
-        engine.module.register_forward_hook(self._end_trace)
+                self.handles.append(m.register_forward_pre_hook(self._pre_forward))
+                self.handles.append(m.register_forward_hook(self._post_forward))
+        self.handles.append(engine.module.register_forward_hook(self._end_trace))
         self.module_of = {i: m for m, own in self.owned.items() for i in own}
         self.pending = {m: len(own) for m, own in self.owned.items()}
         self.trace, self.traced = [], False
@@ -47,6 +48,12 @@ class Stage3Hooks:
         self.esize = torch.empty(0, dtype=engine.dtype).element_size()
         for i, p in enumerate(self.params):
             self._point(i, p)
+
+    def detach(self):
+        """Removes the module hooks (the engine is being rebuilt)."""
+        for h in self.handles:
+            h.remove()
+        self.handles = []
 
     def _point(self, i, p):
         if self.core.persistent(i):

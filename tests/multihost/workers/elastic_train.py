@@ -5,25 +5,17 @@ the final parameters to argv[1].
 
 FAULT=kill:WORKER:STEP makes that worker kill itself with signal 9 after its
 backward pass at that step (mid-step: the others wait in the allreduce)."""
-import json
 import os
-import signal
 import sys
-import time
 
 import torch
 
 import chorus.torch as hvd
+from elastic_common import ME, data, finish_step, maybe_fault, write_result
 
 STEPS = int(os.environ.get("STEPS", "24"))
 PAUSE = float(os.environ.get("STEP_PAUSE", "0.25"))
 LR = 0.1
-
-
-def data(step, r):
-    g = torch.Generator().manual_seed(1000 * step + r)
-    x = torch.randn(8, 4, generator=g, dtype=torch.float64)
-    return x, x.sum(1, keepdim=True) * 0.5 + 1.0
 
 
 # PROCESS_SETS=1: static sets [0, 1] and [2, 3] given at the first init (of 4);
@@ -37,12 +29,11 @@ else:
 torch.manual_seed(0)
 model = torch.nn.Linear(4, 1).double()
 opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR), named_parameters=model.named_parameters())
-me = os.environ.get("CHORUS_ELASTIC_WORKER", "")
-fault = os.environ.get("FAULT", "").split(":")
+
 
 
 def on_reset():
-    print(f"worker {me}: reset, now rank {hvd.rank()} of {hvd.size()}", flush=True)
+    print(f"worker {ME}: reset, now rank {hvd.rank()} of {hvd.size()}", flush=True)
 
 
 def check_sets():
@@ -67,23 +58,14 @@ def train(state):
         opt.zero_grad()
         loss = ((model(x) - y) ** 2).mean()
         loss.backward()
-        if fault[0] == "kill" and fault[1] + ":" + fault[2] == me and int(fault[3]) == state.step:
-            os.kill(os.getpid(), signal.SIGKILL)
+        maybe_fault(state.step)
         opt.step()
-        state.sizes.append(hvd.size())
-        state.step += 1
-        if hvd.rank() == 0:
-            print(f"step {state.step} size {hvd.size()} loss {loss.item():.6f}", flush=True)
-        time.sleep(PAUSE)
-        state.commit()
+        finish_step(state, loss, PAUSE)
 
 
 state = hvd.elastic.TorchState(model, opt, step=0, sizes=[])
 state.register_reset_callbacks([on_reset])
 train(state)
 if hvd.rank() == 0:
-    result = {"sizes": state.sizes, "params": [p.detach().flatten().tolist() for p in model.parameters()]}
-    with open(sys.argv[1] + ".tmp", "w") as f:
-        json.dump(result, f)
-    os.replace(sys.argv[1] + ".tmp", sys.argv[1])
-print(f"worker {me}: done as rank {hvd.rank()} of {hvd.size()}", flush=True)
+    write_result(sys.argv[1], sizes=state.sizes, params=[p.detach().flatten().tolist() for p in model.parameters()])
+print(f"worker {ME}: done as rank {hvd.rank()} of {hvd.size()}", flush=True)

@@ -68,7 +68,8 @@ def run(func):
                 skip_sync = False
             except HostsUpdatedInterrupt as e:
                 _say(f"{e}; re-forming the job")
-                skip_sync = e.skip_sync
+                # (A state whose partitions move with the world, as a ZeRO engine's, syncs every time.)
+                skip_sync = e.skip_sync and not getattr(state, "sync_after_every_reset", False)
             reset()
             state.on_reset()
     return wrapper
