@@ -1,6 +1,7 @@
 #pragma once
 // Umbrella header, plus a Horovod-like facade over one default Runtime per process.
 #include "chorus/config.h"
+#include "chorus/elastic.h"
 #include "chorus/error.h"
 #include "chorus/process_set.h"
 #include "chorus/runtime.h"

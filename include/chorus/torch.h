@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "chorus/chorus.h"
+#include "chorus/elastic.h"
 
 namespace chorus::torch_api {
 
@@ -49,6 +50,29 @@ class DistributedOptimizer {
   ReduceOp op_;
   int32_t processSet_;
   bool synchronized_ = false;
+};
+
+// Elastic training (chorus/elastic.h) of a libtorch model and optimizer, as
+// horovod.torch.elastic.TorchState: save() keeps copies of the parameters,
+// buffers, optimizer state and the epoch/batch counters; restore() puts them
+// back; sync() takes rank 0's.
+class TorchState : public elastic::State {
+ public:
+  TorchState(std::shared_ptr<torch::nn::Module> model, std::shared_ptr<torch::optim::Optimizer> optimizer);
+  void save() override;
+  void restore() override;
+  void sync() override;
+
+  int64_t epoch = 0, batch = 0;
+
+ private:
+  std::vector<std::pair<std::string, torch::Tensor>> tensors() const;  // parameters and buffers
+
+  std::shared_ptr<torch::nn::Module> model_;
+  std::shared_ptr<torch::optim::Optimizer> optimizer_;
+  std::vector<torch::Tensor> saved_;
+  std::string savedOptimizer_;
+  int64_t savedEpoch_ = 0, savedBatch_ = 0;
 };
 
 }  // namespace chorus::torch_api

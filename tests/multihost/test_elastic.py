@@ -209,3 +209,23 @@ def test_deepspeed_engine_resumes_from_its_commit(bed, env, tmp_path, stage):
         assert got == pytest.approx(exp, rel=1e-4, abs=1e-5), out
     assert len([t for t in os.listdir(commits) if t.startswith("elastic_commit")]) <= 2  # old commits removed
     no_leftovers(bed)
+
+
+def test_libtorch_program_resumes(bed, env, tmp_path):
+    """The C++ elastic API (chorus/elastic.h, TorchState) in examples/cpp/train_torch_elastic.cc."""
+    from conftest import BUILD
+    if not os.path.exists(os.path.join(BUILD, "train_torch_elastic")):
+        pytest.skip("built without libtorch (CHORUS_BUILD_TORCH)")
+    _, script = discovery(tmp_path, ["node1", "node2"])
+    result = tmp_path / "result.json"
+    cmd = [chorusrun(), "--min-np", "2", "--max-np", "4", "--host-discovery-script", str(script),
+           "--slots-per-host", "2", *bed.ssh_args(), "--elastic-timeout", "20", *FORWARD,
+           os.path.join(BUILD, "train_torch_elastic"), str(result)]
+    proc = bed.popen("node1", cmd, env=dict(env, FAULT="kill:node2:1:7", STEPS="20", CHORUS_TIMEOUT_SECONDS="10"),
+                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = watch(proc)
+    assert proc.returncode == 0, out
+    assert "resuming from commit 7 with 2 ranks" in out, out
+    sizes = check_result(result, out)
+    assert sizes == [4] * 7 + [2] * 13, sizes
+    no_leftovers(bed)
