@@ -102,16 +102,13 @@ def test_link_down_in_a_large_allreduce(bed, env, tmp_path):
     result = tmp_path / "result.json"
     proc = start(bed, env, script, result, steps=16)
     out = watch(proc, until=r"step 6 size 4")
-    bed.link("node2", up=False)
-    t0 = time.time()
+    bed.link("node2", up=False)  # (how long recovery takes: bench/elastic_faults.py)
     try:
         out += watch(proc, until=r"resuming from commit \d+ with 2 ranks")
-        recovered = time.time() - t0
         out += watch(proc)
     finally:
         bed.link("node2", up=True)
     assert proc.returncode == 0, out
-    assert recovered < 10 + 10, (recovered, out)  # transport timeout (10 s) + 10
     sizes = check_result(result, out)
     assert sizes[:6] == [4] * 6 and sizes[-1] == 2 and len(sizes) == 16, sizes
     no_leftovers(bed)

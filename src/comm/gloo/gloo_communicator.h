@@ -42,6 +42,8 @@ class GlooCommunicator : public Communicator {
   // Small buffers: every rank sends its whole buffer to every other rank and
   // reduces locally in rank order (one message latency instead of a ring's 2(n-1)).
   void exchangeReduce(void* buf, size_t bytes, const std::function<void(void*, const void*, size_t)>& reduceInto);
+  // A ring (reduce-scatter, then allgather) over the direct mesh, in chunks.
+  void ringAllreduce(void* buf, size_t count, DataType dtype, ReduceOp op);
 
   std::shared_ptr<gloo::Context> ctx_;
   std::unique_ptr<DirectMesh> mesh_;
