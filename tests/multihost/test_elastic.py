@@ -226,3 +226,22 @@ def test_libtorch_program_resumes(bed, env, tmp_path):
     sizes = check_result(result, out)
     assert sizes == [4] * 7 + [2] * 13, sizes
     no_leftovers(bed)
+
+
+def test_training_through_a_lossy_slow_link(bed, env, tmp_path):
+    """3% of node2's incoming packets dropped and its link limited to 200 Mbit/s: TCP
+    carries on, nothing resets, and the result is the fault-free one."""
+    _, script = discovery(tmp_path, ["node1", "node2"])
+    result = tmp_path / "result.json"
+    bed.loss("node2", 3)
+    bed.rate("node2", 200)
+    try:
+        proc = start(bed, env, script, result, steps=12, pause=0.05)
+        out = watch(proc)
+    finally:
+        bed.loss("node2", 0)
+        bed.rate("node2", 0)
+    assert proc.returncode == 0, out
+    assert "round 2" not in out, out
+    assert check_result(result, out) == [4] * 12
+    no_leftovers(bed)

@@ -6,6 +6,7 @@ bed made. Needs root, iproute2 and openssh-server.
     with TestBed(2) as bed:                      # hosts node1, node2
         bed.run("node1", ["chorusrun", "-H", "node1:2,node2:2", ...])
         bed.link("node2", up=False)              # a link fault
+        bed.loss("node2", 3); bed.rate("node2", 100)   # lossy, slow links (no delay: no netem)
 
 Everything is removed on exit, also after a failure, and beds left behind by a
 killed test run are removed by the next one. From a shell (for trying by hand):
@@ -231,6 +232,25 @@ class TestBed:
     def link(self, host, up):
         """Takes host's link to the bridge down (a pulled cable) or up again."""
         _sh("ip", "link", "set", f"{PREFIX}{self.bed}v{self.names.index(host) + 1}", "up" if up else "down")
+
+    def loss(self, host, percent):
+        """Drops that share of the packets host receives (iptables' statistic match;
+        this kernel has no netem, so delay cannot be made). 0 removes the rule."""
+        ns = f"{PREFIX}{self.bed}-{host}"
+        _sh("ip", "netns", "exec", ns, "iptables", "-F", "INPUT")
+        if percent > 0:
+            _sh("ip", "netns", "exec", ns, "iptables", "-A", "INPUT", "-i", "eth0", "-m", "statistic", "--mode",
+                "random", "--probability", str(percent / 100.0), "-j", "DROP")
+
+    def rate(self, host, mbit):
+        """Limits host's link to mbit Mbit/s each way (tc tbf); 0 removes the limit."""
+        for dev, ns in ((f"{PREFIX}{self.bed}v{self.names.index(host) + 1}", None),
+                        ("eth0", f"{PREFIX}{self.bed}-{host}")):
+            pre = ["ip", "netns", "exec", ns] if ns else []
+            _sh(*pre, "tc", "qdisc", "del", "dev", dev, "root", check=False)
+            if mbit > 0:
+                _sh(*pre, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{mbit}mbit", "burst", "256kb",
+                    "latency", "50ms")
 
     def pids(self, host):
         """Processes running on host other than its sshd."""
