@@ -44,8 +44,6 @@ def scenario(bed, build, env, fault, transport_timeout):
     t0, seen = None, {}
     for line in proc.stdout:
         now = time.time()
-        if os.environ.get("FAULTS_TRACE") and t0 is not None:
-            print(f"  {now - t0:7.2f} {line.rstrip()}")
         if t0 is None and re.search(r"step 8 size 4", line):
             t0 = time.time()
             if fault == "kill":

@@ -47,15 +47,7 @@ void RuntimeImpl::elasticRendezvous(Config& cfg) {
 }
 
 void RuntimeImpl::elasticJoin(Config& cfg) {
-  if (cfg.store) {
-    store = cfg.store;
-  } else {
-    if (cfg.rendezvousAddr.empty() || cfg.rendezvousPort <= 0)
-      throw InvalidArgument(
-          "an elastic worker needs CHORUS_RENDEZVOUS_ADDR and CHORUS_RENDEZVOUS_PORT (chorusrun sets them)");
-    store = connectTcpStore(cfg.rendezvousAddr, cfg.rendezvousPort, cfg.secret,
-                            std::chrono::milliseconds(static_cast<int64_t>(cfg.startTimeoutSeconds * 1000)));
-  }
+  store = openStore(cfg);
   elasticRendezvous(cfg);
   elasticPending_ = {cfg.rank, cfg.size};
 }

@@ -20,6 +20,20 @@ std::chrono::milliseconds ms(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
 }
 
+}  // namespace
+
+std::shared_ptr<Store> openStore(const Config& cfg) {
+  if (cfg.store) return cfg.store;
+  if (cfg.rendezvousAddr.empty() || cfg.rendezvousPort <= 0) {
+    throw InvalidArgument(
+        "no rendezvous store: set CHORUS_RENDEZVOUS_ADDR and CHORUS_RENDEZVOUS_PORT (chorusrun "
+        "does), or pass Config::store");
+  }
+  return connectTcpStore(cfg.rendezvousAddr, cfg.rendezvousPort, cfg.secret, ms(cfg.startTimeoutSeconds));
+}
+
+namespace {
+
 // Where an mpirun-started rank 0's store can be reached: the interface chosen
 // for the job, else every address of rank 0's host, loopback last.
 std::string storeAddresses(const std::string& iface) {
@@ -103,15 +117,7 @@ void RuntimeImpl::init(Config cfg) {
   config = cfg;
   rank = cfg.rank;
   size = cfg.size;
-  if (cfg.elasticWorker.empty()) store = cfg.store;
-  if (!store) {
-    if (cfg.rendezvousAddr.empty() || cfg.rendezvousPort <= 0) {
-      throw InvalidArgument(
-          "no rendezvous store: set CHORUS_RENDEZVOUS_ADDR and CHORUS_RENDEZVOUS_PORT (chorusrun "
-          "does), or pass Config::store");
-    }
-    store = connectTcpStore(cfg.rendezvousAddr, cfg.rendezvousPort, cfg.secret, ms(cfg.startTimeoutSeconds));
-  }
+  if (cfg.elasticWorker.empty()) store = openStore(cfg);  // (an elastic worker's joined its round through it)
   // Each init is a new generation so that a re-init never reads stale keys.
   if (cfg.elasticWorker.empty()) {
     const int64_t gen = store->add("chorus/generation/" + std::to_string(rank), 1);

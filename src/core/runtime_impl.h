@@ -15,6 +15,9 @@
 
 namespace chorus {
 
+// Config::store, or a connection to the TCP store the config names.
+std::shared_ptr<Store> openStore(const Config& cfg);
+
 class RuntimeImpl {
  public:
   void init(Config config);

@@ -86,7 +86,6 @@ class Driver {
   std::vector<Worker> workers_;
   std::vector<std::string> hostOrder_;  // hosts in the order they first appeared
   std::map<std::string, HostState> hostState_;
-  std::map<std::string, int> slotsNow_;  // the latest discovery
   int64_t round_ = 0, updates_ = 0;
   int resets_ = 0;
   std::mt19937 rng_{std::random_device{}()};
@@ -111,34 +110,15 @@ void Driver::startWorker(const std::string& host, int slot) {
   w.slot = slot;
   w.id = host + ":" + std::to_string(slot);
   w.started = static_cast<int64_t>(workers_.size());
-  std::map<std::string, std::string> env = {
-      {"CHORUS_ELASTIC_WORKER", w.id},
-      {"HOROVOD_ELASTIC", "1"},
-      {"CHORUS_ELASTIC_TIMEOUT", std::to_string(e_.elasticTimeout)},
-      {"CHORUS_RENDEZVOUS_ADDR", addr_},
-      {"CHORUS_RENDEZVOUS_PORT", std::to_string(server_->port())},
-      {"CHORUS_SECRET", secret_},
-      {"CHORUS_START_TIMEOUT", std::to_string(o_.startTimeout)},
-      {"CHORUS_JOB_ID", o_.jobId},
-  };
-  if (!o_.networkInterface.empty()) env["CHORUS_IFACE"] = o_.networkInterface;
-  RankSpec spec;
+  std::map<std::string, std::string> env = jobEnvironment(o_, addr_, server_->port(), secret_);
+  env["CHORUS_ELASTIC_WORKER"] = w.id;
+  env["HOROVOD_ELASTIC"] = "1";
+  env["CHORUS_ELASTIC_TIMEOUT"] = std::to_string(e_.elasticTimeout);
+  // A host whose link dies must count as failed soon: ssh gives up after ~6 s.
+  SshOptions ssh = o_.ssh;
+  ssh.extra += " -o ServerAliveInterval=2 -o ServerAliveCountMax=3";
+  RankSpec spec = rankSpec(o_, ssh, host, isLocalHost(host), command_, std::move(env), self_, cwd_);
   spec.tag = static_cast<int>(workers_.size());
-  if (isLocalHost(host)) {
-    for (const auto& x : o_.exports)
-      if (x.find('=') != std::string::npos) env[x.substr(0, x.find('='))] = x.substr(x.find('=') + 1);
-    spec.argv = command_;
-    spec.env = env;
-  } else {
-    std::map<std::string, std::string> all = forwardedEnvironment(o_.exports);
-    for (const auto& [k, v] : env) all[k] = v;
-    // A host whose link dies must count as failed soon: ssh gives up after ~6 s.
-    SshOptions ssh = o_.ssh;
-    ssh.extra += " -o ServerAliveInterval=2 -o ServerAliveCountMax=3";
-    spec.argv = remoteRankArgv(ssh, host, self_, cwd_, command_);
-    spec.input = encodeEnvironment(all);
-    spec.host = host;
-  }
   w.proc = sup_->start(spec);
   if (std::find(hostOrder_.begin(), hostOrder_.end(), host) == hostOrder_.end()) hostOrder_.push_back(host);
   std::fprintf(stderr, "chorusrun: started worker %s (output tag [%d])\n", w.id.c_str(), spec.tag);
@@ -231,7 +211,6 @@ void Driver::updateHosts(bool first) {
     }
   }
   if (added && !first) bumpUpdated(false);
-  slotsNow_ = now;
 }
 
 // The workers of the next round: those of the last round first, in their rank

@@ -133,6 +133,38 @@ std::map<std::string, std::string> rankEnvironment(int rank, int size, int local
   return env;
 }
 
+std::map<std::string, std::string> jobEnvironment(const LaunchOptions& o, const std::string& storeAddr, int storePort,
+                                                  const std::string& secret) {
+  std::map<std::string, std::string> env = {
+      {"CHORUS_RENDEZVOUS_ADDR", storeAddr},
+      {"CHORUS_RENDEZVOUS_PORT", std::to_string(storePort)},
+      {"CHORUS_SECRET", secret},
+      {"CHORUS_START_TIMEOUT", std::to_string(o.startTimeout)},
+      {"CHORUS_JOB_ID", o.jobId},
+  };
+  if (!o.networkInterface.empty()) env["CHORUS_IFACE"] = o.networkInterface;
+  return env;
+}
+
+RankSpec rankSpec(const LaunchOptions& o, const SshOptions& ssh, const std::string& host, bool local,
+                  const std::vector<std::string>& command, std::map<std::string, std::string> env,
+                  const std::string& self, const std::string& cwd) {
+  RankSpec spec;
+  if (local) {
+    for (const auto& x : o.exports)  // -x NAME=VALUE also reaches local ranks (they inherit the rest)
+      if (x.find('=') != std::string::npos) env[x.substr(0, x.find('='))] = x.substr(x.find('=') + 1);
+    spec.argv = command;
+    spec.env = std::move(env);
+    return spec;
+  }
+  std::map<std::string, std::string> all = forwardedEnvironment(o.exports);
+  for (const auto& [k, v] : env) all[k] = v;
+  spec.argv = remoteRankArgv(ssh, host, self, cwd, command);
+  spec.input = encodeEnvironment(all);
+  spec.host = host;
+  return spec;
+}
+
 std::map<std::string, std::string> forwardedEnvironment(const std::vector<std::string>& exports) {
   std::map<std::string, std::string> env;
   for (char** e = environ; *e; ++e) {
@@ -196,7 +228,6 @@ int launch(LaunchOptions o) {
   int localCount = 0;
   for (const auto& p : place) localCount += p.local;
   const auto cpus = planBinding(o.bindTo, localCount);
-  const std::map<std::string, std::string> forwarded = forwardedEnvironment(o.exports);
   const std::string self = remote.empty() ? "" : selfPath();
   const std::string cwd = currentDir();
 
@@ -207,27 +238,12 @@ int launch(LaunchOptions o) {
   for (int r = 0, l = 0; r < o.np; ++r) {
     const Placement& p = place[r];
     std::map<std::string, std::string> env = rankEnvironment(r, o.np, p.localRank, p.localSize, p.crossRank, crossSize);
-    env["CHORUS_RENDEZVOUS_ADDR"] = env["MASTER_ADDR"] = addr;
-    env["CHORUS_RENDEZVOUS_PORT"] = env["MASTER_PORT"] = std::to_string(server->port());
-    env["CHORUS_SECRET"] = secret;
-    env["CHORUS_START_TIMEOUT"] = std::to_string(o.startTimeout);
-    env["CHORUS_JOB_ID"] = o.jobId;
-    if (!o.networkInterface.empty()) env["CHORUS_IFACE"] = o.networkInterface;
-    RankSpec spec;
+    for (const auto& [k, v] : jobEnvironment(o, addr, server->port(), secret)) env[k] = v;
+    env["MASTER_ADDR"] = addr;
+    env["MASTER_PORT"] = std::to_string(server->port());
+    RankSpec spec = rankSpec(o, o.ssh, p.host, p.local, command, std::move(env), self, cwd);
     spec.tag = r;
-    if (p.local) {
-      for (const auto& x : o.exports)  // -x NAME=VALUE also reaches local ranks (they inherit the rest)
-        if (x.find('=') != std::string::npos) env[x.substr(0, x.find('='))] = x.substr(x.find('=') + 1);
-      spec.argv = command;
-      spec.env = env;
-      if (!cpus.empty()) spec.cpus = cpus[l++];
-    } else {
-      std::map<std::string, std::string> all = forwarded;
-      for (const auto& [k, v] : env) all[k] = v;
-      spec.argv = remoteRankArgv(o.ssh, p.host, self, cwd, command);
-      spec.input = encodeEnvironment(all);
-      spec.host = p.host;
-    }
+    if (p.local && !cpus.empty()) spec.cpus = cpus[l++];
     job.ranks.push_back(std::move(spec));
   }
   if (o.verbose) {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "launcher/remote.h"
+#include "launcher/supervisor.h"
 
 namespace chorus::launcher {
 
@@ -43,6 +44,18 @@ std::string currentDir();  // where remote ranks start
 // WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE as torch.distributed has them).
 std::map<std::string, std::string> rankEnvironment(int rank, int size, int localRank, int localSize, int crossRank,
                                                    int crossSize);
+
+// What every rank of a job gets besides who it is: the store, the secret, the
+// start timeout, the job id, the network interface.
+std::map<std::string, std::string> jobEnvironment(const LaunchOptions& o, const std::string& storeAddr, int storePort,
+                                                  const std::string& secret);
+
+// One rank's process: on this host the command itself (env set, -x NAME=VALUE
+// applied); elsewhere ssh to chorusrun's agent, which reads env and the
+// forwarded variables from its input.
+RankSpec rankSpec(const LaunchOptions& o, const SshOptions& ssh, const std::string& host, bool local,
+                  const std::vector<std::string>& command, std::map<std::string, std::string> env,
+                  const std::string& self, const std::string& cwd);
 
 // The variables a remote rank gets from the launcher's environment, as
 // horovodrun forwards them: PATH, PYTHONPATH, LD_LIBRARY_PATH and every

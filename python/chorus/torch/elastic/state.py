@@ -101,9 +101,6 @@ class _ModelHandler:
 
 
 class _OptimizerHandler(_ModelHandler):
-    def restore(self):
-        self.value.load_state_dict(self._saved)
-
     def sync(self):
         broadcast_optimizer_state(self.value, root_rank=0)
 
