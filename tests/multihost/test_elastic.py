@@ -51,7 +51,7 @@ def discovery(tmp_path, hosts):
 
 def start(bed, env, script, result, *extra, fault=None, steps=24, pause=0.25, sets=False):
     e = dict(env, STEPS=str(steps), STEP_PAUSE=str(pause), CHORUS_TIMEOUT_SECONDS="10",
-             PROCESS_SETS="1" if sets else "0")
+             PROCESS_SETS={False: "0", True: "1"}.get(sets, sets))
     if fault:
         e["FAULT"] = fault
     cmd = [chorusrun(), "--min-np", "2", "--max-np", "4", "--host-discovery-script", str(script),
@@ -117,7 +117,7 @@ def test_link_down_in_a_large_allreduce(bed, env, tmp_path):
 def test_host_added_through_discovery(bed, env, tmp_path):
     listing, script = discovery(tmp_path, ["node1"])
     result = tmp_path / "result.json"
-    proc = start(bed, env, script, result, steps=20)
+    proc = start(bed, env, script, result, steps=20, sets="dynamic")
     out = watch(proc, until=r"step 4 size 2")
     listing.write_text("node1\nnode2\n")
     out += watch(proc)
@@ -125,6 +125,8 @@ def test_host_added_through_discovery(bed, env, tmp_path):
     assert "host node2 joins the job" in out and re.search(r"round 2: 4 workers", out), out
     sizes = check_result(result, out)
     assert sizes[:4] == [2] * 4 and sizes[-1] == 4 and len(sizes) == 20, sizes
+    # Dynamic sets added again over the new ranks in a reset callback.
+    assert out.index("process sets: [[0], [1]]") < out.index("process sets: [[0, 2], [1, 3]]"), out
     no_leftovers(bed)
 
 

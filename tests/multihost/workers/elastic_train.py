@@ -20,12 +20,22 @@ LR = 0.1
 
 # PROCESS_SETS=1: static sets [0, 1] and [2, 3] given at the first init (of 4);
 # a reset keeps those of their ranks the new world has (a set left empty goes).
-SETS = os.environ.get("PROCESS_SETS") == "1"
-if SETS:
+# PROCESS_SETS=dynamic: the even and the odd ranks, added at run time and added
+# again over the new ranks after every reset (Horovod 0.28.1 cannot: its issue 4021).
+SETS = os.environ.get("PROCESS_SETS", "0")
+low = high = None
+dynamic_sets = []
+if SETS == "1":
     low, high = hvd.ProcessSet([0, 1]), hvd.ProcessSet([2, 3])
     hvd.init(process_sets=[low, high])
+elif SETS == "dynamic":
+    hvd.init(process_sets="dynamic")
 else:
     hvd.init()
+
+
+def add_dynamic_sets():
+    dynamic_sets[:] = [hvd.add_process_set(list(range(first, hvd.size(), 2))) for first in (0, 1)]
 torch.manual_seed(0)
 model = torch.nn.Linear(4, 1).double()
 opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR), named_parameters=model.named_parameters())
@@ -37,7 +47,7 @@ def on_reset():
 
 
 def check_sets():
-    live = [ps for ps in (low, high) if ps.process_set_id is not None]
+    live = [ps for ps in (low, high) if ps is not None and ps.process_set_id is not None] + dynamic_sets
     for ps in live:
         assert all(r < hvd.size() for r in ps.ranks), ps
         if ps.included():
@@ -49,7 +59,7 @@ def check_sets():
 
 @hvd.elastic.run
 def train(state):
-    if SETS:
+    if SETS != "0":
         check_sets()
     if hvd.rank() == 0:
         print(f"resuming from commit {state.step} with {hvd.size()} ranks", flush=True)
@@ -64,7 +74,9 @@ def train(state):
 
 
 state = hvd.elastic.TorchState(model, opt, step=0, sizes=[])
-state.register_reset_callbacks([on_reset])
+state.register_reset_callbacks([on_reset] + ([add_dynamic_sets] if SETS == "dynamic" else []))
+if SETS == "dynamic":
+    add_dynamic_sets()
 train(state)
 if hvd.rank() == 0:
     write_result(sys.argv[1], sizes=state.sizes, params=[p.detach().flatten().tolist() for p in model.parameters()])
