@@ -42,6 +42,22 @@ struct ReducescatterOptions : OpOptions {
   double postscaleFactor = 1.0;
 };
 
+// Point-to-point: only the two ranks take part (no negotiation). Peers are
+// global ranks, both in the process set; a recv takes the first send from its
+// peer with the same set and tag, in posting order (MPI's matching).
+struct SendRecvOptions {
+  int32_t processSet = kGlobalProcessSetId;
+  int32_t tag = 0;
+};
+
+// One op of a batch (batchSendRecvAsync), as torch.distributed's P2POp.
+struct P2pOp {
+  bool send = true;
+  Tensor tensor;  // read by a send; written by a recv (same bytes and dtype as the send)
+  int peer = -1;
+  int32_t tag = 0;
+};
+
 // Counters of one process set's controller on this rank (for tests and tuning).
 struct ProcessSetStats {
   int64_t cycles = 0;            // negotiation cycles run
@@ -130,6 +146,17 @@ class Runtime {
   // submitAndWait that asks interrupted() as Work::waitUnless does; throws
   // Interrupted (holding the op, still in flight) when it says so.
   Work submitAndWaitUnless(const std::function<Work()>& submit, const std::function<bool()>& interrupted);
+
+  // Point-to-point (SendRecvOptions above). The two ends must agree on bytes and
+  // dtype, else both fail with Mismatch naming both ranks; a dead peer is a
+  // PeerFailure and an unmatched op a Timeout (CHORUS_TIMEOUT_SECONDS), on each end.
+  Work sendAsync(const Tensor& tensor, int dst, const SendRecvOptions& opts = {});
+  Work recvAsync(const Tensor& tensor, int src, const SendRecvOptions& opts = {});
+  // Posts every op at once, so that sends and receives in any order cannot
+  // deadlock on each other (a pipeline's exchange between neighbours).
+  std::vector<Work> batchSendRecvAsync(const std::vector<P2pOp>& ops, int32_t processSet = kGlobalProcessSetId);
+  void send(const Tensor& tensor, int dst, const SendRecvOptions& opts = {});
+  void recv(const Tensor& tensor, int src, const SendRecvOptions& opts = {});
 
   ProcessSetStats stats(int32_t processSet = kGlobalProcessSetId) const;
 

@@ -140,6 +140,7 @@ void RuntimeImpl::init(Config cfg) {
     for (int i = 0; i < size; ++i) all[i] = i;
     exchangeHosts();
     computeTopology();
+    startP2p();
     ProcessSet globalSet(kGlobalProcessSetId, all, rank);
     auto control = makeControl(globalSet);
     auto global = makeDataComm(globalSet);
@@ -157,6 +158,7 @@ void RuntimeImpl::init(Config cfg) {
     }
   } catch (...) {
     sets.clear();
+    stopP2p();
     device.reset();
     store.reset();
     discardTimeline();
@@ -347,6 +349,7 @@ void RuntimeImpl::shutdown() {
   for (auto& c : controllers) c->join();
   sets.clear();
   controllers.clear();
+  stopP2p();
   try {
     timeline->stop();
   } catch (const Error& e) {

@@ -8,6 +8,8 @@
 #include "chorus/store.h"
 #include "comm/communicator.h"
 #include "comm/mpi/mpi_world.h"
+#include "comm/point_to_point.h"
+#include "core/cycle_driver.h"
 #include "core/entry.h"
 #include "core/name_registry.h"
 #include "core/process_set_table.h"
@@ -33,6 +35,7 @@ class RuntimeImpl {
   std::string autoName(int32_t setId, const char* kind);
   std::string resolveName(const OpOptions& opts, const char* kind);
   void synchronize();
+  std::vector<Work> postP2p(const std::vector<P2pOp>& ops, int32_t setId);
   // The elastic driver's count of host-set changes, and whether they only removed hosts.
   std::pair<int64_t, bool> elasticHostUpdates();
   std::pair<int, int> elasticJoinNextRound();
@@ -49,6 +52,9 @@ class RuntimeImpl {
   // Written on rank 0 only; shared by this rank's controllers.
   std::shared_ptr<Timeline> timeline = std::make_shared<Timeline>();
   const MpiWorld* mpiWorld() const { return mpi_.get(); }
+  // Point-to-point, for the whole job; waiters drive it through p2pDriver.
+  std::unique_ptr<PointToPoint> p2p;
+  std::shared_ptr<CycleDriver> p2pDriver;
 
  private:
   void exchangeHosts();
@@ -69,6 +75,10 @@ class RuntimeImpl {
   void agree(const std::string& op, const std::string& what);
   CommOptions commOptions() const;
   void discardTimeline();  // stops it, dropping any error (init failed)
+  void startP2p();
+  void stopP2p();
+  // Registers an op for synchronize().
+  void track(const std::shared_ptr<WorkState>& work);
 
   // Set when the job runs under mpirun: MPI bootstraps the store (rank 0 serves it).
   std::unique_ptr<MpiWorld> mpi_;

@@ -165,6 +165,11 @@ Work RuntimeImpl::submit(std::shared_ptr<Controller> controller, std::vector<Ent
   // A call that waits at once has its op done when it returns: synchronize()
   // need not know of it.
   if (atOnce) return Work(std::move(work));
+  track(work);
+  return Work(std::move(work));
+}
+
+void RuntimeImpl::track(const std::shared_ptr<WorkState>& work) {
   std::lock_guard<std::mutex> lock(mu_);
   if (outstanding_.size() > 256) {
     outstanding_.remove_if([](const std::weak_ptr<WorkState>& w) {
@@ -173,7 +178,6 @@ Work RuntimeImpl::submit(std::shared_ptr<Controller> controller, std::vector<Ent
     });
   }
   outstanding_.push_back(work);
-  return Work(std::move(work));
 }
 
 void RuntimeImpl::synchronize() {

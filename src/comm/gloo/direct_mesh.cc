@@ -17,6 +17,7 @@
 
 #include "chorus/error.h"
 #include "chorus/store.h"
+#include "comm/tcp_listen.h"
 #include "rendezvous/wire.h"
 
 namespace chorus {
@@ -30,68 +31,6 @@ struct Header {
   uint32_t seq;
 };
 
-std::string numericHost(const sockaddr* sa, socklen_t len) {
-  char buf[NI_MAXHOST];
-  if (getnameinfo(sa, len, buf, sizeof(buf), nullptr, 0, NI_NUMERICHOST) != 0) return "";
-  return buf;
-}
-
-std::string interfaceAddress(const std::string& iface) {
-  ifaddrs* list = nullptr;
-  if (getifaddrs(&list) != 0) throw Error("cannot list network interfaces: " + std::string(std::strerror(errno)));
-  std::string v4, v6;
-  for (ifaddrs* a = list; a; a = a->ifa_next) {
-    if (!a->ifa_addr || iface != a->ifa_name) continue;
-    if (a->ifa_addr->sa_family == AF_INET && v4.empty()) v4 = numericHost(a->ifa_addr, sizeof(sockaddr_in));
-    if (a->ifa_addr->sa_family == AF_INET6 && v6.empty()) v6 = numericHost(a->ifa_addr, sizeof(sockaddr_in6));
-  }
-  freeifaddrs(list);
-  if (v4.empty() && v6.empty()) throw InvalidArgument("network interface '" + iface + "' has no IP address");
-  return v4.empty() ? v6 : v4;
-}
-
-// Listens on host, any port; returns the socket and the address peers connect to.
-int listenOn(const std::string& host, int backlog, std::string* addr, int* port) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  if (int rc = getaddrinfo(host.c_str(), "0", &hints, &res); rc != 0)
-    throw InvalidArgument("cannot resolve the TCP transport's address '" + host + "': " + gai_strerror(rc));
-  int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0 || ::bind(fd, res->ai_addr, res->ai_addrlen) != 0 || ::listen(fd, backlog) != 0) {
-    const std::string why = std::strerror(errno);
-    if (fd >= 0) ::close(fd);
-    freeaddrinfo(res);
-    throw Error("cannot listen for TCP peers on " + host + ": " + why);
-  }
-  freeaddrinfo(res);
-  sockaddr_storage ss{};
-  socklen_t len = sizeof(ss);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
-  *port = ntohs(ss.ss_family == AF_INET ? reinterpret_cast<sockaddr_in*>(&ss)->sin_port
-                                        : reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port);
-  *addr = numericHost(reinterpret_cast<sockaddr*>(&ss), len);
-  if (*addr == "0.0.0.0" || *addr == "::") {  // listening everywhere: peers use the host name
-    char name[256] = {0};
-    gethostname(name, sizeof(name) - 1);
-    *addr = name;
-  }
-  return fd;
-}
-
-bool ready(int fd, short events, int timeoutMs) {
-  pollfd p{fd, events, 0};
-  int rc;
-  do rc = ::poll(&p, 1, timeoutMs); while (rc < 0 && errno == EINTR);
-  return rc > 0;
-}
-
-int msLeft(std::chrono::steady_clock::time_point deadline) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-  return static_cast<int>(std::max<int64_t>(0, left.count() + 1));
-}
-
 }  // namespace
 
 DirectMesh::DirectMesh(Store& store, const std::string& prefix, int rank, int size, const std::string& host,
@@ -101,7 +40,7 @@ DirectMesh::DirectMesh(Store& store, const std::string& prefix, int rank, int si
   const auto deadline = std::chrono::steady_clock::now() + connectTimeout;
   std::string addr;
   int port = 0;
-  const int lfd = listenOn(iface.empty() ? host : interfaceAddress(iface), size, &addr, &port);
+  const int lfd = tcpListen(host, iface, size, &addr, &port);
   auto key = [&](int r) { return prefix + "direct/" + std::to_string(r); };
   const std::string mine = addr + " " + std::to_string(port);
   try {
@@ -120,13 +59,13 @@ DirectMesh::DirectMesh(Store& store, const std::string& prefix, int rank, int si
         throw PeerFailure("peer failure: rank " + std::to_string(peer) + " closed its TCP connection while connecting");
     }
     for (int missing = size - 1 - rank; missing > 0;) {
-      if (!ready(lfd, POLLIN, msLeft(deadline)))
+      if (!tcpReady(lfd, POLLIN, msLeft(deadline)))
         throw Timeout("timed out after " + std::to_string(connectTimeout.count()) + " ms waiting for " +
                       std::to_string(missing) + " higher rank(s) of a TCP group to connect");
       const int fd = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
       if (fd < 0) continue;
       uint32_t hello[2] = {0, 0};
-      const bool got = ready(fd, POLLIN, msLeft(deadline)) && ::recv(fd, hello, sizeof(hello), MSG_WAITALL) == sizeof(hello);
+      const bool got = tcpReady(fd, POLLIN, msLeft(deadline)) && ::recv(fd, hello, sizeof(hello), MSG_WAITALL) == sizeof(hello);
       const int peer = static_cast<int>(hello[1]);
       if (!got || hello[0] != kHello || peer <= rank || peer >= size || fds_[peer] >= 0) {
         ::close(fd);  // not one of ours: keep waiting for the real peers

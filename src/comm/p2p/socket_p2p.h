@@ -1,0 +1,128 @@
+#pragma once
+// Point-to-point over TCP connections made on first use, one each way per pair
+// (a rank sends on the connection it made, and answers on the one it accepted,
+// so two ranks that start talking at once never race to connect). Small
+// messages travel with their header (eager); large ones are announced and move
+// once the receiver has matched them: read by the receiver straight from the
+// sender's memory on the same host (cross-memory attach, one copy), streamed
+// over the connection otherwise. Progress: a thread that waits drives it
+// (spinning briefly, then sleeping in poll); a background thread does when no
+// thread waits.
+#include <poll.h>
+#include <sys/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "comm/p2p/p2p_link.h"
+#include "comm/point_to_point.h"
+
+namespace chorus::p2p {
+
+class SocketP2p : public PointToPoint, private Link::Sink {
+ public:
+  SocketP2p(Store& store, const std::string& prefix, int rank, const std::vector<std::string>& hosts,
+            const P2pOptions& opts);
+  ~SocketP2p() override;
+
+  void post(std::vector<P2pRequest> ops) override;
+  bool drive(const std::function<bool()>& done) override;
+  void shutdown() override;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct SendOp {
+    P2pRequest req;
+    Clock::time_point deadline;
+    bool announced = false;  // kRts: waiting for kCts or kDone
+  };
+  struct RecvOp {
+    P2pRequest req;
+    Clock::time_point deadline;
+    uint64_t streaming = 0;  // the sender's id once kCts went out (0: not matched)
+  };
+  using RecvIt = std::list<RecvOp>::iterator;
+  struct Arrival {  // a send that came before its recv
+    Frame f;
+    std::vector<char> payload;  // kEager
+  };
+  struct Peer {
+    Link* out = nullptr;  // made by this rank: its sends, their answers
+    Link* in = nullptr;   // made by the peer: its sends, this rank's answers
+    pid_t pid = 0;        // from the peer's hello
+    bool sameHost = false;
+    bool cma = true;      // cross-memory attach still believed to work
+    std::string failed;   // why the pair is unusable, once it is
+    std::map<uint64_t, SendOp> sends;  // by id
+    std::list<RecvOp> recvs;           // in posting order
+    std::deque<Arrival> early;         // in arrival order
+    RecvIt reading{};                  // the recv a kEager/kData payload is read into...
+    bool readingSet = false;           // ...when set
+    // A payload read with no recv for it (kEager, kNack's text), one per link:
+    // the two links' frames interleave.
+    Arrival arrivingIn, arrivingOut;
+  };
+
+  // Link::Sink, on the in (or out) link of a peer; mu_ held.
+  char* onHeader(Link& link, const Frame& f) override;
+  void onFrame(Link& link, const Frame& f) override;
+
+  void connectTo(int peer);  // without mu_; throws PeerFailure
+  void postLocked(P2pRequest req);
+  void startSend(int peer, SendOp& op);
+  // A recv meets a send that arrived: kEager (with its payload) or kRts.
+  void match(int peer, RecvIt op, const Frame& f, const std::vector<char>* payload);
+  // The first posted recv not yet matched that f would match, or end().
+  RecvIt findRecv(Peer& p, const Frame& f);
+  void finishRecv(Peer& p, RecvIt op, std::exception_ptr err);
+  void finishSend(Peer& p, uint64_t id, std::exception_ptr err);
+  void queueOn(Link* link, Kind kind, uint64_t id, const std::string& text = "");
+  std::string mismatch(int sender, const Frame& f, const RecvOp& op) const;
+  void failPeer(int peer, const std::string& why);
+  void checkDeadlines();
+  void flushAll();
+  // One round: poll every connection (timeoutMs: 0 spins) and handle what is ready.
+  // The background thread polls only while no caller wants to drive.
+  void progressOnce(int timeoutMs, bool background = false);
+  void acceptAll();
+  void kick();
+  void background();
+
+  int rank_;
+  std::vector<std::string> hosts_;
+  P2pOptions opts_;
+  Store& store_;
+  std::string prefix_;
+  uint64_t token_ = 0;
+  int listenFd_ = -1;
+  int wakeFd_ = -1;
+  std::chrono::microseconds spin_;
+
+  std::mutex mu_;  // everything below
+  std::vector<Peer> peers_;
+  std::vector<std::unique_ptr<Link>> links_;  // never shrinks while running (pollers hold indices)
+  uint64_t nextId_ = 1;
+  Clock::time_point nextDeadlineCheck_{};
+  bool stopped_ = false;
+
+  std::mutex connectMu_;           // one connect at a time
+  std::timed_mutex driveMu_;       // held by the thread that polls
+  std::atomic<int> waiters_{0};    // threads in drive()
+  std::atomic<bool> sleeping_{false};  // a poll with a timeout is under way
+  std::atomic<bool> stopping_{false};
+  std::vector<pollfd> pollFds_;  // the driver's (driveMu_)
+  std::vector<Link*> pollLinks_;
+  std::mutex bgMu_;
+  std::condition_variable bgCv_;
+  std::thread bg_;
+};
+
+}  // namespace chorus::p2p

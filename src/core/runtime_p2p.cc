@@ -1,0 +1,86 @@
+// Point-to-point ops of the Runtime: checked here, carried by src/comm's PointToPoint.
+#include <algorithm>
+
+#include "chorus/error.h"
+#include "core/process_set_table.h"
+#include "core/runtime_impl.h"
+#include "core/work_state.h"
+
+namespace chorus {
+
+void RuntimeImpl::startP2p() {
+  P2pOptions o;
+  o.bindAddress = config.bindAddress;
+  o.iface = config.iface;
+  o.timeout = std::chrono::milliseconds(static_cast<int64_t>(config.timeoutSeconds * 1000));
+  o.connectTimeout = std::chrono::milliseconds(static_cast<int64_t>(config.startTimeoutSeconds * 1000));
+  o.crossMemoryAttach = config.shmSingleCopy;
+  p2p = makePointToPoint(*store, prefix, rank, hosts, o);
+  PointToPoint* engine = p2p.get();
+  p2pDriver = std::make_shared<CycleDriver>(
+      CycleDriver::Hooks{[engine](const std::function<bool()>& done) { return engine->drive(done); }, nullptr});
+}
+
+void RuntimeImpl::stopP2p() {
+  if (p2pDriver) p2pDriver->detach();  // returns once no waiter is inside the engine
+  if (p2p) p2p->shutdown();
+  p2p.reset();
+  p2pDriver.reset();
+}
+
+std::vector<Work> RuntimeImpl::postP2p(const std::vector<P2pOp>& ops, int32_t setId) {
+  requireInit();
+  const ProcessSet ps = sets.get(setId);
+  const std::string where = "process set " + std::to_string(setId) + " (ranks " + listString(ps.ranks()) + ")";
+  if (!ps.included())
+    throw InvalidArgument("point-to-point: rank " + std::to_string(rank) + " is not in " + where);
+  std::vector<P2pRequest> reqs;
+  std::vector<Work> works;
+  for (const auto& op : ops) {
+    const auto& members = ps.ranks();
+    if (std::find(members.begin(), members.end(), op.peer) == members.end())
+      throw InvalidArgument("point-to-point: rank " + std::to_string(rank) + " cannot " +
+                            (op.send ? "send to" : "receive from") + " rank " + std::to_string(op.peer) +
+                            ", which is not in " + where);
+    if (op.peer == rank)
+      throw InvalidArgument("point-to-point: rank " + std::to_string(rank) + " cannot " +
+                            (op.send ? "send to" : "receive from") + " itself");
+    if (op.tensor.numel() < 0 || (op.tensor.numel() > 0 && !op.tensor.data))
+      throw InvalidArgument("point-to-point: a tensor of shape " + shapeString(op.tensor.shape) + " has no data");
+    auto work = std::make_shared<WorkState>(1);
+    work->driver = p2pDriver;
+    work->outputs = {op.tensor};
+    P2pRequest r;
+    r.send = op.send;
+    r.data = op.tensor.data;
+    r.bytes = op.tensor.bytes();
+    r.dtype = op.tensor.dtype;
+    r.peer = op.peer;
+    r.processSet = setId;
+    r.tag = op.tag;
+    r.done = [work](std::exception_ptr err) { work->complete(err); };
+    reqs.push_back(std::move(r));
+    works.emplace_back(work);
+    track(work);
+  }
+  p2p->post(std::move(reqs));
+  return works;
+}
+
+Work Runtime::sendAsync(const Tensor& tensor, int dst, const SendRecvOptions& opts) {
+  return impl_->postP2p({P2pOp{true, tensor, dst, opts.tag}}, opts.processSet).front();
+}
+
+Work Runtime::recvAsync(const Tensor& tensor, int src, const SendRecvOptions& opts) {
+  return impl_->postP2p({P2pOp{false, tensor, src, opts.tag}}, opts.processSet).front();
+}
+
+std::vector<Work> Runtime::batchSendRecvAsync(const std::vector<P2pOp>& ops, int32_t processSet) {
+  return impl_->postP2p(ops, processSet);
+}
+
+void Runtime::send(const Tensor& tensor, int dst, const SendRecvOptions& opts) { sendAsync(tensor, dst, opts).wait(); }
+
+void Runtime::recv(const Tensor& tensor, int src, const SendRecvOptions& opts) { recvAsync(tensor, src, opts).wait(); }
+
+}  // namespace chorus
