@@ -240,6 +240,25 @@ PYBIND11_MODULE(_core, m) {
   m.def("barrier_async", [](int32_t processSet, bool wait) {
     return start(wait, [&] { return rt().barrierAsync(processSet); });
   });
+  // Point-to-point: peers are global ranks; wait: done inside the call.
+  m.def("send_async", [](uintptr_t ptr, int dtype, const std::vector<int64_t>& shape, int dst, int32_t tag,
+                         int32_t processSet, bool wait) {
+    return start(wait, [&] { return rt().sendAsync(view(ptr, dtype, shape), dst, {processSet, tag}); });
+  });
+  m.def("recv_async", [](uintptr_t ptr, int dtype, const std::vector<int64_t>& shape, int src, int32_t tag,
+                         int32_t processSet, bool wait) {
+    return start(wait, [&] { return rt().recvAsync(view(ptr, dtype, shape), src, {processSet, tag}); });
+  });
+  m.def("batch_send_recv", [](const std::vector<bool>& sends, const std::vector<uintptr_t>& ptrs,
+                              const std::vector<int>& dtypes, const std::vector<std::vector<int64_t>>& shapes,
+                              const std::vector<int>& peers, const std::vector<int32_t>& tags, int32_t processSet) {
+    std::vector<P2pOp> ops;
+    for (size_t i = 0; i < ptrs.size(); ++i)
+      ops.push_back(P2pOp{sends.at(i), view(ptrs[i], dtypes.at(i), shapes.at(i)), peers.at(i), tags.at(i)});
+    std::vector<PyWork> out;
+    for (auto& w : rt().batchSendRecvAsync(ops, processSet)) out.push_back(PyWork{std::move(w)});
+    return out;
+  });
   m.def("join_async", [](int32_t processSet, bool wait) {
     return start(wait, [&] { return rt().joinAsync(processSet); });
   });

@@ -133,3 +133,16 @@ def test_sigint_and_signal_handlers_interrupt_a_blocked_collective(ranks):
 def test_stall_shutdown_fails_a_blocked_call(ranks):
     out = ok(ranks(2, "stall_shutdown.py", env={"CHORUS_STALL_SHUTDOWN_TIME_SECONDS": "2"}, timeout=120))
     assert out.count("stall shutdown ok") == 2
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_point_to_point(ranks, n):
+    out = ok(ranks(n, "p2p.py"))
+    assert out.count("p2p ok") == n
+
+
+def test_point_to_point_dead_peer(ranks):
+    # The timeout is far away: the failure must come from the closed connection.
+    proc = ranks(2, "p2p_peer_death.py", env={"CHORUS_TIMEOUT_SECONDS": "60"}, keep_going=True)
+    m = re.search(r"rank 0: peer failure after ([\d.]+) s", proc.stdout)
+    assert m and float(m.group(1)) < 10, proc.stdout

@@ -17,6 +17,7 @@ from chorus.torch.mpi_ops import (Adasum, Average, HorovodInternalError, Max, Mi
                                   grouped_allreduce_async_, grouped_reducescatter,
                                   grouped_reducescatter_async, join, poll, reducescatter,
                                   reducescatter_async, sparse_allreduce_async, synchronize)
+from chorus.torch.p2p import P2POp, P2PWork, batch_isend_irecv, irecv, isend, recv, send
 from chorus.torch.optimizer import DistributedOptimizer
 from chorus.torch.sync_batch_norm import SyncBatchNorm
 from chorus.torch import elastic  # noqa: E402  (hvd.elastic.run, as horovod.torch has it)

@@ -158,6 +158,7 @@ def _output(work, i, dtype, device):
 
 def poll(handle):
     """True when the op behind handle has finished."""
+    handle = getattr(handle, "handle", handle)  # a P2PWork
     with _lock:
         h = _handles.get(handle)
     if h is None:
@@ -167,6 +168,7 @@ def poll(handle):
 
 def synchronize(handle=None):
     """Waits for an op and returns its result; with no handle, waits for everything in flight."""
+    handle = getattr(handle, "handle", handle)  # a P2PWork
     if handle is None:
         with _lock:
             pending = list(_handles.keys())
