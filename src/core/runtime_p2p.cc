@@ -31,17 +31,25 @@ void RuntimeImpl::stopP2p() {
 std::vector<Work> RuntimeImpl::postP2p(const std::vector<P2pOp>& ops, int32_t setId) {
   requireInit();
   const ProcessSet ps = sets.get(setId);
-  const std::string where = "process set " + std::to_string(setId) + " (ranks " + listString(ps.ranks()) + ")";
+  auto where = [&] { return "process set " + std::to_string(setId) + " (ranks " + listString(ps.ranks()) + ")"; };
   if (!ps.included())
-    throw InvalidArgument("point-to-point: rank " + std::to_string(rank) + " is not in " + where);
+    throw InvalidArgument("point-to-point: rank " + std::to_string(rank) + " is not in " + where());
+  if (setId == kGlobalProcessSetId)  // (the set's members are every rank)
+    for (const auto& op : ops)
+      if (op.peer < 0 || op.peer >= size)
+        throw InvalidArgument("point-to-point: rank " + std::to_string(rank) + " cannot " +
+                              (op.send ? "send to" : "receive from") + " rank " + std::to_string(op.peer) +
+                              " (the job has " + std::to_string(size) + " ranks)");
   std::vector<P2pRequest> reqs;
   std::vector<Work> works;
+  reqs.reserve(ops.size());
+  works.reserve(ops.size());
   for (const auto& op : ops) {
     const auto& members = ps.ranks();
-    if (std::find(members.begin(), members.end(), op.peer) == members.end())
+    if (setId != kGlobalProcessSetId && std::find(members.begin(), members.end(), op.peer) == members.end())
       throw InvalidArgument("point-to-point: rank " + std::to_string(rank) + " cannot " +
                             (op.send ? "send to" : "receive from") + " rank " + std::to_string(op.peer) +
-                            ", which is not in " + where);
+                            ", which is not in " + where());
     if (op.peer == rank)
       throw InvalidArgument("point-to-point: rank " + std::to_string(rank) + " cannot " +
                             (op.send ? "send to" : "receive from") + " itself");

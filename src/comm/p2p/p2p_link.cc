@@ -11,9 +11,8 @@
 namespace chorus::p2p {
 
 namespace {
-// Enough to take one small frame and its payload per read, no more: the
-// scratch only ever holds payloads that are thrown away.
-constexpr size_t kScratchBytes = 64 << 10;
+// Small frames (and eager payloads up to this) arrive in one read.
+constexpr size_t kReadAhead = 128 << 10;
 
 std::string closedWhy(ssize_t r) {
   return r < 0 ? std::string(std::strerror(errno)) : std::string("connection closed");
@@ -68,34 +67,45 @@ bool Link::flush(std::string* why) {
 }
 
 bool Link::pump(Sink& sink, std::string* why) {
+  if (buf_.empty()) buf_.resize(kReadAhead);
   while (fd_ >= 0) {
-    if (!inPayload_) {
-      const ssize_t r = ::recv(fd_, reinterpret_cast<char*>(&in_) + inGot_, sizeof(Frame) - inGot_, MSG_DONTWAIT);
-      if (r < 0 && errno == EINTR) continue;
-      if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
-      if (r <= 0) {
-        *why = closedWhy(r);
-        return false;
+    // Whatever is buffered first: headers, and payload bytes read along with them.
+    while (true) {
+      if (!inPayload_) {
+        if (!takeHeader()) break;
+        left_ = payloadBytes(in_);
+        dst_ = left_ ? sink.onHeader(*this, in_) : nullptr;
+        if (fd_ < 0) return true;  // the sink closed this link
+        if (left_ == 0) {
+          sink.onFrame(*this, in_);
+          continue;
+        }
+        inPayload_ = true;
       }
-      inGot_ += static_cast<size_t>(r);
-      if (inGot_ < sizeof(Frame)) continue;
-      inGot_ = 0;
-      left_ = payloadBytes(in_);
-      dst_ = left_ ? sink.onHeader(*this, in_) : nullptr;
-      if (fd_ < 0) return true;  // the sink closed this link
+      const size_t have = std::min<uint64_t>(left_, bufEnd_ - bufStart_);
+      if (have == 0) break;
+      if (dst_) {
+        std::memcpy(dst_, buf_.data() + bufStart_, have);
+        dst_ += have;
+      }
+      bufStart_ += have;
+      left_ -= have;
       if (left_ == 0) {
+        inPayload_ = false;
+        dst_ = nullptr;
         sink.onFrame(*this, in_);
-        continue;
       }
-      inPayload_ = true;
     }
-    char* to = dst_;
-    size_t want = left_;
-    if (!to) {
-      if (scratch_.empty()) scratch_.resize(kScratchBytes);
-      to = scratch_.data();
-      want = std::min<uint64_t>(left_, scratch_.size());
+    if (bufStart_ == bufEnd_) bufStart_ = bufEnd_ = 0;
+    // A large payload goes straight to its place; anything else through the buffer.
+    const bool direct = inPayload_ && dst_ && left_ >= buf_.size() / 2;
+    if (!direct && bufStart_ > 0 && bufEnd_ == buf_.size()) {
+      std::memmove(buf_.data(), buf_.data() + bufStart_, bufEnd_ - bufStart_);
+      bufEnd_ -= bufStart_;
+      bufStart_ = 0;
     }
+    char* to = direct ? dst_ : buf_.data() + bufEnd_;
+    const size_t want = direct ? left_ : buf_.size() - bufEnd_;
     const ssize_t r = ::recv(fd_, to, want, MSG_DONTWAIT);
     if (r < 0 && errno == EINTR) continue;
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
@@ -103,14 +113,25 @@ bool Link::pump(Sink& sink, std::string* why) {
       *why = closedWhy(r);
       return false;
     }
+    if (!direct) {
+      bufEnd_ += static_cast<size_t>(r);
+      continue;
+    }
+    dst_ += r;
     left_ -= static_cast<uint64_t>(r);
-    if (dst_) dst_ += r;
     if (left_ == 0) {
       inPayload_ = false;
       dst_ = nullptr;
       sink.onFrame(*this, in_);
     }
   }
+  return true;
+}
+
+bool Link::takeHeader() {
+  if (bufEnd_ - bufStart_ < sizeof(Frame)) return false;
+  std::memcpy(&in_, buf_.data() + bufStart_, sizeof(Frame));
+  bufStart_ += sizeof(Frame);
   return true;
 }
 

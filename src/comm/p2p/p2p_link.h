@@ -90,13 +90,16 @@ class Link {
   int peer_;
   bool outgoing_;
   std::deque<Out> out_;
+  // Takes a whole header from buffered bytes (false: not all there yet).
+  bool takeHeader();
+  // Bytes read ahead: small frames cost one read for several (header and payload together).
+  std::vector<char> buf_;
+  size_t bufStart_ = 0, bufEnd_ = 0;
   // The frame being read.
   Frame in_{};
-  size_t inGot_ = 0;
   char* dst_ = nullptr;  // where its payload goes (null: discarded)
   uint64_t left_ = 0;    // payload bytes still to read
   bool inPayload_ = false;
-  std::vector<char> scratch_;
 };
 
 }  // namespace chorus::p2p

@@ -8,9 +8,12 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 #include <random>
 #include <sstream>
@@ -40,7 +43,42 @@ std::string describe(const P2pRequest& r, int me) {
 void setNonBlocking(int fd) {
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
   int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));  // (refused by Unix sockets: harmless)
+}
+
+// An abstract Unix socket name (per network namespace, so per host here): the
+// job's token keeps jobs apart.
+sockaddr_un localName(uint64_t token, int rank, socklen_t* len) {
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  const std::string name = "chorus-p2p-" + std::to_string(token) + "-" + std::to_string(rank);
+  std::memcpy(a.sun_path + 1, name.data(), std::min(name.size(), sizeof(a.sun_path) - 2));
+  *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  return a;
+}
+
+int listenLocal(uint64_t token, int rank) {
+  socklen_t len;
+  const sockaddr_un a = localName(token, rank, &len);
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return -1;
+  if (::bind(fd, reinterpret_cast<const sockaddr*>(&a), len) != 0 || ::listen(fd, 128) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+int connectLocal(uint64_t token, int rank) {
+  socklen_t len;
+  const sockaddr_un a = localName(token, rank, &len);
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&a), len) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
 }
 
 // One attempt, bounded by timeout: the peer listened before it published its
@@ -101,12 +139,8 @@ int readPeerMemory(pid_t pid, uint64_t addr, void* dst, size_t bytes) {
   return 0;
 }
 
-int usableCores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
-  return CPU_COUNT(&set);
-}
+// The machine's cores (a launcher may have bound each rank to one of them).
+int usableCores() { return static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN))); }
 
 }  // namespace
 
@@ -114,6 +148,8 @@ SocketP2p::SocketP2p(Store& store, const std::string& prefix, int rank, const st
                      const P2pOptions& opts)
     : rank_(rank), hosts_(hosts), opts_(opts), store_(store), prefix_(prefix + "p2p/") {
   peers_.resize(hosts.size());
+  connected_.reset(new std::atomic<bool>[hosts.size()]);
+  for (size_t r = 0; r < hosts.size(); ++r) connected_[r] = false;
   int local = 0;
   for (size_t r = 0; r < hosts.size(); ++r) {
     peers_[r].sameHost = hosts[r] == hosts[rank];
@@ -136,9 +172,11 @@ SocketP2p::SocketP2p(Store& store, const std::string& prefix, int rank, const st
       const auto v = store.get(prefix_ + "token", opts.connectTimeout);
       if (v.size() == sizeof(token_)) std::memcpy(&token_, v.data(), sizeof(token_));
     }
-    const std::string mine = addr + " " + std::to_string(port);
+    localFd_ = listenLocal(token_, rank);  // (none: same-host peers use TCP)
+    const std::string mine = addr + " " + std::to_string(port) + " " + (localFd_ >= 0 ? "1" : "0");
     store.set(prefix_ + std::to_string(rank), std::vector<char>(mine.begin(), mine.end()));
   } catch (...) {
+    if (localFd_ >= 0) ::close(localFd_);
     ::close(listenFd_);
     ::close(wakeFd_);
     throw;
@@ -149,6 +187,7 @@ SocketP2p::SocketP2p(Store& store, const std::string& prefix, int rank, const st
 SocketP2p::~SocketP2p() {
   shutdown();
   ::close(listenFd_);
+  if (localFd_ >= 0) ::close(localFd_);
   ::close(wakeFd_);
 }
 
@@ -169,36 +208,42 @@ void SocketP2p::shutdown() {
       p.early.clear();
       p.readingSet = false;
     }
+    pending_ = 0;
     for (auto& l : links_) l->close();
   }
   const uint64_t one = 1;
   (void)!::write(wakeFd_, &one, sizeof(one));
-  bgCv_.notify_all();
+  {
+    std::lock_guard<std::mutex> wake(bgMu_);
+    bgCv_.notify_all();
+  }
   if (bg_.joinable()) bg_.join();
 }
 
 void SocketP2p::kick() {
-  if (!sleeping_.load()) return;
+  if (sleepers_.load() == 0) return;
   const uint64_t one = 1;
   (void)!::write(wakeFd_, &one, sizeof(one));
 }
 
 void SocketP2p::connectTo(int peer) {
+  if (connected_[peer].load()) return;
   std::lock_guard<std::mutex> one(connectMu_);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (peers_[peer].out || !peers_[peer].failed.empty()) return;
   }
   std::string addr, why;
-  int port = 0;
+  int port = 0, local = 0;
   try {
     const auto v = store_.get(prefix_ + std::to_string(peer), opts_.connectTimeout);
     std::istringstream in(std::string(v.begin(), v.end()));
-    in >> addr >> port;
+    in >> addr >> port >> local;
   } catch (const Timeout&) {
     throw PeerFailure("peer failure: " + who(peer) + " never published its point-to-point address");
   }
-  const int fd = connectOnce(addr, port, opts_.connectTimeout, &why);
+  int fd = local && peers_[peer].sameHost && localFd_ >= 0 ? connectLocal(token_, peer) : -1;
+  if (fd < 0) fd = connectOnce(addr, port, opts_.connectTimeout, &why);
   if (fd < 0)
     throw PeerFailure("peer failure: " + who(rank_) + " cannot connect to " + who(peer) + " at " + addr + ":" +
                       std::to_string(port) + " for point-to-point (" + why + ")");
@@ -211,6 +256,7 @@ void SocketP2p::connectTo(int peer) {
   std::lock_guard<std::mutex> lock(mu_);
   links_.push_back(std::make_unique<Link>(fd, peer, true));
   peers_[peer].out = links_.back().get();
+  connected_[peer] = true;
   kick();
 }
 
@@ -218,13 +264,18 @@ void SocketP2p::post(std::vector<P2pRequest> ops) {
   const int n = static_cast<int>(peers_.size());
   // Every peer named gets this rank's connection first, a recv's too: it is how
   // this rank learns that the peer died.
-  std::map<int, std::exception_ptr> unreachable;
+  std::vector<std::pair<int, std::exception_ptr>> unreachable;
+  auto failedTo = [&](int peer) -> std::exception_ptr {
+    for (const auto& [p, e] : unreachable)
+      if (p == peer) return e;
+    return nullptr;
+  };
   for (const auto& op : ops) {
-    if (op.peer < 0 || op.peer >= n || op.peer == rank_ || unreachable.count(op.peer)) continue;
+    if (op.peer < 0 || op.peer >= n || op.peer == rank_ || failedTo(op.peer)) continue;
     try {
       connectTo(op.peer);
     } catch (...) {
-      unreachable[op.peer] = std::current_exception();
+      unreachable.emplace_back(op.peer, std::current_exception());
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
@@ -233,8 +284,8 @@ void SocketP2p::post(std::vector<P2pRequest> ops) {
       op.done(std::make_exception_ptr(InvalidArgument(
           "point-to-point: " + who(rank_) + " cannot " + (op.send ? "send to " : "receive from ") + who(op.peer) +
           (op.peer == rank_ ? " (itself)" : " (the job has " + std::to_string(n) + " ranks)"))));
-    } else if (auto it = unreachable.find(op.peer); it != unreachable.end()) {
-      op.done(it->second);
+    } else if (auto err = failedTo(op.peer)) {
+      op.done(err);
     } else {
       postLocked(std::move(op));
     }
@@ -251,8 +302,15 @@ void SocketP2p::postLocked(P2pRequest req) {
     req.done(std::make_exception_ptr(PeerFailure(p.failed + " (" + describe(req, rank_) + ")")));
     return;
   }
-  const auto deadline = Clock::now() + opts_.timeout;
+  const auto now = Clock::now();
+  const auto deadline = now + opts_.timeout;
   const int peer = req.peer;
+  pending_.fetch_add(1);
+  lastActive_ = now.time_since_epoch().count();
+  if (bgIdle_.load()) {
+    std::lock_guard<std::mutex> wake(bgMu_);
+    bgCv_.notify_all();
+  }
   if (req.send) {
     const uint64_t id = nextId_++;
     SendOp& op = p.sends.emplace(id, SendOp{std::move(req), deadline}).first->second;
@@ -267,7 +325,7 @@ void SocketP2p::postLocked(P2pRequest req) {
     }
     std::string why;
     if (!p.out->flush(&why)) failPeer(peer, "its connection from " + who(rank_) + " failed (" + why + ")");
-    kick();
+    if (p.out->wantsWrite()) kick();  // a sleeping poll must watch for room to write
     return;
   }
   p.recvs.push_back(RecvOp{std::move(req), deadline});
@@ -337,6 +395,7 @@ void SocketP2p::finishRecv(Peer& p, RecvIt op, std::exception_ptr err) {
   if (p.readingSet && p.reading == op) p.readingSet = false;
   auto done = std::move(op->req.done);
   p.recvs.erase(op);
+  pending_.fetch_sub(1);
   done(err);
 }
 
@@ -345,6 +404,7 @@ void SocketP2p::finishSend(Peer& p, uint64_t id, std::exception_ptr err) {
   if (it == p.sends.end()) return;
   auto done = std::move(it->second.req.done);
   p.sends.erase(it);
+  pending_.fetch_sub(1);
   done(err);
 }
 
@@ -479,6 +539,7 @@ void SocketP2p::failPeer(int peer, const std::string& why) {
   p.recvs.clear();
   p.early.clear();
   p.readingSet = false;
+  pending_.fetch_sub(static_cast<int>(sends.size() + recvs.size()));
   for (auto& [id, op] : sends) op.req.done(std::make_exception_ptr(PeerFailure(p.failed + " (" + describe(op.req, rank_) + ")")));
   for (auto& op : recvs) op.req.done(std::make_exception_ptr(PeerFailure(p.failed + " (" + describe(op.req, rank_) + ")")));
 }
@@ -519,9 +580,9 @@ void SocketP2p::checkDeadlines() {
   }
 }
 
-void SocketP2p::acceptAll() {
+void SocketP2p::acceptAll(int listener) {
   while (true) {
-    const int fd = ::accept4(listenFd_, nullptr, nullptr, SOCK_CLOEXEC);
+    const int fd = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) return;
     setNonBlocking(fd);
     links_.push_back(std::make_unique<Link>(fd, -1, false));
@@ -529,38 +590,43 @@ void SocketP2p::acceptAll() {
 }
 
 void SocketP2p::progressOnce(int timeoutMs, bool background) {
+  thread_local std::vector<pollfd> fds;
+  thread_local std::vector<Link*> links;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopped_) return;
-    pollFds_.clear();
-    pollLinks_.clear();
-    pollFds_.push_back({wakeFd_, POLLIN, 0});
-    pollFds_.push_back({listenFd_, POLLIN, 0});
+    fds.clear();
+    links.clear();
+    fds.push_back({wakeFd_, POLLIN, 0});
+    fds.push_back({listenFd_, POLLIN, 0});
+    fds.push_back({localFd_, POLLIN, 0});  // (-1: ignored by poll)
     for (auto& l : links_) {
       if (!l->open()) continue;
-      pollFds_.push_back({l->fd(), static_cast<short>(POLLIN | (l->wantsWrite() ? POLLOUT : 0)), 0});
-      pollLinks_.push_back(l.get());
+      fds.push_back({l->fd(), static_cast<short>(POLLIN | (l->wantsWrite() ? POLLOUT : 0)), 0});
+      links.push_back(l.get());
     }
-    if (timeoutMs > 0) sleeping_ = true;  // under mu_: a post after this kicks the poll
-    // A caller that came to drive after the background thread looked, and
-    // before it slept, kicked nobody: it must not wait out this poll.
+    // A caller that came to drive after the background thread looked must not
+    // find it polling beside it for long.
     if (background && waiters_.load() > 0) timeoutMs = 0;
+    // Under mu_: a post after this sees the sleeper and kicks the poll.
+    if (timeoutMs > 0) sleepers_.fetch_add(1);
   }
   int rc;
-  do rc = ::poll(pollFds_.data(), pollFds_.size(), timeoutMs); while (rc < 0 && errno == EINTR);
-  sleeping_ = false;
+  do rc = ::poll(fds.data(), fds.size(), timeoutMs); while (rc < 0 && errno == EINTR);
+  if (timeoutMs > 0) sleepers_.fetch_sub(1);
   std::lock_guard<std::mutex> lock(mu_);
   if (stopped_) return;
   if (rc > 0) {
-    if (pollFds_[0].revents) {
+    if (fds[0].revents) {
       uint64_t n;
       (void)!::read(wakeFd_, &n, sizeof(n));
     }
-    if (pollFds_[1].revents) acceptAll();
-    for (size_t i = 0; i < pollLinks_.size(); ++i) {
-      Link* l = pollLinks_[i];
-      const short ev = pollFds_[i + 2].revents;
-      if (!ev || !l->open() || l->fd() != pollFds_[i + 2].fd) continue;
+    if (fds[1].revents) acceptAll(listenFd_);
+    if (fds[2].revents) acceptAll(localFd_);
+    for (size_t i = 0; i < links.size(); ++i) {
+      Link* l = links[i];
+      const short ev = fds[i + 3].revents;
+      if (!ev || !l->open() || l->fd() != fds[i + 3].fd) continue;
       std::string why;
       const bool ok = l->pump(*this, &why) && l->flush(&why);
       if (!ok) {
@@ -588,32 +654,34 @@ void SocketP2p::flushAll() {
 bool SocketP2p::drive(const std::function<bool()>& done) {
   if (stopping_) return false;
   waiters_.fetch_add(1);
-  kick();  // the background thread leaves its poll
   const auto start = Clock::now();
   constexpr auto kSlice = std::chrono::milliseconds(50);  // then the caller checks for signals
-  while (!done() && !stopping_ && Clock::now() - start < kSlice) {
-    std::unique_lock<std::timed_mutex> driving(driveMu_, std::defer_lock);
-    if (!driving.try_lock_for(std::chrono::milliseconds(1))) continue;
-    while (!done() && !stopping_) {
-      const auto since = Clock::now() - start;
-      if (since >= kSlice) break;
-      progressOnce(since < spin_ ? 0 : 5);
-    }
+  while (!done() && !stopping_) {
+    const auto since = Clock::now() - start;
+    if (since >= kSlice) break;
+    progressOnce(since < spin_ ? 0 : 5);
   }
-  if (waiters_.fetch_sub(1) == 1) bgCv_.notify_all();
+  lastActive_ = Clock::now().time_since_epoch().count();
+  waiters_.fetch_sub(1);
   return !stopping_;
 }
 
 void SocketP2p::background() {
+  using namespace std::chrono_literals;
+  std::unique_lock<std::mutex> lock(bgMu_);
   while (!stopping_) {
-    if (waiters_.load() > 0) {
-      std::unique_lock<std::mutex> lock(bgMu_);
-      bgCv_.wait_for(lock, std::chrono::milliseconds(20), [&] { return waiters_.load() == 0 || stopping_; });
+    const auto quiet = Clock::now() - Clock::time_point(Clock::duration(lastActive_.load()));
+    if (pending_.load() == 0 && quiet > 100ms) {  // long idle: sleep until a post
+      bgIdle_ = true;
+      bgCv_.wait(lock, [&] { return stopping_ || pending_.load() > 0; });
+      bgIdle_ = false;
       continue;
     }
-    std::unique_lock<std::timed_mutex> driving(driveMu_, std::try_to_lock);
-    if (!driving) continue;
-    progressOnce(100, true);
+    bgCv_.wait_for(lock, 2ms, [&] { return stopping_.load(); });
+    if (stopping_ || pending_.load() == 0 || waiters_.load() > 0 || quiet < 1ms) continue;
+    lock.unlock();
+    progressOnce(20, true);
+    lock.lock();
   }
 }
 

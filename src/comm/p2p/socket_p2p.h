@@ -1,5 +1,6 @@
 #pragma once
-// Point-to-point over TCP connections made on first use, one each way per pair
+// Point-to-point over connections made on first use (Unix sockets within a
+// host, TCP between hosts), one each way per pair
 // (a rank sends on the connection it made, and answers on the one it accepted,
 // so two ranks that start talking at once never race to connect). Small
 // messages travel with their header (eager); large ones are announced and move
@@ -90,9 +91,9 @@ class SocketP2p : public PointToPoint, private Link::Sink {
   void checkDeadlines();
   void flushAll();
   // One round: poll every connection (timeoutMs: 0 spins) and handle what is ready.
-  // The background thread polls only while no caller wants to drive.
+  // The background thread polls only while no caller drives.
   void progressOnce(int timeoutMs, bool background = false);
-  void acceptAll();
+  void acceptAll(int listener);
   void kick();
   void background();
 
@@ -103,23 +104,30 @@ class SocketP2p : public PointToPoint, private Link::Sink {
   std::string prefix_;
   uint64_t token_ = 0;
   int listenFd_ = -1;
+  int localFd_ = -1;  // a Unix socket for ranks of this host (half the cost of loopback TCP)
   int wakeFd_ = -1;
   std::chrono::microseconds spin_;
 
   std::mutex mu_;  // everything below
   std::vector<Peer> peers_;
+  std::unique_ptr<std::atomic<bool>[]> connected_;  // by peer: this rank's connection exists (or failed)
   std::vector<std::unique_ptr<Link>> links_;  // never shrinks while running (pollers hold indices)
   uint64_t nextId_ = 1;
   Clock::time_point nextDeadlineCheck_{};
   bool stopped_ = false;
 
   std::mutex connectMu_;           // one connect at a time
-  std::timed_mutex driveMu_;       // held by the thread that polls
+  // Threads poll side by side (what they find is handled under mu_): a waiter
+  // never waits for the background thread to hand over.
   std::atomic<int> waiters_{0};    // threads in drive()
-  std::atomic<bool> sleeping_{false};  // a poll with a timeout is under way
+  std::atomic<int> sleepers_{0};   // polls with a timeout under way
   std::atomic<bool> stopping_{false};
-  std::vector<pollfd> pollFds_;  // the driver's (driveMu_)
-  std::vector<Link*> pollLinks_;
+  // The background thread drives ops in flight that no caller has driven for a
+  // while (an isend followed by computation); it never polls beside a waiter,
+  // and is not woken per op (a thread wake-up costs more than a small message).
+  std::atomic<int> pending_{0};         // ops in flight
+  std::atomic<int64_t> lastActive_{0};  // steady-clock ns of the last post or drive
+  std::atomic<bool> bgIdle_{false};     // asleep until a post wakes it
   std::mutex bgMu_;
   std::condition_variable bgCv_;
   std::thread bg_;
