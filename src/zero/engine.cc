@@ -40,6 +40,12 @@ Engine::Engine(Runtime& rt, EngineSpec spec)
     throw InvalidArgument("ZeRO engine: groupOf has " + std::to_string(spec_.groupOf.size()) + " entries for " +
                           std::to_string(spec_.numels.size()) + " parameters");
   name_ = rt_.uniqueName(spec_.processSet, "zero") + ".";
+  if (spec_.pipeProcessSet >= 0) {
+    if (!rt_.processSet(spec_.pipeProcessSet).included())
+      throw InvalidArgument("ZeRO engine: this rank is not in its pipeline's process set " +
+                            std::to_string(spec_.pipeProcessSet));
+    pipeName_ = rt_.uniqueName(spec_.pipeProcessSet, "zeropipe") + ".norm";
+  }
   for (int g : spec_.groupOf) numGroups_ = std::max(numGroups_, static_cast<size_t>(g) + 1);
 
   const auto& z = spec_.config.zero;
@@ -307,6 +313,14 @@ StepResult Engine::prepareStep(float* gradScale) {
     AllreduceOptions o;
     o.name = name("norm", 0);
     o.processSet = spec_.processSet;
+    o.op = ReduceOp::kSum;
+    Tensor t{&sumsq, DataType::kFloat64, {1}};
+    rt_.allreduce(t, t, o);
+  }
+  if (spec_.pipeProcessSet >= 0) {  // this stage's share, summed over the stages
+    AllreduceOptions o;
+    o.name = pipeName_;
+    o.processSet = spec_.pipeProcessSet;
     o.op = ReduceOp::kSum;
     Tensor t{&sumsq, DataType::kFloat64, {1}};
     rt_.allreduce(t, t, o);

@@ -54,6 +54,10 @@ struct EngineSpec {
   std::vector<size_t> numels;           // the trainable parameters, in module order
   std::vector<int> groupOf;             // optimizer group of each parameter
   OptimKind optimizer = OptimKind::kAdam;
+  // Pipeline parallelism: the ranks holding the other stages of this replica
+  // (one per stage). The gradient norm, and so clipping and the loss scaler's
+  // overflow, is taken over the whole model, so that every stage agrees. -1: none.
+  int32_t pipeProcessSet = -1;
 };
 
 class Engine {
@@ -136,6 +140,7 @@ class Engine {
   Runtime& rt_;
   EngineSpec spec_;
   std::string name_;  // prefix of this engine's op names (engines are made in the same order on every rank)
+  std::string pipeName_;  // the norm's op name in the pipeline set
   int stage_, world_, rank_;
   size_t numGroups_ = 1;
   std::unique_ptr<PartitionPlan> plan_;

@@ -77,3 +77,28 @@ def test_memory_report_matches_zero_formulas(ranks, n):
 def test_seed_deepspeed_example(ranks):
     out = ok(ranks(2, os.path.join(REPO, "examples", "deepspeed", "seed_simple.py")))
     assert out.count("Epoch [5/5], Step [31/32]") == 2, out
+
+
+@pytest.mark.parametrize("n,stages,dtype", [(2, 2, "fp32"), (2, 2, "bf16"), (4, 2, "fp32"), (4, 4, "fp32"),
+                                            (4, 4, "bf16")])
+def test_pipeline_matches_single_process_training(ranks, tmp_path, n, stages, dtype):
+    out = ok(ranks(n, "pipe_parity.py", str(stages), dtype, str(tmp_path / "ckpt")))
+    assert out.count("pipe parity ok") == n
+
+
+def test_pipeline_schedule_is_1f1b():
+    from chorus.deepspeed.pipe.schedule import train_steps
+    for stages in (1, 2, 4):
+        for micro in (1, 3, 8):
+            for stage in range(stages):
+                steps = train_steps(micro, stages, stage)
+                # Every micro-batch once forward, once backward, backward after forward.
+                assert sorted(steps) == sorted([("forward", i) for i in range(micro)] +
+                                               [("backward", i) for i in range(micro)])
+                assert all(steps.index(("forward", i)) < steps.index(("backward", i)) for i in range(micro))
+                # At most stages - stage activations alive at once (1F1B's memory bound).
+                alive = peak = 0
+                for kind, _ in steps:
+                    alive += 1 if kind == "forward" else -1
+                    peak = max(peak, alive)
+                assert peak == min(stages - stage, micro), (stages, micro, stage, steps)

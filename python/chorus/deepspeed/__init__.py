@@ -36,9 +36,10 @@ __all__ = ["initialize", "init_distributed", "add_config_arguments", "DeepSpeedE
 def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_port=None, verbose=True,
                      timeout=None, init_method=None, dist_init_required=None, config=None, rank=-1,
                      world_size=-1):
-    """Starts chorus's runtime (under chorusrun) unless it is running already."""
+    """Starts chorus's runtime (under chorusrun) unless it is running already, with
+    process sets that can be added at run time (pipeline and tensor-parallel groups)."""
     if not _hvd.is_initialized():
-        _hvd.init()
+        _hvd.init(process_sets="dynamic")
 
 
 def add_config_arguments(parser):
@@ -60,6 +61,15 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
                          "pass the data-parallel group as process_set=")
     init_distributed()
     text = _config.load_config(config, config_params, args)
+    from chorus.deepspeed.pipe import PipelineModule
+    if isinstance(model, PipelineModule):
+        from chorus.deepspeed.pipe.engine import PipelineEngine
+        engine = PipelineEngine(model, optimizer, model_parameters, text,
+                                lr_scheduler if not callable(lr_scheduler) or hasattr(lr_scheduler, "step") else None)
+        if training_data is not None:
+            engine.training_dataloader = engine.engine.deepspeed_io(training_data, collate_fn=collate_fn)
+            engine.set_dataiterator(iter(engine.training_dataloader))
+        return engine, engine.optimizer, getattr(engine, "training_dataloader", None), engine.lr_scheduler
     engine = DeepSpeedEngine(model, optimizer, model_parameters, text, process_set,
                              lr_scheduler if not callable(lr_scheduler) or hasattr(lr_scheduler, "step") else None)
     if callable(lr_scheduler) and not hasattr(lr_scheduler, "step"):

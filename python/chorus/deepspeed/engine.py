@@ -23,8 +23,11 @@ def _view(array, dtype, shape):
 
 class DeepSpeedEngine(EngineQueries, torch.nn.Module):
     def __init__(self, model, optimizer=None, model_parameters=None, config_text=None, process_set=None,
-                 lr_scheduler=None):
+                 lr_scheduler=None, pipe_set=None):
         super().__init__()
+        self._pipe_set = pipe_set  # a pipeline's other stages: the gradient norm is the whole model's
+        self._defer = set()  # parameters whose gradients wait for _flush_deferred (tied across stages)
+        self._deferred = {}
         if not isinstance(model, torch.nn.Module):
             raise ValueError(f"deepspeed.initialize: model must be a torch.nn.Module, not {type(model).__name__}")
         self.module = model
@@ -71,7 +74,8 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
     def _make_core(self):
         group_of, kind = self._core_args
         return _core.ZeroEngine(self._config_text, self.process_set.process_set_id,
-                                _dtype_code(self._params[0], "ZeRO"), [p.numel() for p in self._params], group_of, kind)
+                                _dtype_code(self._params[0], "ZeRO"), [p.numel() for p in self._params], group_of, kind,
+                                self._pipe_set.process_set_id if self._pipe_set is not None else -1)
 
     def _rebuild(self):
         """Re-forms the engine over the world after an elastic reset: a C++ ZeRO engine
@@ -166,12 +170,28 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
                 return
             if g.is_sparse:
                 g = g.to_dense()
+            if i in self._defer:  # summed over micro-batches here, handed over by _flush_deferred
+                acc = self._deferred.get(i)
+                self._deferred[i] = g.detach().clone() if acc is None else acc.add_(g)
+                p.grad = None
+                return
             g = g.contiguous()
             self.core.grad_ready(i, g.data_ptr())
             p.grad = None
             if self._stage3 is not None:
                 self._stage3.grad_done(i)
         return hook
+
+    def _flush_deferred(self, reduce):
+        """Hands the deferred gradients to the engine after reduce(index, grad) (in
+        place) combined them; zeros for a deferred parameter that got none."""
+        for i in sorted(self._defer):
+            g = self._deferred.pop(i, None)
+            if g is None:
+                g = torch.zeros(self._shapes[i], dtype=self.dtype)
+            g = g.contiguous()
+            reduce(i, g)
+            self.core.grad_ready(i, g.data_ptr())
 
     # --- training ----------------------------------------------------------------------------
     def _cast(self, x):
