@@ -35,7 +35,7 @@ class CMakeBuild(build_ext):
 
 
 setup(
-    packages=["chorus", "chorus.torch", "chorus.torch.elastic", "chorus.deepspeed"],
+    packages=["chorus", "chorus.torch", "chorus.torch.elastic", "chorus.deepspeed", "chorus.deepspeed.pipe", "chorus.parallel"],
     package_dir={"": "python"},
     ext_modules=[CMakeExtension("chorus._core")],
     cmdclass={"build_ext": CMakeBuild},

@@ -119,9 +119,11 @@ void bindZero(py::module_& m) {
 
   py::class_<Engine, std::shared_ptr<Engine>>(m, "ZeroEngine")
       .def(py::init([](const std::string& configJson, int32_t processSet, int dtype, const std::vector<size_t>& numels,
-                       const std::vector<int>& groupOf, const std::string& optimizer, int32_t pipeSet) {
+                       const std::vector<int>& groupOf, const std::string& optimizer, int32_t pipeSet,
+                       const std::vector<double>& normWeights) {
              zero::EngineSpec spec;
              spec.pipeProcessSet = pipeSet;
+             spec.normWeights = normWeights;
              const int world = static_cast<int>(defaultRuntime().processSet(processSet).ranks().size());
              spec.config = zero::DsConfig::parse(configJson, world);
              spec.processSet = processSet;
@@ -135,7 +137,7 @@ void bindZero(py::module_& m) {
              return std::make_shared<Engine>(defaultRuntime(), std::move(spec));
            }),
            py::arg("config_json"), py::arg("process_set"), py::arg("dtype"), py::arg("numels"), py::arg("group_of"),
-           py::arg("optimizer"), py::arg("pipe_set") = -1)
+           py::arg("optimizer"), py::arg("pipe_set") = -1, py::arg("norm_weights") = std::vector<double>{})
       .def_property_readonly("stage", &Engine::stage)
       .def_property_readonly("world", &Engine::world)
       .def_property_readonly("rank", &Engine::rank)

@@ -46,6 +46,10 @@ Engine::Engine(Runtime& rt, EngineSpec spec)
                             std::to_string(spec_.pipeProcessSet));
     pipeName_ = rt_.uniqueName(spec_.pipeProcessSet, "zeropipe") + ".norm";
   }
+  if (!spec_.normWeights.empty() && (spec_.normWeights.size() != spec_.numels.size() || stage_ == 3))
+    throw InvalidArgument("ZeRO engine: norm weights need one weight per parameter, and stage 0-2 (got " +
+                          std::to_string(spec_.normWeights.size()) + " for " + std::to_string(spec_.numels.size()) +
+                          " parameters at stage " + std::to_string(stage_) + ")");
   for (int g : spec_.groupOf) numGroups_ = std::max(numGroups_, static_cast<size_t>(g) + 1);
 
   const auto& z = spec_.config.zero;
@@ -306,9 +310,7 @@ StepResult Engine::prepareStep(float* gradScale) {
   const bool fp16 = spec_.config.fp16.enabled;
   const double clip = spec_.config.gradientClipping;
   // Always: DeepSpeed's get_global_grad_norm() reports it whether or not it clips.
-  double sumsq = 0.0;
-  for (size_t u = 0; u < plan_->units().size(); ++u)
-    sumsq += sumSquares(gradSlice(u), spec_.dtype, plan_->units()[u].slice);
+  double sumsq = localSumSquares();
   if (stage_ > 0) {
     AllreduceOptions o;
     o.name = name("norm", 0);
@@ -338,6 +340,26 @@ StepResult Engine::prepareStep(float* gradScale) {
   if (clip > 0.0 && res.gradNorm > clip) *gradScale *= static_cast<float>(clip / (res.gradNorm + 1e-6));
   ++optSteps_;
   return res;
+}
+
+double Engine::localSumSquares() const {
+  double sumsq = 0.0;
+  for (size_t u = 0; u < plan_->units().size(); ++u) {
+    const Unit& unit = plan_->units()[u];
+    if (spec_.normWeights.empty()) {
+      sumsq += sumSquares(gradSlice(u), spec_.dtype, unit.slice);
+      continue;
+    }
+    // kContiguous: the slice is [lo, lo + slice) of the unit's flat buffer.
+    const size_t lo = stage_ == 0 ? 0 : static_cast<size_t>(rank_) * unit.slice, hi = lo + unit.slice;
+    const char* base = gradSlice(u);
+    for (size_t k = 0; k < unit.params.size(); ++k) {
+      const size_t param = unit.params[k];
+      const size_t a = std::max(lo, unit.offsets[k]), b = std::min(hi, unit.offsets[k] + plan_->numel(param));
+      if (a < b) sumsq += spec_.normWeights[param] * sumSquares(base + (a - lo) * esize(), spec_.dtype, b - a);
+    }
+  }
+  return sumsq;
 }
 
 StepResult Engine::step(const std::vector<GroupHyper>& groups) {

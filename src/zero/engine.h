@@ -58,6 +58,9 @@ struct EngineSpec {
   // (one per stage). The gradient norm, and so clipping and the loss scaler's
   // overflow, is taken over the whole model, so that every stage agrees. -1: none.
   int32_t pipeProcessSet = -1;
+  // With pipeProcessSet: each parameter's share of the norm (1/k for a parameter
+  // that k ranks of that set hold alike, as a tensor-parallel layer's bias). Empty: all 1.
+  std::vector<double> normWeights;
 };
 
 class Engine {
@@ -141,6 +144,7 @@ class Engine {
   EngineSpec spec_;
   std::string name_;  // prefix of this engine's op names (engines are made in the same order on every rank)
   std::string pipeName_;  // the norm's op name in the pipeline set
+  double localSumSquares() const;  // of this rank's gradient slices, weighted by normWeights
   int stage_, world_, rank_;
   size_t numGroups_ = 1;
   std::unique_ptr<PartitionPlan> plan_;

@@ -102,3 +102,9 @@ def test_pipeline_schedule_is_1f1b():
                     alive += 1 if kind == "forward" else -1
                     peak = max(peak, alive)
                 assert peak == min(stages - stage, micro), (stages, micro, stage, steps)
+
+
+@pytest.mark.parametrize("n,dtype", [(2, "fp32"), (4, "fp32"), (4, "bf16")])
+def test_tensor_parallel_matches_single_process(ranks, n, dtype):
+    out = ok(ranks(n, "tensor_parallel.py", dtype))
+    assert out.count("tensor parallel ok") == n

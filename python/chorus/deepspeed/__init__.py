@@ -56,10 +56,19 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     process_set: the data-parallel chorus ProcessSet (default: every rank)."""
     if model is None:
         raise ValueError("deepspeed.initialize: model is required")
-    if mpu is not None:
-        raise ValueError("deepspeed.initialize: model parallelism (mpu) is not supported by chorus's engine; "
-                         "pass the data-parallel group as process_set=")
     init_distributed()
+    pipe_set, tp = None, 1
+    if mpu is not None:  # ZeRO over the data-parallel set; the norm over the tensor-parallel one
+        from chorus.torch import ProcessSet
+        dp_group = mpu.get_data_parallel_group()
+        tp_group = mpu.get_model_parallel_group()
+        for what, group in (("data", dp_group), ("model", tp_group)):
+            if group is not None and not isinstance(group, ProcessSet):
+                raise ValueError(f"deepspeed.initialize: mpu.get_{what}_parallel_group() returned "
+                                 f"{type(group).__name__}; chorus needs its process sets (chorus.parallel.mpu)")
+        if process_set is not None and process_set is not dp_group:
+            raise ValueError("deepspeed.initialize: give process_set or mpu, not both")
+        process_set, pipe_set, tp = dp_group, tp_group, mpu.get_model_parallel_world_size()
     text = _config.load_config(config, config_params, args)
     from chorus.deepspeed.pipe import PipelineModule
     if isinstance(model, PipelineModule):
@@ -71,7 +80,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
             engine.set_dataiterator(iter(engine.training_dataloader))
         return engine, engine.optimizer, getattr(engine, "training_dataloader", None), engine.lr_scheduler
     engine = DeepSpeedEngine(model, optimizer, model_parameters, text, process_set,
-                             lr_scheduler if not callable(lr_scheduler) or hasattr(lr_scheduler, "step") else None)
+                             lr_scheduler if not callable(lr_scheduler) or hasattr(lr_scheduler, "step") else None,
+                             pipe_set=pipe_set if tp > 1 else None, tensor_parallel_size=tp)
     if callable(lr_scheduler) and not hasattr(lr_scheduler, "step"):
         engine.lr_scheduler = lr_scheduler(engine.optimizer)
     loader = engine.deepspeed_io(training_data, collate_fn=collate_fn) if training_data is not None else None

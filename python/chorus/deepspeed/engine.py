@@ -23,9 +23,13 @@ def _view(array, dtype, shape):
 
 class DeepSpeedEngine(EngineQueries, torch.nn.Module):
     def __init__(self, model, optimizer=None, model_parameters=None, config_text=None, process_set=None,
-                 lr_scheduler=None, pipe_set=None):
+                 lr_scheduler=None, pipe_set=None, tensor_parallel_size=1):
         super().__init__()
-        self._pipe_set = pipe_set  # a pipeline's other stages: the gradient norm is the whole model's
+        # The ranks holding the model's other pieces (pipeline stages, tensor-parallel
+        # slices): the gradient norm is the whole model's. A parameter that the
+        # tensor-parallel ranks hold alike counts once (model_parallel marks the sliced ones).
+        self._pipe_set = pipe_set
+        self._tp = tensor_parallel_size
         self._defer = set()  # parameters whose gradients wait for _flush_deferred (tied across stages)
         self._deferred = {}
         if not isinstance(model, torch.nn.Module):
@@ -75,7 +79,9 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
         group_of, kind = self._core_args
         return _core.ZeroEngine(self._config_text, self.process_set.process_set_id,
                                 _dtype_code(self._params[0], "ZeRO"), [p.numel() for p in self._params], group_of, kind,
-                                self._pipe_set.process_set_id if self._pipe_set is not None else -1)
+                                self._pipe_set.process_set_id if self._pipe_set is not None else -1,
+                                [1.0 if getattr(p, "model_parallel", False) else 1.0 / self._tp for p in self._params]
+                                if self._pipe_set is not None and self._tp > 1 else [])
 
     def _rebuild(self):
         """Re-forms the engine over the world after an elastic reset: a C++ ZeRO engine

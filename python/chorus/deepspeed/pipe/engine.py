@@ -42,16 +42,13 @@ class PipelineEngine:
         self._next = topo.get_rank(**dict(coord, pipe=self.stage_id + 1)) if self.stage_id < self.num_stages - 1 \
             else None
         self.last_stage_rank = topo.get_rank(**dict(coord, pipe=self.num_stages - 1))
-        dp_ranks = topo.get_axis_comm_lists("data")
-        self.dp_set = None
-        for group in dp_ranks:  # every rank makes every stage's set, in the same order
-            ps = process_set_for(group)
-            if self.global_rank in group:
-                self.dp_set = ps
+        self.dp_set = self.grid.sets["data"]
         self.pipe_set = self.grid.sets.get("replica") or self.grid.sets.get("pipe")
         self._tied = self._tie_weights()
+        tp = topo.get_dim("model")
+        norm_set = self.pipe_set if self.num_stages > 1 or tp > 1 else None
         self.engine = DeepSpeedEngine(module, optimizer, model_parameters, config_text, self.dp_set, lr_scheduler,
-                                      pipe_set=self.pipe_set if self.num_stages > 1 else None)
+                                      pipe_set=norm_set, tensor_parallel_size=tp)
         index = {id(p): i for i, p in enumerate(self.engine._params)}
         self._tied_index = {}
         for key, ps in self._tied.items():

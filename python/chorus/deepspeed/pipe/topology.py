@@ -103,9 +103,11 @@ class Grid:
         self.sets = {}
         for axis in topology.get_axis_names():
             for group in topology.get_axis_comm_lists(axis):
-                ps = process_set_for(group) if len(group) > 1 else None
+                # A one-rank group has nothing to talk to, except the data axis: a
+                # ZeRO engine runs over it whatever its size.
+                ps = process_set_for(group) if len(group) > 1 or axis == "data" else None
                 if self.rank in group:
-                    self.sets[axis] = ps  # None: this axis has one rank (nothing to talk to)
+                    self.sets[axis] = ps
         # The ranks of one model replica: every rank with this data coordinate.
         if "data" in topology.get_axis_names() and len(topology.get_axis_names()) > 1:
             replica = [topology.filter_match(data=d) for d in range(topology.get_dim("data"))]
