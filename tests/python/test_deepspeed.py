@@ -108,3 +108,9 @@ def test_pipeline_schedule_is_1f1b():
 def test_tensor_parallel_matches_single_process(ranks, n, dtype):
     out = ok(ranks(n, "tensor_parallel.py", dtype))
     assert out.count("tensor parallel ok") == n
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_data_pipeline_tensor_3d_on_8_ranks(ranks, dtype):
+    out = ok(ranks(8, "pipe_3d.py", dtype, env={"CHORUS_TIMEOUT_SECONDS": "60"}))
+    assert out.count("3d ok") == 8

@@ -41,7 +41,11 @@ class PipelineEngine:
         self._prev = topo.get_rank(**dict(coord, pipe=self.stage_id - 1)) if self.stage_id > 0 else None
         self._next = topo.get_rank(**dict(coord, pipe=self.stage_id + 1)) if self.stage_id < self.num_stages - 1 \
             else None
-        self.last_stage_rank = topo.get_rank(**dict(coord, pipe=self.num_stages - 1))
+        # The loss leaves from one rank of the last stage (tensor-parallel slice 0: they agree).
+        root = dict(coord, pipe=self.num_stages - 1)
+        if "model" in root:
+            root["model"] = 0
+        self.last_stage_rank = topo.get_rank(**root)
         self.dp_set = self.grid.sets["data"]
         self.pipe_set = self.grid.sets.get("replica") or self.grid.sets.get("pipe")
         self._tied = self._tie_weights()
