@@ -111,7 +111,12 @@ DsConfig DsConfig::parse(const std::string& text, int world) {
   checkKeys(j, "", {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "optimizer",
                     "scheduler", "gradient_clipping", "fp16", "bf16", "zero_optimization", "steps_per_print",
                     "wall_clock_breakdown", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer",
-                    "prescale_gradients", "gradient_predivide_factor"});
+                    "prescale_gradients", "gradient_predivide_factor", "activation_checkpointing"});
+  // Read by the Python layer (chorus.deepspeed.checkpointing); checked here with the rest.
+  if (j.contains("activation_checkpointing"))
+    checkKeys(j["activation_checkpointing"], "activation_checkpointing",
+              {"partition_activations", "cpu_checkpointing", "contiguous_memory_optimization", "number_checkpoints",
+               "synchronize_checkpoint_boundary", "profile"});
   DsConfig c;
   c.trainBatchSize = positive(j, "train_batch_size", "");
   c.microBatch = positive(j, "train_micro_batch_size_per_gpu", "");

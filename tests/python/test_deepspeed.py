@@ -79,11 +79,16 @@ def test_seed_deepspeed_example(ranks):
     assert out.count("Epoch [5/5], Step [31/32]") == 2, out
 
 
-@pytest.mark.parametrize("n,stages,dtype", [(2, 2, "fp32"), (2, 2, "bf16"), (4, 2, "fp32"), (4, 4, "fp32"),
-                                            (4, 4, "bf16")])
-def test_pipeline_matches_single_process_training(ranks, tmp_path, n, stages, dtype):
-    out = ok(ranks(n, "pipe_parity.py", str(stages), dtype, str(tmp_path / "ckpt")))
+@pytest.mark.parametrize("n,stages,dtype,act_ckpt", [(2, 2, "fp32", 0), (2, 2, "bf16", 0), (4, 2, "fp32", 0),
+                                                     (4, 4, "fp32", 0), (4, 4, "bf16", 0), (2, 2, "fp32", 2)])
+def test_pipeline_matches_single_process_training(ranks, tmp_path, n, stages, dtype, act_ckpt):
+    out = ok(ranks(n, "pipe_parity.py", str(stages), dtype, str(tmp_path / "ckpt"), env={"ACT_CKPT": str(act_ckpt)}))
     assert out.count("pipe parity ok") == n
+
+
+def test_activation_checkpointing_same_gradients_less_memory(ranks):
+    out = ok(ranks(2, "act_ckpt.py"))
+    assert out.count("checkpointing ok") == 2
 
 
 def test_pipeline_schedule_is_1f1b():

@@ -7,6 +7,7 @@ offload with chorus's SIMD CPU Adam, and sharded checkpoints. The engine's core
 import os as _os
 
 import chorus.torch as _hvd
+from chorus.deepspeed import checkpointing  # noqa: F401  (deepspeed.checkpointing)
 from chorus.deepspeed import config as _config
 from chorus.deepspeed import elastic  # noqa: F401  (deepspeed.elastic.DeepSpeedState)
 from chorus.deepspeed.engine import DeepSpeedEngine
@@ -70,6 +71,10 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
             raise ValueError("deepspeed.initialize: give process_set or mpu, not both")
         process_set, pipe_set, tp = dp_group, tp_group, mpu.get_model_parallel_world_size()
     text = _config.load_config(config, config_params, args)
+    import json as _json
+    if "activation_checkpointing" in _json.loads(text):
+        from chorus.deepspeed import checkpointing
+        checkpointing.configure(mpu, deepspeed_config=_json.loads(text))
     from chorus.deepspeed.pipe import PipelineModule
     if isinstance(model, PipelineModule):
         from chorus.deepspeed.pipe.engine import PipelineEngine

@@ -2,7 +2,8 @@
 pipeline stages (the rest of the ranks data-parallel), 1F1B over 4 micro-batches,
 a tied weight on the first and last stages, fp32 or bf16 (DTYPE). After each step
 the stage's parameters and the returned loss must equal the reference's; then a
-checkpoint saved per stage loads back to the same training path.
+checkpoint saved per stage loads back to the same training path. ACT_CKPT=k
+checkpoints the activations of every k layers (the gradients must not change).
 
 argv: STAGES DTYPE CHECKPOINT_DIR"""
 import json
@@ -80,7 +81,8 @@ config = {"train_micro_batch_size_per_gpu": MB, "gradient_accumulation_steps": M
 if DTYPE == "bf16":
     config["bf16"] = {"enabled": True}
 net = PipelineModule(layers=specs(), num_stages=STAGES, loss_fn=loss_fn, partition_method="parameters",
-                     seed_layers=True, base_seed=BASE)
+                     seed_layers=True, base_seed=BASE,
+                     activation_checkpoint_interval=int(os.environ.get("ACT_CKPT", "0")))
 engine, _, _, _ = deepspeed.initialize(model=net, model_parameters=[p for p in net.parameters() if p.requires_grad],
                                        config=config)
 assert engine.num_stages == STAGES and engine.is_first_stage() == (engine.stage_id == 0)
