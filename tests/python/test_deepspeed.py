@@ -119,3 +119,10 @@ def test_tensor_parallel_matches_single_process(ranks, n, dtype):
 def test_data_pipeline_tensor_3d_on_8_ranks(ranks, dtype):
     out = ok(ranks(8, "pipe_3d.py", dtype, env={"CHORUS_TIMEOUT_SECONDS": "60"}))
     assert out.count("3d ok") == 8
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_distributed_transformer_example_trains(ranks, tp):
+    out = ok(ranks(8, os.path.join(REPO, "examples", "parallel", "distributed_transformer.py"),
+                   "--tensor-parallel", str(tp), "--steps", "30", env={"CHORUS_TIMEOUT_SECONDS": "60"}))
+    assert f"4 stages x {tp} tensor-parallel" in out, out
