@@ -5,6 +5,7 @@ between neighbouring stages by chorus's point-to-point; tied weights are summed
 over the stages that share them; the gradient norm (so clipping and the loss
 scaler's overflow) is the whole model's, so every stage steps or skips together."""
 import os
+import time
 
 import torch
 
@@ -64,6 +65,10 @@ class PipelineEngine:
         self.data_iterator = None
         self.agg_train_loss = None
         self._sends = []
+        # Seconds this stage waited for its neighbours in the last train_batch, and
+        # that batch's length: the pipeline's bubble as this stage saw it.
+        self.wait_seconds = 0.0
+        self.batch_seconds = 0.0
 
     # --- set-up ------------------------------------------------------------------------------
     def _tie_weights(self):
@@ -132,6 +137,13 @@ class PipelineEngine:
         return [t for t in _as_tuple(out)]
 
     def _recv_activations(self):
+        start = time.perf_counter()
+        try:
+            return self._recv_activations_now()
+        finally:
+            self.wait_seconds += time.perf_counter() - start
+
+    def _recv_activations_now(self):
         header = hvd.recv(torch.empty(_META_LEN, dtype=torch.int64), self._prev, tag=_TAG_META).tolist()
         count, is_tuple, at = header[0], header[1], 2
         works, tensors = [], []
@@ -192,8 +204,10 @@ class PipelineEngine:
             pairs = [t for t in out if torch.is_tensor(t) and t.requires_grad]
             grads = [torch.empty(t.shape, dtype=t.dtype) for t in pairs]
             works = [hvd.irecv(g, self._next, tag=_TAG_GRAD) for g in grads]
+            start = time.perf_counter()
             for w in works:
                 w.wait()
+            self.wait_seconds += time.perf_counter() - start
             torch.autograd.backward(pairs, grads)
         x = state["in"].pop(i)
         if not self.is_first_stage():
@@ -225,6 +239,7 @@ class PipelineEngine:
         data_iter = data_iter if data_iter is not None else self.data_iterator
         self.module.train()
         state = {"in": {}, "out": {}, "losses": [], "compute_loss": True}
+        self.wait_seconds, started = 0.0, time.perf_counter()
         try:
             for kind, i in train_steps(self.micro_batches, self.num_stages, self.stage_id):
                 if kind == "forward":
@@ -235,6 +250,7 @@ class PipelineEngine:
         except BaseException:
             self._sends = []
             raise
+        self.batch_seconds = time.perf_counter() - started
         # Tied weights: each stage's gradient, summed over the stages that share it.
         self.engine._flush_deferred(lambda i, g: hvd.allreduce_(g, op=hvd.Sum, process_set=self._tied_index[i],
                                                                  name=f"pipe.tied.{i}"))
