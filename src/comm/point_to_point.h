@@ -44,6 +44,20 @@ class PointToPoint {
   virtual void shutdown() = 0;
 };
 
+// Moves the payloads of large messages between hosts when another library carries
+// the job's data (MPI under CHORUS_CPU_OPERATIONS=mpi); the engine still matches,
+// checks and reports, over its own connections.
+class P2pBulk {
+ public:
+  virtual ~P2pBulk() = default;
+  // Starts moving bytes to or from peer (a global rank); key names the message
+  // between the pair (the sender's id). Returns a request.
+  virtual uint64_t startSend(const void* data, size_t bytes, int peer, uint64_t key) = 0;
+  virtual uint64_t startRecv(void* data, size_t bytes, int peer, uint64_t key) = 0;
+  // True once the request is done (and forgotten). Throws PeerFailure on an error.
+  virtual bool done(uint64_t request) = 0;
+};
+
 struct P2pOptions {
   std::string bindAddress;
   std::string iface;
@@ -54,7 +68,9 @@ struct P2pOptions {
 
 // Every rank of the job makes one at init, with the same store prefix; hosts are
 // the host names of every global rank (same-host peers may use cross-memory attach).
+// bulk: when given, it carries large messages to peers on other hosts.
 std::unique_ptr<PointToPoint> makePointToPoint(Store& store, const std::string& prefix, int rank,
-                                               const std::vector<std::string>& hosts, const P2pOptions& opts);
+                                               const std::vector<std::string>& hosts, const P2pOptions& opts,
+                                               std::unique_ptr<P2pBulk> bulk = nullptr);
 
 }  // namespace chorus

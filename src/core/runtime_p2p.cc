@@ -15,7 +15,9 @@ void RuntimeImpl::startP2p() {
   o.timeout = std::chrono::milliseconds(static_cast<int64_t>(config.timeoutSeconds * 1000));
   o.connectTimeout = std::chrono::milliseconds(static_cast<int64_t>(config.startTimeoutSeconds * 1000));
   o.crossMemoryAttach = config.shmSingleCopy;
-  p2p = makePointToPoint(*store, prefix, rank, hosts, o);
+  // Under CHORUS_CPU_OPERATIONS=mpi, MPI carries large messages between hosts too.
+  std::unique_ptr<P2pBulk> bulk = config.cpuOperations == "mpi" && mpiWorld() ? mpi_->p2pBulk() : nullptr;
+  p2p = makePointToPoint(*store, prefix, rank, hosts, o, std::move(bulk));
   PointToPoint* engine = p2p.get();
   p2pDriver = std::make_shared<CycleDriver>(
       CycleDriver::Hooks{[engine](const std::function<bool()>& done) { return engine->drive(done); }, nullptr});

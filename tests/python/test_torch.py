@@ -146,3 +146,10 @@ def test_point_to_point_dead_peer(ranks):
     proc = ranks(2, "p2p_peer_death.py", env={"CHORUS_TIMEOUT_SECONDS": "60"}, keep_going=True)
     m = re.search(r"rank 0: peer failure after ([\d.]+) s", proc.stdout)
     assert m and float(m.group(1)) < 10, proc.stdout
+
+
+def test_point_to_point_carried_by_mpi(ranks):
+    # Two simulated hosts under mpirun with CHORUS_CPU_OPERATIONS=mpi: large
+    # messages between the hosts move by MPI, the rest as usual.
+    out = ok(ranks(3, "p2p.py", mpirun=True, env={"CHORUS_CPU_OPERATIONS": "mpi", "P2P_TWO_HOSTS": "1"}))
+    assert out.count("p2p ok") == 3

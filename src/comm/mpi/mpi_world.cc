@@ -1,7 +1,12 @@
 // The one place that knows whether chorus was built with MPI.
 #include "comm/mpi/mpi_world.h"
 
+#include <algorithm>
+#include <climits>
 #include <cstdlib>
+#include <map>
+#include <mutex>
+#include <vector>
 
 #include "chorus/error.h"
 
@@ -24,6 +29,68 @@ bool launchedByMpi() {
 bool mpiBuilt() { return true; }
 
 namespace {
+
+// Messages over INT_MAX bytes go as several, in order (MPI keeps their order).
+constexpr size_t kPiece = size_t{1} << 30;
+
+class MpiBulk : public P2pBulk {
+ public:
+  explicit MpiBulk(MPI_Comm world) {
+    MPI_Comm_dup(world, &comm_);
+    int* ub = nullptr;
+    int found = 0;
+    MPI_Comm_get_attr(comm_, MPI_TAG_UB, &ub, &found);
+    tagLimit_ = found && ub ? *ub : 32767;
+  }
+  ~MpiBulk() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&comm_);
+  }
+  uint64_t startSend(const void* data, size_t bytes, int peer, uint64_t key) override {
+    return start(const_cast<void*>(data), bytes, peer, key, true);
+  }
+  uint64_t startRecv(void* data, size_t bytes, int peer, uint64_t key) override {
+    return start(data, bytes, peer, key, false);
+  }
+  bool done(uint64_t request) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = requests_.find(request);
+    if (it == requests_.end()) return true;
+    int flag = 0;
+    const int rc = MPI_Testall(static_cast<int>(it->second.size()), it->second.data(), &flag, MPI_STATUSES_IGNORE);
+    if (rc != MPI_SUCCESS) {
+      requests_.erase(it);
+      throw PeerFailure("peer failure: an MPI point-to-point transfer failed (MPI error " + std::to_string(rc) + ")");
+    }
+    if (flag) requests_.erase(it);
+    return flag != 0;
+  }
+
+ private:
+  uint64_t start(void* data, size_t bytes, int peer, uint64_t key, bool send) {
+    const int tag = static_cast<int>(key % static_cast<uint64_t>(tagLimit_));
+    std::vector<MPI_Request> reqs;
+    char* p = static_cast<char*>(data);
+    for (size_t off = 0; off < bytes || (bytes == 0 && reqs.empty()); off += kPiece) {
+      const int n = static_cast<int>(std::min(kPiece, bytes - off));
+      MPI_Request r;
+      if (send) MPI_Isend(p + off, n, MPI_BYTE, peer, tag, comm_, &r);
+      else MPI_Irecv(p + off, n, MPI_BYTE, peer, tag, comm_, &r);
+      reqs.push_back(r);
+      if (bytes == 0) break;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    requests_[next_] = std::move(reqs);
+    return next_++;
+  }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int tagLimit_ = 32767;
+  std::mutex mu_;
+  std::map<uint64_t, std::vector<MPI_Request>> requests_;
+  uint64_t next_ = 1;
+};
 
 class MpiWorldImpl : public MpiWorld {
  public:
@@ -62,6 +129,8 @@ class MpiWorldImpl : public MpiWorld {
     if (sub == MPI_COMM_NULL) return nullptr;
     return std::make_unique<MpiCommunicator>(sub);
   }
+
+  std::unique_ptr<P2pBulk> p2pBulk() override { return std::make_unique<MpiBulk>(comm_); }
 
  private:
   MPI_Comm comm_ = MPI_COMM_NULL;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/point_to_point.h"
 
 namespace chorus {
 
@@ -22,6 +23,8 @@ class MpiWorld {
   // Collective over every rank of the world: a communicator over `ranks` for
   // its members, null for the others.
   virtual std::unique_ptr<Communicator> split(const std::vector<int>& ranks) = 0;
+  // Point-to-point payloads over a communicator of their own (collective: every rank calls it).
+  virtual std::unique_ptr<P2pBulk> p2pBulk() = 0;
 };
 
 // Whether chorus was built with MPI.

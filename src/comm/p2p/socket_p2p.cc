@@ -144,9 +144,12 @@ int usableCores() { return static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS
 
 }  // namespace
 
+// The kCts that asks the sender to hand its payload to bulk_ instead of the connection.
+constexpr uint64_t kViaBulk = 1;
+
 SocketP2p::SocketP2p(Store& store, const std::string& prefix, int rank, const std::vector<std::string>& hosts,
-                     const P2pOptions& opts)
-    : rank_(rank), hosts_(hosts), opts_(opts), store_(store), prefix_(prefix + "p2p/") {
+                     const P2pOptions& opts, std::unique_ptr<P2pBulk> bulk)
+    : rank_(rank), hosts_(hosts), opts_(opts), store_(store), prefix_(prefix + "p2p/"), bulk_(std::move(bulk)) {
   peers_.resize(hosts.size());
   connected_.reset(new std::atomic<bool>[hosts.size()]);
   for (size_t r = 0; r < hosts.size(); ++r) connected_[r] = false;
@@ -209,6 +212,7 @@ void SocketP2p::shutdown() {
       p.readingSet = false;
     }
     pending_ = 0;
+    bulkInFlight_ = 0;
     for (auto& l : links_) l->close();
   }
   const uint64_t one = 1;
@@ -388,6 +392,12 @@ void SocketP2p::match(int peer, RecvIt op, const Frame& f, const std::vector<cha
     p.cma = false;  // refused (ptrace rules, another PID namespace): stream from now on
   }
   op->streaming = f.id;
+  if (bulk_ && !p.sameHost) {
+    op->bulk = bulk_->startRecv(op->req.data, f.bytes, peer, f.id);
+    ++bulkInFlight_;
+    p.in->queue(Frame{Kind::kCts, 0, rank_, 0, f.id, 0, kViaBulk});
+    return;
+  }
   queueOn(p.in, Kind::kCts, f.id);
 }
 
@@ -470,6 +480,11 @@ void SocketP2p::onFrame(Link& link, const Frame& f) {
           break;
         }
         const P2pRequest& r = it->second.req;
+        if (f.addr == kViaBulk && bulk_) {
+          it->second.bulk = bulk_->startSend(r.data, r.bytes, peer, f.id);
+          ++bulkInFlight_;
+          break;
+        }
         p.out->queue(Frame{Kind::kData, r.processSet, r.tag, static_cast<uint32_t>(r.dtype), f.id, r.bytes, 0}, r.data,
                      r.bytes);
         break;
@@ -540,6 +555,9 @@ void SocketP2p::failPeer(int peer, const std::string& why) {
   p.early.clear();
   p.readingSet = false;
   pending_.fetch_sub(static_cast<int>(sends.size() + recvs.size()));
+  // (An MPI transfer in flight cannot be recalled; an MPI job whose peer died ends anyway.)
+  for (const auto& [id, op] : sends) bulkInFlight_ -= op.bulk ? 1 : 0;
+  for (const auto& op : recvs) bulkInFlight_ -= op.bulk ? 1 : 0;
   for (auto& [id, op] : sends) op.req.done(std::make_exception_ptr(PeerFailure(p.failed + " (" + describe(op.req, rank_) + ")")));
   for (auto& op : recvs) op.req.done(std::make_exception_ptr(PeerFailure(p.failed + " (" + describe(op.req, rank_) + ")")));
 }
@@ -554,7 +572,7 @@ void SocketP2p::checkDeadlines() {
     const int peer = static_cast<int>(r);
     for (auto it = p.sends.begin(); it != p.sends.end();) {
       auto cur = it++;
-      if (cur->second.deadline > now) continue;
+      if (cur->second.deadline > now || cur->second.bulk) continue;
       const std::string text = describe(cur->second.req, rank_) + after + ": no matching recv took it";
       if (p.out && p.out->midPayload(Kind::kData, cur->first)) {  // the stream cannot stop halfway
         failPeer(peer, text);
@@ -565,7 +583,7 @@ void SocketP2p::checkDeadlines() {
     }
     for (auto it = p.recvs.begin(); it != p.recvs.end();) {
       auto cur = it++;
-      if (cur->deadline > now) continue;
+      if (cur->deadline > now || cur->bulk) continue;
       std::string text = describe(cur->req, rank_) + after;
       std::string others;
       for (const auto& a : p.early)
@@ -576,6 +594,33 @@ void SocketP2p::checkDeadlines() {
         break;
       }
       finishRecv(p, cur, std::make_exception_ptr(Timeout(text)));
+    }
+  }
+}
+
+void SocketP2p::checkBulk() {
+  if (bulkInFlight_ == 0) return;
+  for (size_t r = 0; r < peers_.size(); ++r) {
+    Peer& p = peers_[r];
+    auto finished = [&](uint64_t request) {
+      try {
+        if (!bulk_->done(request)) return false;
+      } catch (const Error& e) {
+        failPeer(static_cast<int>(r), e.what());
+        return false;
+      }
+      --bulkInFlight_;
+      return true;
+    };
+    for (auto it = p.sends.begin(); it != p.sends.end();) {
+      auto cur = it++;
+      if (cur->second.bulk && finished(cur->second.bulk)) finishSend(p, cur->first, nullptr);
+      if (!p.failed.empty()) break;
+    }
+    for (auto it = p.recvs.begin(); it != p.recvs.end();) {
+      auto cur = it++;
+      if (cur->bulk && finished(cur->bulk)) finishRecv(p, cur, nullptr);
+      if (!p.failed.empty()) break;
     }
   }
 }
@@ -608,6 +653,8 @@ void SocketP2p::progressOnce(int timeoutMs, bool background) {
     // A caller that came to drive after the background thread looked must not
     // find it polling beside it for long.
     if (background && waiters_.load() > 0) timeoutMs = 0;
+    // A bulk transfer moves only while someone asks after it.
+    if (bulkInFlight_ > 0) timeoutMs = std::min(timeoutMs, 1);
     // Under mu_: a post after this sees the sleeper and kicks the poll.
     if (timeoutMs > 0) sleepers_.fetch_add(1);
   }
@@ -640,6 +687,7 @@ void SocketP2p::progressOnce(int timeoutMs, bool background) {
     }
   }
   flushAll();
+  checkBulk();
   checkDeadlines();
 }
 
@@ -690,8 +738,9 @@ void SocketP2p::background() {
 namespace chorus {
 
 std::unique_ptr<PointToPoint> makePointToPoint(Store& store, const std::string& prefix, int rank,
-                                               const std::vector<std::string>& hosts, const P2pOptions& opts) {
-  return std::make_unique<p2p::SocketP2p>(store, prefix, rank, hosts, opts);
+                                               const std::vector<std::string>& hosts, const P2pOptions& opts,
+                                               std::unique_ptr<P2pBulk> bulk) {
+  return std::make_unique<p2p::SocketP2p>(store, prefix, rank, hosts, opts, std::move(bulk));
 }
 
 }  // namespace chorus

@@ -31,7 +31,7 @@ namespace chorus::p2p {
 class SocketP2p : public PointToPoint, private Link::Sink {
  public:
   SocketP2p(Store& store, const std::string& prefix, int rank, const std::vector<std::string>& hosts,
-            const P2pOptions& opts);
+            const P2pOptions& opts, std::unique_ptr<P2pBulk> bulk);
   ~SocketP2p() override;
 
   void post(std::vector<P2pRequest> ops) override;
@@ -44,11 +44,13 @@ class SocketP2p : public PointToPoint, private Link::Sink {
     P2pRequest req;
     Clock::time_point deadline;
     bool announced = false;  // kRts: waiting for kCts or kDone
+    uint64_t bulk = 0;       // the payload is moving by bulk_ (no timeout then: it cannot stop halfway)
   };
   struct RecvOp {
     P2pRequest req;
     Clock::time_point deadline;
     uint64_t streaming = 0;  // the sender's id once kCts went out (0: not matched)
+    uint64_t bulk = 0;       // as SendOp::bulk
   };
   using RecvIt = std::list<RecvOp>::iterator;
   struct Arrival {  // a send that came before its recv
@@ -89,6 +91,7 @@ class SocketP2p : public PointToPoint, private Link::Sink {
   std::string mismatch(int sender, const Frame& f, const RecvOp& op) const;
   void failPeer(int peer, const std::string& why);
   void checkDeadlines();
+  void checkBulk();  // finishes the ops whose bulk transfers are done
   void flushAll();
   // One round: poll every connection (timeoutMs: 0 spins) and handle what is ready.
   // The background thread polls only while no caller drives.
@@ -107,6 +110,8 @@ class SocketP2p : public PointToPoint, private Link::Sink {
   int localFd_ = -1;  // a Unix socket for ranks of this host (half the cost of loopback TCP)
   int wakeFd_ = -1;
   std::chrono::microseconds spin_;
+  std::unique_ptr<P2pBulk> bulk_;  // large messages to other hosts, when MPI carries the data
+  int bulkInFlight_ = 0;           // (mu_) polls do not sleep while some are
 
   std::mutex mu_;  // everything below
   std::vector<Peer> peers_;

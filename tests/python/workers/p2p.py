@@ -1,10 +1,15 @@
 """Point-to-point in chorus.torch: blocking and async forms, batches, process
 sets, errors on both ends, and autograd through a chain of stages checked
 against the same model run in one process (float64)."""
+import os
+
 import torch
 
 import chorus.torch as hvd
 
+if os.environ.get("P2P_TWO_HOSTS") == "1":  # even and odd ranks on two simulated hosts
+    rank_env = os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("CHORUS_RANK", "0"))
+    os.environ["CHORUS_HOSTNAME"] = f"host{int(rank_env) % 2}"
 hvd.init(process_sets="dynamic")
 r, n = hvd.rank(), hvd.size()
 nxt, prv = (r + 1) % n, (r - 1) % n
