@@ -64,6 +64,8 @@ struct P2pOptions {
   std::chrono::milliseconds timeout{30000};
   std::chrono::milliseconds connectTimeout{30000};
   bool crossMemoryAttach = true;  // same-host peers read large sends straight from the sender
+  bool sharedMemoryRings = true;  // same-host pairs exchange frames through shared memory
+  std::string jobId = "nojob";    // names the rings' segments (the launcher removes a job's leftovers)
 };
 
 // Every rank of the job makes one at init, with the same store prefix; hosts are

@@ -15,6 +15,8 @@ void RuntimeImpl::startP2p() {
   o.timeout = std::chrono::milliseconds(static_cast<int64_t>(config.timeoutSeconds * 1000));
   o.connectTimeout = std::chrono::milliseconds(static_cast<int64_t>(config.startTimeoutSeconds * 1000));
   o.crossMemoryAttach = config.shmSingleCopy;
+  o.sharedMemoryRings = !config.shmDisable;
+  o.jobId = config.jobId;
   // Under CHORUS_CPU_OPERATIONS=mpi, MPI carries large messages between hosts too.
   std::unique_ptr<P2pBulk> bulk = config.cpuOperations == "mpi" && mpiWorld() ? mpi_->p2pBulk() : nullptr;
   p2p = makePointToPoint(*store, prefix, rank, hosts, o, std::move(bulk));

@@ -3,6 +3,9 @@
 // across two, tag matching, process sets, and the errors on both ends.
 #include <gtest/gtest.h>
 
+#include <dirent.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -19,12 +22,26 @@ struct Path {
 };
 const Path kPaths[] = {{"one_host_cma", false, true}, {"one_host_streamed", false, false}, {"two_hosts", true, true}};
 
+// A job id of this test process's own: the rings' segments carry it.
+std::string jobId() { return "p2ptest" + std::to_string(getpid()); }
+
 ConfigTweak pathTweak(const Path& path, double timeoutSeconds = 20) {
   return [path, timeoutSeconds](Config& c) {
     if (path.twoHosts) c.hostname = c.rank % 2 ? "hostB" : "hostA";
     c.shmSingleCopy = path.crossMemoryAttach;
     c.timeoutSeconds = timeoutSeconds;
+    c.jobId = jobId();
   };
+}
+
+// Shared-memory segments of this job still named in /dev/shm.
+int leftovers() {
+  int n = 0;
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* e = readdir(d)) n += std::string(e->d_name).rfind("chorus-" + jobId() + "-", 0) == 0 ? 1 : 0;
+    closedir(d);
+  }
+  return n;
 }
 
 // Rank src's message: values no other rank or element shares (within the dtype's range).
@@ -52,6 +69,7 @@ TEST_P(P2pRing, EveryDtypeAndSize) {
       }
     }
   }, pathTweak(path));
+  EXPECT_EQ(leftovers(), 0);  // every pair's rings were unnamed once both ranks held them
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, P2pRing, ::testing::Combine(::testing::Values(2, 3, 4), ::testing::ValuesIn(kPaths)),
@@ -189,6 +207,7 @@ TEST_P(P2pPaths, PeerGoneFailsWaitersAtOnce) {
   }, pathTweak(GetParam(), 30));
   for (const auto& e : errors) EXPECT_EQ(e, "");
   EXPECT_TRUE(failedFast);
+  EXPECT_EQ(leftovers(), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Paths, P2pPaths, ::testing::ValuesIn(kPaths), [](const auto& info) { return std::string(info.param.name); });

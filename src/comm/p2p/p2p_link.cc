@@ -45,10 +45,7 @@ bool Link::flush(std::string* why) {
     if (o.done < sizeof(Frame)) iov[n++] = {reinterpret_cast<char*>(&o.f) + o.done, sizeof(Frame) - o.done};
     const size_t sent = o.done > sizeof(Frame) ? o.done - sizeof(Frame) : 0;
     if (o.bytes > sent) iov[n++] = {const_cast<char*>(o.payload) + sent, o.bytes - sent};
-    msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = n;
-    const ssize_t r = ::sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const ssize_t r = writeSome(iov, n);
     if (r < 0 && errno == EINTR) continue;
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
     if (r <= 0) {
@@ -68,6 +65,7 @@ bool Link::flush(std::string* why) {
 
 bool Link::pump(Sink& sink, std::string* why) {
   if (buf_.empty()) buf_.resize(kReadAhead);
+  if (rings_ && !drainDoorbells(why)) return false;
   while (fd_ >= 0) {
     // Whatever is buffered first: headers, and payload bytes read along with them.
     while (true) {
@@ -106,7 +104,7 @@ bool Link::pump(Sink& sink, std::string* why) {
     }
     char* to = direct ? dst_ : buf_.data() + bufEnd_;
     const size_t want = direct ? left_ : buf_.size() - bufEnd_;
-    const ssize_t r = ::recv(fd_, to, want, MSG_DONTWAIT);
+    const ssize_t r = readSome(to, want);
     if (r < 0 && errno == EINTR) continue;
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
     if (r <= 0) {
@@ -127,6 +125,77 @@ bool Link::pump(Sink& sink, std::string* why) {
   }
   return true;
 }
+
+ssize_t Link::writeSome(iovec* iov, int n) {
+  if (!rings_) {
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = n;
+    return ::sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+  }
+  size_t w = tx_.write(iov, n);
+  if (w == 0) {  // full: ask the reader to ring when it makes room, then look once more
+    tx_.header()->writerWaiting.store(1);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    w = tx_.write(iov, n);
+    if (w == 0) {
+      errno = EAGAIN;
+      return -1;
+    }
+    tx_.header()->writerWaiting.store(0);
+  }
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // the bytes before the look at sleepers
+  if (tx_.header()->sleepers.load() > 0) ringDoorbell();
+  return static_cast<ssize_t>(w);
+}
+
+ssize_t Link::readSome(char* to, size_t want) {
+  if (!rings_) return ::recv(fd_, to, want, MSG_DONTWAIT);
+  const size_t n = rx_.read(to, want);
+  if (n == 0) {
+    errno = EAGAIN;
+    return -1;
+  }
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (rx_.header()->writerWaiting.load()) {
+    rx_.header()->writerWaiting.store(0);
+    ringDoorbell();
+  }
+  return static_cast<ssize_t>(n);
+}
+
+void Link::ringDoorbell() {
+  const char one = 1;
+  (void)!::send(fd_, &one, 1, MSG_NOSIGNAL | MSG_DONTWAIT);  // a full socket has a doorbell waiting already
+}
+
+bool Link::drainDoorbells(std::string* why) {
+  char bells[64];
+  while (fd_ >= 0) {
+    const ssize_t r = ::recv(fd_, bells, sizeof(bells), MSG_DONTWAIT);
+    if (r > 0) continue;
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+    *why = closedWhy(r);
+    return false;
+  }
+  return true;
+}
+
+void Link::useRings(std::unique_ptr<RingPair> rings, bool connecting) {
+  rings_ = std::move(rings);
+  tx_ = rings_->ring(connecting ? 0 : 1);
+  rx_ = rings_->ring(connecting ? 1 : 0);
+  bufStart_ = bufEnd_ = 0;  // what the socket brought after the hello: doorbells
+}
+
+bool Link::sleepOnRing() {
+  rx_.header()->sleepers.fetch_add(1);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  return rx_.readable() > 0;
+}
+
+void Link::wakeFromRing() { rx_.header()->sleepers.fetch_sub(1); }
 
 bool Link::takeHeader() {
   if (bufEnd_ - bufStart_ < sizeof(Frame)) return false;

@@ -4,9 +4,13 @@
 // hands each header to a sink, which says where the payload goes).
 #include <cstddef>
 #include <cstdint>
+#include <sys/types.h>
 #include <deque>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "comm/p2p/shm_ring.h"
 
 namespace chorus::p2p {
 
@@ -77,6 +81,15 @@ class Link {
   // Shuts the connection; the peer sees it closed.
   void close();
 
+  // Same host: from now on frames go through the pair's rings, and the socket
+  // carries doorbells only (connecting: this rank made the connection).
+  void useRings(std::unique_ptr<RingPair> rings, bool connecting);
+  bool hasRings() const { return rings_ != nullptr; }
+  // Around a poll that may sleep: the first says so to the peer's writer and
+  // returns true when bytes are already there (so do not sleep); the second undoes it.
+  bool sleepOnRing();
+  void wakeFromRing();
+
  private:
   struct Out {
     Frame f;
@@ -92,6 +105,13 @@ class Link {
   std::deque<Out> out_;
   // Takes a whole header from buffered bytes (false: not all there yet).
   bool takeHeader();
+  // The stream's system calls, or the rings' copies (-1 with errno EAGAIN: nothing now).
+  ssize_t writeSome(iovec* iov, int n);
+  ssize_t readSome(char* to, size_t want);
+  bool drainDoorbells(std::string* why);
+  void ringDoorbell();
+  std::unique_ptr<RingPair> rings_;
+  Ring tx_, rx_;
   // Bytes read ahead: small frames cost one read for several (header and payload together).
   std::vector<char> buf_;
   size_t bufStart_ = 0, bufEnd_ = 0;

@@ -6,6 +6,7 @@
 #include <netinet/tcp.h>
 #include <sched.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <sys/un.h>
@@ -213,7 +214,12 @@ void SocketP2p::shutdown() {
     }
     pending_ = 0;
     bulkInFlight_ = 0;
-    for (auto& l : links_) l->close();
+    for (auto& l : links_) {
+      // The accepting rank removes a pair's segment name when it maps it; one that
+      // never did (it left first) must not leave the name behind.
+      if (l->outgoing() && l->hasRings()) shm_unlink(ringName(rank_, l->peer()).c_str());
+      l->close();
+    }
   }
   const uint64_t one = 1;
   (void)!::write(wakeFd_, &one, sizeof(one));
@@ -228,6 +234,11 @@ void SocketP2p::kick() {
   if (sleepers_.load() == 0) return;
   const uint64_t one = 1;
   (void)!::write(wakeFd_, &one, sizeof(one));
+}
+
+std::string SocketP2p::ringName(int from, int to) const {
+  return "/chorus-" + opts_.jobId + "-p2p-" + std::to_string(token_) + "-" + std::to_string(from) + "-" +
+         std::to_string(to);
 }
 
 void SocketP2p::connectTo(int peer) {
@@ -247,18 +258,22 @@ void SocketP2p::connectTo(int peer) {
     throw PeerFailure("peer failure: " + who(peer) + " never published its point-to-point address");
   }
   int fd = local && peers_[peer].sameHost && localFd_ >= 0 ? connectLocal(token_, peer) : -1;
+  // Within the host, frames go through shared memory; the connection stays as the doorbell.
+  std::unique_ptr<RingPair> rings(fd >= 0 && opts_.sharedMemoryRings ? RingPair::create(ringName(rank_, peer)) : nullptr);
   if (fd < 0) fd = connectOnce(addr, port, opts_.connectTimeout, &why);
   if (fd < 0)
     throw PeerFailure("peer failure: " + who(rank_) + " cannot connect to " + who(peer) + " at " + addr + ":" +
                       std::to_string(port) + " for point-to-point (" + why + ")");
-  const Frame hello{Kind::kHello, 0, rank_, 0, static_cast<uint64_t>(getpid()), 0, token_};
+  const Frame hello{Kind::kHello, rings ? 1 : 0, rank_, 0, static_cast<uint64_t>(getpid()), 0, token_};
   if (!writeAll(fd, &hello, sizeof(hello), opts_.connectTimeout)) {
     ::close(fd);
+    if (rings) shm_unlink(ringName(rank_, peer).c_str());
     throw PeerFailure("peer failure: " + who(peer) + " closed its point-to-point connection from " + who(rank_));
   }
   setNonBlocking(fd);
   std::lock_guard<std::mutex> lock(mu_);
   links_.push_back(std::make_unique<Link>(fd, peer, true));
+  if (rings) links_.back()->useRings(std::move(rings), true);
   peers_[peer].out = links_.back().get();
   connected_[peer] = true;
   kick();
@@ -457,6 +472,14 @@ void SocketP2p::onFrame(Link& link, const Frame& f) {
       link.close();  // not one of this job's ranks, or a second connection
       return;
     }
+    if (f.set == 1) {  // the peer made rings for this pair
+      std::unique_ptr<RingPair> rings(RingPair::attach(ringName(from, rank_)));
+      if (!rings) {
+        link.close();  // the peer sees it closed: a peer failure there, not a silent wait
+        return;
+      }
+      link.useRings(std::move(rings), false);
+    }
     link.setPeer(from);
     peers_[from].in = &link;
     peers_[from].pid = static_cast<pid_t>(f.id);
@@ -637,6 +660,31 @@ void SocketP2p::acceptAll(int listener) {
 void SocketP2p::progressOnce(int timeoutMs, bool background) {
   thread_local std::vector<pollfd> fds;
   thread_local std::vector<Link*> links;
+  thread_local std::vector<Link*> slept;
+  thread_local unsigned spins = 0;
+  slept.clear();
+  // Spinning: frames between ranks of a host come through rings, so most passes
+  // look at the rings alone; every 16th also polls the sockets (other hosts,
+  // doorbells, closed connections, new connections).
+  if (timeoutMs == 0 && ++spins % 16 != 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_) return;
+    bool rings = false;
+    for (auto& l : links_) {
+      if (!l->open() || !l->hasRings()) continue;
+      rings = true;
+      std::string why;
+      if (!(l->pump(*this, &why) && l->flush(&why)) && l->peer() >= 0)
+        failPeer(l->peer(), "its connection " + std::string(l->outgoing() ? "from " : "to ") + who(rank_) +
+                                " closed (" + why + ")");
+    }
+    if (rings) {
+      flushAll();
+      checkBulk();
+      checkDeadlines();
+      return;
+    }
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopped_) return;
@@ -655,6 +703,14 @@ void SocketP2p::progressOnce(int timeoutMs, bool background) {
     if (background && waiters_.load() > 0) timeoutMs = 0;
     // A bulk transfer moves only while someone asks after it.
     if (bulkInFlight_ > 0) timeoutMs = std::min(timeoutMs, 1);
+    // Rings have no descriptor: their writers ring the doorbell while we sleep.
+    if (timeoutMs > 0) {
+      for (Link* l : links) {
+        if (!l->hasRings()) continue;
+        slept.push_back(l);
+        if (l->sleepOnRing()) timeoutMs = 0;
+      }
+    }
     // Under mu_: a post after this sees the sleeper and kicks the poll.
     if (timeoutMs > 0) sleepers_.fetch_add(1);
   }
@@ -662,8 +718,9 @@ void SocketP2p::progressOnce(int timeoutMs, bool background) {
   do rc = ::poll(fds.data(), fds.size(), timeoutMs); while (rc < 0 && errno == EINTR);
   if (timeoutMs > 0) sleepers_.fetch_sub(1);
   std::lock_guard<std::mutex> lock(mu_);
+  for (Link* l : slept) l->wakeFromRing();
   if (stopped_) return;
-  if (rc > 0) {
+  if (rc >= 0) {
     if (fds[0].revents) {
       uint64_t n;
       (void)!::read(wakeFd_, &n, sizeof(n));
@@ -673,7 +730,7 @@ void SocketP2p::progressOnce(int timeoutMs, bool background) {
     for (size_t i = 0; i < links.size(); ++i) {
       Link* l = links[i];
       const short ev = fds[i + 3].revents;
-      if (!ev || !l->open() || l->fd() != fds[i + 3].fd) continue;
+      if ((!ev && !l->hasRings()) || !l->open() || l->fd() != fds[i + 3].fd) continue;
       std::string why;
       const bool ok = l->pump(*this, &why) && l->flush(&why);
       if (!ok) {

@@ -79,6 +79,7 @@ class SocketP2p : public PointToPoint, private Link::Sink {
   void onFrame(Link& link, const Frame& f) override;
 
   void connectTo(int peer);  // without mu_; throws PeerFailure
+  std::string ringName(int from, int to) const;
   void postLocked(P2pRequest req);
   void startSend(int peer, SendOp& op);
   // A recv meets a send that arrived: kEager (with its payload) or kRts.
