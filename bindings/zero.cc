@@ -120,8 +120,9 @@ void bindZero(py::module_& m) {
   py::class_<Engine, std::shared_ptr<Engine>>(m, "ZeroEngine")
       .def(py::init([](const std::string& configJson, int32_t processSet, int dtype, const std::vector<size_t>& numels,
                        const std::vector<int>& groupOf, const std::string& optimizer, int32_t pipeSet,
-                       const std::vector<double>& normWeights) {
+                       const std::vector<double>& normWeights, const std::vector<int32_t>& priorities) {
              zero::EngineSpec spec;
+             spec.priorities = priorities;
              spec.pipeProcessSet = pipeSet;
              spec.normWeights = normWeights;
              const int world = static_cast<int>(defaultRuntime().processSet(processSet).ranks().size());
@@ -137,7 +138,8 @@ void bindZero(py::module_& m) {
              return std::make_shared<Engine>(defaultRuntime(), std::move(spec));
            }),
            py::arg("config_json"), py::arg("process_set"), py::arg("dtype"), py::arg("numels"), py::arg("group_of"),
-           py::arg("optimizer"), py::arg("pipe_set") = -1, py::arg("norm_weights") = std::vector<double>{})
+           py::arg("optimizer"), py::arg("pipe_set") = -1, py::arg("norm_weights") = std::vector<double>{},
+           py::arg("priorities") = std::vector<int32_t>{})
       .def_property_readonly("stage", &Engine::stage)
       .def_property_readonly("world", &Engine::world)
       .def_property_readonly("rank", &Engine::rank)

@@ -3,7 +3,8 @@ four pipeline stages, one per process group of the seed (embedding 0-1, encoder
 2-3, decoder 4-5, output 6-7). The ranks of a group are data-parallel replicas
 of their stage (each group aggregates its gradients within itself, as the seed
 says), or with --tensor-parallel 2 they split the stage's attention heads and
-MLP between them. Trained with DeepSpeed's 1F1B schedule on generated sequences
+MLP between them. Each stage's first layer has its gradients reduced first (the
+seed's priority=1 on critical gradients). Trained with DeepSpeed's 1F1B schedule on generated sequences
 (continue an arithmetic progression of tokens); the loss must fall.
 
     chorusrun -np 8 python examples/parallel/distributed_transformer.py [--tensor-parallel 2] [--steps 60]
@@ -132,6 +133,10 @@ def main():
     groups = [model.embed_group, model.encoder_group, model.decoder_group, model.output_group]
     mine = groups[net.stage_id]
     assert mine.included() and hvd.rank() in mine.ranks  # with 8 ranks each stage is one of the seed's groups
+    # The seed's "critical gradients first" (priority=1): within each stage, the
+    # gradients of the layer the next forward pass runs first are reduced first.
+    first = net.forward_funcs[0]
+    deepspeed.set_gradient_priority(first.blocks[0] if isinstance(first, Stack) else first, 1)
     config = {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": args.micro_batches,
               "optimizer": {"type": "Adam", "params": {"lr": 3e-3}}, "gradient_clipping": 1.0,
               "zero_optimization": {"stage": 1}}

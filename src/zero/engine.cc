@@ -1,6 +1,7 @@
 #include "zero/engine.h"
 
 #include <algorithm>
+#include <numeric>
 #include <cmath>
 #include <cstring>
 
@@ -46,6 +47,9 @@ Engine::Engine(Runtime& rt, EngineSpec spec)
                             std::to_string(spec_.pipeProcessSet));
     pipeName_ = rt_.uniqueName(spec_.pipeProcessSet, "zeropipe") + ".norm";
   }
+  if (!spec_.priorities.empty() && spec_.priorities.size() != spec_.numels.size())
+    throw InvalidArgument("ZeRO engine: " + std::to_string(spec_.priorities.size()) + " priorities for " +
+                          std::to_string(spec_.numels.size()) + " parameters");
   if (!spec_.normWeights.empty() && (spec_.normWeights.size() != spec_.numels.size() || stage_ == 3))
     throw InvalidArgument("ZeRO engine: norm weights need one weight per parameter, and stage 0-2 (got " +
                           std::to_string(spec_.normWeights.size()) + " for " + std::to_string(spec_.numels.size()) +
@@ -121,6 +125,13 @@ Engine::~Engine() {
 }
 
 std::string Engine::name(const char* what, size_t id) const { return name_ + what + "." + std::to_string(id); }
+
+int32_t Engine::unitPriority(size_t u) const {
+  if (spec_.priorities.empty()) return 0;
+  int32_t best = INT32_MIN;
+  for (size_t param : plan_->units()[u].params) best = std::max(best, spec_.priorities[param]);
+  return best;
+}
 
 void Engine::resetMissing() {
   for (size_t u = 0; u < plan_->units().size(); ++u) {
@@ -243,6 +254,7 @@ void Engine::launchUnit(size_t u) {
   ReducescatterOptions o;
   o.name = name("rs", u);
   o.processSet = spec_.processSet;
+  o.priority = unitPriority(u);
   o.op = ReduceOp::kAverage;
   Tensor in{b.data.bytes(), spec_.dtype, {static_cast<int64_t>(plan_->units()[u].flatElems())}};
   b.work = std::make_unique<Work>(rt_.reducescatterAsync(in, o));
@@ -275,19 +287,26 @@ void Engine::endBackward() {
 
 void Engine::reduceAtBoundary() {
   std::vector<std::pair<size_t, Work>> works;
-  for (size_t u = 0; u < plan_->units().size(); ++u) {
+  // Higher priorities submitted first: they are not left waiting behind a cycle
+  // that took the first units before the rest were ready.
+  std::vector<size_t> order(plan_->units().size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return unitPriority(a) > unitPriority(b); });
+  for (size_t u : order) {
     const Unit& unit = plan_->units()[u];
     Tensor t{unitGrads(u), spec_.dtype, {static_cast<int64_t>(unit.flatElems())}};
     if (stage_ == 0) {
       AllreduceOptions o;
       o.name = name("ar", u);
       o.processSet = spec_.processSet;
+      o.priority = unitPriority(u);
       o.op = ReduceOp::kAverage;
       works.emplace_back(u, rt_.allreduceAsync(t, t, o));
     } else {
       ReducescatterOptions o;
       o.name = name("rs", u);
       o.processSet = spec_.processSet;
+      o.priority = unitPriority(u);
       o.op = ReduceOp::kAverage;
       works.emplace_back(u, rt_.reducescatterAsync(t, o));
     }

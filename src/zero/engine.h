@@ -61,6 +61,9 @@ struct EngineSpec {
   // With pipeProcessSet: each parameter's share of the norm (1/k for a parameter
   // that k ranks of that set hold alike, as a tensor-parallel layer's bias). Empty: all 1.
   std::vector<double> normWeights;
+  // Each parameter's communication priority (higher goes first among ops ready
+  // together): a unit's collectives take the highest of its parameters'. Empty: all 0.
+  std::vector<int32_t> priorities;
 };
 
 class Engine {
@@ -145,6 +148,7 @@ class Engine {
   std::string name_;  // prefix of this engine's op names (engines are made in the same order on every rank)
   std::string pipeName_;  // the norm's op name in the pipeline set
   double localSumSquares() const;  // of this rank's gradient slices, weighted by normWeights
+  int32_t unitPriority(size_t u) const;
   int stage_, world_, rank_;
   size_t numGroups_ = 1;
   std::unique_ptr<PartitionPlan> plan_;

@@ -13,6 +13,7 @@ void Engine::launchGather(size_t i, Gathered& g) {
   char* out = g.data->bytes();
   OpOptions o;
   o.name = name("ag", i);
+  o.priority = spec_.priorities.empty() ? 0 : spec_.priorities[i];
   o.processSet = spec_.processSet;
   g.work = std::make_unique<Work>(rt_.allgatherAsync(Tensor{in, spec_.dtype, {static_cast<int64_t>(s)}}, o,
                                                      [out](const Shape&, DataType) -> void* { return out; }));

@@ -133,3 +133,8 @@ def test_distributed_transformer_example_trains(ranks, tp):
     out = ok(ranks(8, os.path.join(REPO, "examples", "parallel", "distributed_transformer.py"),
                    "--tensor-parallel", str(tp), "--steps", "30", env={"CHORUS_TIMEOUT_SECONDS": "60"}))
     assert f"4 stages x {tp} tensor-parallel" in out, out
+
+
+def test_gradient_priority_orders_the_engines_collectives(ranks, tmp_path):
+    out = ok(ranks(2, "zero_priority.py", str(tmp_path / "trace.json")))
+    assert out.count("priority ok") == 2

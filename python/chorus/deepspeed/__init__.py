@@ -31,7 +31,20 @@ def _export_world_env():
 
 
 _export_world_env()
-__all__ = ["initialize", "init_distributed", "add_config_arguments", "DeepSpeedEngine", "WarmupLR", "WarmupDecayLR"]
+__all__ = ["initialize", "init_distributed", "add_config_arguments", "DeepSpeedEngine", "WarmupLR", "WarmupDecayLR",
+           "set_gradient_priority"]
+
+
+def set_gradient_priority(modules_or_params, priority):
+    """Gives these parameters' gradient collectives a priority (higher goes first
+    among those ready together, as hvd.allreduce(priority=) does), e.g. the first
+    layers', whose updated weights the next forward pass needs first. Call it
+    before initialize()."""
+    items = modules_or_params if isinstance(modules_or_params, (list, tuple)) else [modules_or_params]
+    for item in items:
+        params = item.parameters() if hasattr(item, "parameters") else [item]
+        for p in params:
+            p.chorus_priority = int(priority)
 
 
 def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_port=None, verbose=True,

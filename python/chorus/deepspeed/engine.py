@@ -81,7 +81,8 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
                                 _dtype_code(self._params[0], "ZeRO"), [p.numel() for p in self._params], group_of, kind,
                                 self._pipe_set.process_set_id if self._pipe_set is not None else -1,
                                 [1.0 if getattr(p, "model_parallel", False) else 1.0 / self._tp for p in self._params]
-                                if self._pipe_set is not None and self._tp > 1 else [])
+                                if self._pipe_set is not None and self._tp > 1 else [],
+                                [int(getattr(p, "chorus_priority", 0)) for p in self._params])
 
     def _rebuild(self):
         """Re-forms the engine over the world after an elastic reset: a C++ ZeRO engine
