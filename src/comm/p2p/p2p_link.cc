@@ -153,6 +153,7 @@ ssize_t Link::readSome(char* to, size_t want) {
   if (!rings_) return ::recv(fd_, to, want, MSG_DONTWAIT);
   const size_t n = rx_.read(to, want);
   if (n == 0) {
+    if (peerClosed_) return 0;  // what the peer wrote before it left has all been read
     errno = EAGAIN;
     return -1;
   }
@@ -176,8 +177,9 @@ bool Link::drainDoorbells(std::string* why) {
     if (r > 0) continue;
     if (r < 0 && errno == EINTR) continue;
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+    peerClosed_ = true;  // reported once the ring is empty: its last frames (a NACK) count
     *why = closedWhy(r);
-    return false;
+    return true;
   }
   return true;
 }

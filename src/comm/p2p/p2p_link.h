@@ -112,6 +112,7 @@ class Link {
   void ringDoorbell();
   std::unique_ptr<RingPair> rings_;
   Ring tx_, rx_;
+  bool peerClosed_ = false;  // the doorbell socket closed: the ring is read to its end, then it is over
   // Bytes read ahead: small frames cost one read for several (header and payload together).
   std::vector<char> buf_;
   size_t bufStart_ = 0, bufEnd_ = 0;
