@@ -47,12 +47,6 @@ def is_configured():
     return _configured
 
 
-def reset():
-    global _mpu, _configured
-    _options.update(partition_activations=False, cpu_checkpointing=False)
-    _mpu, _configured = None, False
-
-
 def _group():
     if not _options["partition_activations"] or _mpu is None:
         return None, 1, 0

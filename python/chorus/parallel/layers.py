@@ -18,6 +18,16 @@ def _shard(full, dim):
     return full.chunk(n, dim=dim)[r].contiguous()
 
 
+def _full_linear(input_size, output_size, bias, init_method, dtype):
+    """The whole layer, made alike on every rank (same init, same RNG state)."""
+    full = torch.nn.Linear(input_size, output_size, bias=bias, dtype=dtype)
+    if init_method is not None:
+        init_method(full.weight)
+        if bias:
+            torch.nn.init.zeros_(full.bias)
+    return full
+
+
 def _mark(p):
     p.model_parallel = True
     p.tensor_model_parallel = True
@@ -33,11 +43,7 @@ class ColumnParallelLinear(torch.nn.Module):
         super().__init__()
         self.input_size, self.output_size = input_size, output_size
         self.gather_output, self.skip_bias_add = gather_output, skip_bias_add
-        full = torch.nn.Linear(input_size, output_size, bias=bias, dtype=dtype)
-        if init_method is not None:
-            init_method(full.weight)
-            if bias:
-                torch.nn.init.zeros_(full.bias)
+        full = _full_linear(input_size, output_size, bias, init_method, dtype)
         self.weight = _mark(torch.nn.Parameter(_shard(full.weight.data, 0)))
         self.bias = _mark(torch.nn.Parameter(_shard(full.bias.data, 0))) if bias else None
 
@@ -59,11 +65,7 @@ class RowParallelLinear(torch.nn.Module):
         super().__init__()
         self.input_size, self.output_size = input_size, output_size
         self.input_is_parallel, self.skip_bias_add = input_is_parallel, skip_bias_add
-        full = torch.nn.Linear(input_size, output_size, bias=bias, dtype=dtype)
-        if init_method is not None:
-            init_method(full.weight)
-            if bias:
-                torch.nn.init.zeros_(full.bias)
+        full = _full_linear(input_size, output_size, bias, init_method, dtype)
         self.weight = _mark(torch.nn.Parameter(_shard(full.weight.data, 1)))
         self.bias = torch.nn.Parameter(full.bias.data.clone()) if bias else None  # the same on every rank
 

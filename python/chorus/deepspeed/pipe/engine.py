@@ -167,15 +167,12 @@ class PipelineEngine:
                              "(or engine.set_dataiterator)")
         return next(data_iter)
 
-    def _cast_inputs(self, x):
-        return self.engine._cast(x)
-
     # --- the schedule ------------------------------------------------------------------------
     def _forward(self, i, data_iter, state, grad):
         batch = None
         if self.is_first_stage():
             batch = self._next_batch(data_iter)
-            x = self._cast_inputs(batch[0])
+            x = self.engine._cast(batch[0])
         else:
             x = self._recv_activations()
         if self.is_last_stage() and not self.is_first_stage():
@@ -285,8 +282,7 @@ class PipelineEngine:
         self.engine.save_checkpoint(self._stage_dir(save_dir), tag, client_state, save_latest=False)
         hvd.barrier()
         if save_latest and self.global_rank == 0:
-            meta = f"{tag}\n"
-            _core.write_file_atomic(os.path.join(save_dir, "latest"), meta.split("\n")[0].encode())
+            _core.write_file_atomic(os.path.join(save_dir, "latest"), tag.encode())
         hvd.barrier()
         return True
 
