@@ -29,6 +29,11 @@ class Work {
   bool waitUnless(const std::function<bool()>& interrupted) const;
   // Like wait() but gives up after the timeout; returns whether it finished.
   bool waitFor(std::chrono::milliseconds timeout) const;
+  // Calls fn once the op has finished (successfully or not): at once on this
+  // thread when it already has, else on the thread that finishes it, which is
+  // chorus's own (keep fn short; it must not wait for another op). For
+  // frameworks whose kernels complete by callback (TensorFlow's AsyncOpKernel).
+  void whenDone(std::function<void()> fn) const;
 
   // Outputs, one per input tensor (allgather, alltoall, reducescatter allocate them).
   const std::vector<Tensor>& outputs() const;

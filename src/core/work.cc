@@ -5,12 +5,25 @@
 namespace chorus {
 
 void WorkState::complete(std::exception_ptr err) {
+  std::vector<std::function<void()>> callbacks;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (err && !error_) error_ = err;
-    if (remaining_.load() > 0) remaining_.fetch_sub(1, std::memory_order_release);
+    if (remaining_.load() > 0 && remaining_.fetch_sub(1, std::memory_order_release) == 1) callbacks.swap(callbacks_);
   }
   cv_.notify_all();
+  for (auto& fn : callbacks) fn();  // outside the lock: fn may read the outputs or error()
+}
+
+void WorkState::whenDone(std::function<void()> fn) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (remaining_.load() > 0) {
+      callbacks_.push_back(std::move(fn));
+      return;
+    }
+  }
+  fn();
 }
 
 // Polled in every cycle a waiter drives: no lock. The release above pairs with
@@ -67,6 +80,7 @@ bool Work::poll() const { return state_->done(); }
 void Work::wait() const { state_->wait(); }
 bool Work::waitUnless(const std::function<bool()>& interrupted) const { return state_->waitUnless(&interrupted); }
 bool Work::waitFor(std::chrono::milliseconds timeout) const { return state_->waitFor(timeout); }
+void Work::whenDone(std::function<void()> fn) const { state_->whenDone(std::move(fn)); }
 const std::vector<Tensor>& Work::outputs() const { return state_->outputs; }
 const std::vector<int64_t>& Work::receivedSplits() const { return state_->receivedSplits; }
 int Work::joinResult() const { return state_->joinResult; }

@@ -26,6 +26,8 @@ class WorkState {
   // the op still in flight, once it says so.
   bool waitUnless(const std::function<bool()>* interrupted) const;
   bool waitFor(std::chrono::milliseconds timeout) const;
+  // Runs fn when done (now, if it is): see Work::whenDone.
+  void whenDone(std::function<void()> fn);
   std::exception_ptr error() const;
 
   // Written by the controller before complete(); read after done().
@@ -41,6 +43,7 @@ class WorkState {
   mutable std::condition_variable cv_;
   std::atomic<size_t> remaining_;  // written under mu_; done() reads it without
   std::exception_ptr error_;
+  std::vector<std::function<void()>> callbacks_;  // under mu_; run once done
 };
 
 }  // namespace chorus
