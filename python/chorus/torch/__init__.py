@@ -1,5 +1,5 @@
 """Horovod-compatible PyTorch API: ``import chorus.torch as hvd``."""
-from chorus.torch.basics import (ProcessSet, add_process_set, ccl_built, cross_rank, cross_size, cuda_built,
+from chorus.common.basics import (ProcessSet, add_process_set, ccl_built, cross_rank, cross_size, cuda_built,
                                  ddl_built, gloo_built, gloo_enabled, global_process_set, init,
                                  is_homogeneous, is_initialized, local_rank, local_size, mpi_built,
                                  mpi_enabled, mpi_threads_supported, nccl_built, rank, remove_process_set,

@@ -3,7 +3,7 @@ import pickle
 
 import torch
 
-from chorus.torch.basics import global_process_set, rank
+from chorus.common.basics import global_process_set, rank
 from chorus.torch.mpi_ops import allgather, broadcast_, broadcast_async_, synchronize
 
 

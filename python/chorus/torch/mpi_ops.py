@@ -11,7 +11,7 @@ import warnings
 import torch
 
 from chorus import _core
-from chorus.torch.basics import _set_id, global_process_set, rank
+from chorus.common.basics import _set_id, global_process_set, rank
 from chorus.torch.compression import Compression
 
 # Reduce ops, as hvd.Average etc. (values are chorus's codes).

@@ -5,7 +5,7 @@ import warnings
 import torch
 
 from chorus import _core
-from chorus.torch.basics import _set_id, global_process_set
+from chorus.common.basics import _set_id, global_process_set
 from chorus.torch.compression import Compression
 from chorus.torch.mpi_ops import (Adasum, Average, Sum, _abandon, _dtype_code, _set_rank_and_size,
                                   allreduce_async_, grouped_allreduce_async_, sparse_allreduce_async,

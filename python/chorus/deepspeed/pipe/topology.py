@@ -78,7 +78,7 @@ def process_set_for(ranks):
     ranks = sorted(ranks)
     if ranks == list(range(hvd.size())):
         return hvd.global_process_set
-    from chorus.torch import basics
+    from chorus.common import basics
     for ps in basics._initialized_sets:
         if ps.process_set_id is not None and sorted(ps.ranks) == ranks:
             return ps

@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from chorus.torch.basics import rank, size
+from chorus.common.basics import rank, size
 
 
 class ElasticSampler(torch.utils.data.Sampler):

@@ -1,4 +1,5 @@
-"""init, ranks and process sets, with horovod.torch's names."""
+"""init, ranks and process sets, with Horovod's names (horovod.common.basics and
+process_sets): every frontend re-exports these."""
 from chorus import _core
 
 _initialized_sets = []  # ProcessSet objects registered at init or added later
@@ -225,7 +226,7 @@ def add_process_set(process_set):
     if ps.process_set_id is not None:
         raise ValueError(f"{ps} is already registered")
     if ps._comm is not None:
-        from chorus.torch.functions import allgather_object
+        from chorus.common.objects import allgather_object
         from mpi4py import MPI
         mine = _ranks_in(ps._comm, _init_comm or MPI.COMM_WORLD)
         added = []

@@ -1,0 +1,74 @@
+"""Horovod-compatible Keras 3 API (the tf.keras of TensorFlow 2.16+):
+``import chorus.tensorflow.keras as hvd``."""
+import keras
+
+from chorus.common.basics import (ProcessSet, add_process_set, cross_rank, cross_size, global_process_set, init,
+                                  is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
+                                  mpi_threads_supported, gloo_built, gloo_enabled, nccl_built, rank,
+                                  remove_process_set, shutdown, size, start_timeline, stop_timeline)
+from chorus.tensorflow import functions as _functions
+from chorus.tensorflow import mpi_ops as _mpi_ops
+from chorus.tensorflow.compression import Compression
+from chorus.tensorflow.functions import allgather_object, broadcast_object
+from chorus.tensorflow.mpi_ops import Adasum, Average, Max, Min, Product, Sum
+from chorus.tensorflow.keras import callbacks
+from chorus.tensorflow.keras.optimizer import DistributedOptimizer, is_distributed
+
+
+def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_factor=1.0, op=None,
+              compression=Compression.none, process_set=global_process_set):
+    """A value (number, array, tensor) reduced over the ranks, as a NumPy value."""
+    out = _functions.allreduce(keras.ops.convert_to_tensor(value), average=average, op=op, name=name,
+                               prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                               compression=compression, process_set=process_set)
+    return keras.ops.convert_to_numpy(out)
+
+
+def allgather(value, name=None, process_set=global_process_set):
+    return keras.ops.convert_to_numpy(_mpi_ops.allgather(keras.ops.convert_to_tensor(value), name=name,
+                                                         process_set=process_set))
+
+
+def broadcast(value, root_rank, name=None, process_set=global_process_set):
+    return keras.ops.convert_to_numpy(_mpi_ops.broadcast(keras.ops.convert_to_tensor(value), root_rank,
+                                                         name=name, process_set=process_set))
+
+
+def reducescatter(value, name=None, op=Average, process_set=global_process_set):
+    return keras.ops.convert_to_numpy(_functions.reducescatter(keras.ops.convert_to_tensor(value), op=op,
+                                                               name=name, process_set=process_set))
+
+
+def broadcast_global_variables(root_rank, model=None):
+    """Horovod's Keras helper: with TF2 there are no global variables; pass the
+    model (its and its optimizer's variables are broadcast)."""
+    if model is None:
+        raise ValueError("broadcast_global_variables needs the model under TensorFlow 2 (no global collection)")
+    variables = list(model.variables) + (list(model.optimizer.variables) if model.optimizer else [])
+    _functions.broadcast_variables(variables, root_rank)
+
+
+def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=Compression.none,
+               **distributed_kwargs):
+    """keras.models.load_model, with the saved optimizer wrapped in DistributedOptimizer."""
+    from chorus.tensorflow.keras.optimizer import _wrap_class
+    objs = {}
+    classes = [c for c in _optimizer_classes()] + list(custom_optimizers or [])
+    for c in classes:
+        objs[c.__name__] = _wrap_class(c, compression=compression, **distributed_kwargs)
+    objs.update(custom_objects or {})
+    return keras.models.load_model(filepath, custom_objects=objs)
+
+
+def _optimizer_classes():
+    seen, todo = [], [keras.optimizers.Optimizer]
+    while todo:
+        c = todo.pop()
+        for sub in c.__subclasses__():
+            if sub not in seen and sub.__module__.startswith("keras"):
+                seen.append(sub)
+                todo.append(sub)
+    return seen
+
+
+from chorus.tensorflow.keras import elastic  # noqa: E402

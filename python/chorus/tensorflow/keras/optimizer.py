@@ -1,0 +1,97 @@
+"""The Keras 3 distributed optimizer: any Keras optimizer whose apply() first
+averages the gradients over the ranks (horovod.tensorflow.keras.DistributedOptimizer)."""
+import keras
+import tensorflow as tf
+
+from chorus.common.basics import global_process_set
+from chorus.tensorflow.compression import Compression
+from chorus.tensorflow.gradient_tape import GradientReducer
+from chorus.tensorflow.mpi_ops import Average
+
+
+class _DistributedKerasOptimizer:
+    """Mixed in before the wrapped optimizer's class (see DistributedOptimizer)."""
+
+    def apply(self, grads, trainable_variables=None):
+        if trainable_variables is None:
+            trainable_variables = self._trainable_variables
+        grads, trainable_variables = list(grads), list(trainable_variables)
+        if self._chorus_bpps > 1:
+            return self._chorus_accumulate(grads, trainable_variables)
+        return super().apply(self._chorus_reducer(grads, trainable_variables), trainable_variables)
+
+    def _chorus_accumulate(self, grads, variables):
+        """backward_passes_per_step: sums gradients locally; every bpps-th call
+        reduces the sum (or its mean, average_aggregated_gradients) and applies it."""
+        if not self.built:
+            self.build(variables)  # not inside the cond below
+        if self._chorus_acc is None:
+            with tf.init_scope():
+                self._chorus_acc = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False) for v in variables]
+                self._chorus_count = tf.Variable(0, dtype=tf.int64, trainable=False)
+        for a, g in zip(self._chorus_acc, grads):
+            if g is not None:
+                a.assign_add(tf.convert_to_tensor(g))
+        count = self._chorus_count.assign_add(1)
+        present = [g is not None for g in grads]
+        apply = super().apply
+
+        def step():
+            scale = 1.0 / self._chorus_bpps if self._chorus_average_aggregated else 1.0
+            summed = [a.read_value() * scale if p else None for a, p in zip(self._chorus_acc, present)]
+            apply(self._chorus_reducer(summed, variables), variables)
+            for a in self._chorus_acc:
+                a.assign(tf.zeros_like(a))
+            return tf.constant(True)
+
+        if tf.executing_eagerly():
+            if int(count) % self._chorus_bpps == 0:
+                step()
+            return None
+        tf.cond(count % self._chorus_bpps == 0, step, lambda: tf.constant(False))
+        return None
+
+
+def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=Compression.none,
+                         sparse_as_dense=False, gradient_predivide_factor=1.0, op=Average,
+                         backward_passes_per_step=1, average_aggregated_gradients=False, num_groups=0, groups=None,
+                         process_set=global_process_set, scale_local_gradients=True):
+    """A Keras 3 optimizer like `optimizer` (a new one, from its config) that
+    averages gradients over the ranks before applying them.
+
+    Under the mixed_float16 policy the optimizer is first wrapped in Keras's
+    LossScaleOptimizer, so that the (scaled) gradients are reduced before the
+    loss scaler checks them: every rank then takes the same skip-or-apply branch."""
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise ValueError(f"DistributedOptimizer needs a Keras optimizer, got {type(optimizer).__name__}")
+    if backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+    lso = keras.optimizers.LossScaleOptimizer
+    if keras.mixed_precision.global_policy().name == "mixed_float16" and not isinstance(optimizer, lso):
+        optimizer = lso(optimizer)
+    base = optimizer.__class__
+    cls = type(base.__name__, (_DistributedKerasOptimizer, base), {"__module__": base.__module__})
+    dist = cls.from_config(optimizer.get_config())
+    dist._chorus_reducer = GradientReducer(device_dense, device_sparse, compression, sparse_as_dense, op,
+                                           gradient_predivide_factor, num_groups, groups, process_set)
+    dist._chorus_bpps = int(backward_passes_per_step)
+    dist._chorus_average_aggregated = bool(average_aggregated_gradients)
+    dist._chorus_acc = None
+    return dist
+
+
+def is_distributed(optimizer):
+    return isinstance(optimizer, _DistributedKerasOptimizer)
+
+
+def _wrap_class(base, **kwargs):
+    """A stand-in for optimizer class `base` when a saved model is loaded: what
+    it deserializes comes back distributed (hvd.load_model)."""
+    def from_config(cls, config, custom_objects=None):
+        if issubclass(base, keras.optimizers.LossScaleOptimizer):
+            inner = base.from_config(config, custom_objects=custom_objects)
+        else:
+            inner = base.from_config(config)
+        return DistributedOptimizer(inner, **kwargs)
+
+    return type(base.__name__, (base,), {"from_config": classmethod(from_config), "__module__": base.__module__})

@@ -1,0 +1,266 @@
+"""The TensorFlow ops (C++ kernels in src/tensorflow) with horovod.tensorflow's
+names, arguments and gradients. Eagerly, an op without a name takes the next
+automatic one in call order; in a graph (tf.function) it is named after its
+node, so that ops the executor runs in any order still meet their peers."""
+import os
+import re
+
+import tensorflow as tf
+from tensorflow.python.framework import ops
+
+from chorus.common.basics import _set_id, global_process_set
+
+Sum, Average, Min, Max, Product, Adasum = 0, 1, 2, 3, 4, 5
+
+_LIB_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_chorus_tf_ops.so")
+if not os.path.exists(_LIB_PATH):
+    raise ImportError(f"chorus.tensorflow: {_LIB_PATH} is missing: chorus was built without TensorFlow "
+                      "(configure with -DCHORUS_TF_PYTHON=<a python with tensorflow>, as scripts/test.sh does)")
+_lib = tf.load_op_library(_LIB_PATH)
+
+
+def _executing_eagerly():
+    return tf.executing_eagerly()
+
+
+def _normalize_name(name):
+    return re.sub("[^a-zA-Z0-9_]", "_", name)
+
+
+def _names(kind, tensor_name, name, ignore_name_scope):
+    """(tensor_name attr, node name) for an op about to be created."""
+    if _executing_eagerly():
+        return name or "", None
+    base = name or f"Chorus{kind}_{_normalize_name(tensor_name)}"
+    full = ops.get_default_graph().unique_name(base, mark_as_used=False)
+    # The node gets `full` (scope and all); ignore_name_scope keeps only its last part.
+    return (full.rsplit("/", 1)[-1] if ignore_name_scope else full), base
+
+
+def _reduce_op(op, average, where):
+    if average is not None:
+        if op is not None:
+            raise ValueError(f"{where}: give either op or average, not both")
+        op = Average if average else Sum
+    if op is None:
+        op = Average
+    if op not in (Sum, Average, Min, Max, Product, Adasum):
+        raise ValueError(f"{where}: unknown reduce op {op!r}")
+    return op
+
+
+def _allreduce(tensor, name=None, op=Sum, prescale_factor=1.0, postscale_factor=1.0,
+               ignore_name_scope=False, process_set=global_process_set, priority=0):
+    tname, node = _names("Allreduce", getattr(tensor, "name", ""), name, ignore_name_scope)
+    return _lib.chorus_allreduce(tensor, reduce_op=op, prescale_factor=prescale_factor,
+                                 postscale_factor=postscale_factor, tensor_name=tname,
+                                 process_set_id=_set_id(process_set), priority=priority, name=node)
+
+
+def _grouped_allreduce(tensors, name=None, op=Sum, prescale_factor=1.0, postscale_factor=1.0,
+                       ignore_name_scope=False, process_set=global_process_set, priority=0):
+    tname, node = _names("GroupedAllreduce", f"{tensors[0].name}_{tensors[-1].name}"
+                         if not _executing_eagerly() else "", name, ignore_name_scope)
+    return _lib.chorus_grouped_allreduce(tensors, reduce_op=op, prescale_factor=prescale_factor,
+                                         postscale_factor=postscale_factor, tensor_name=tname,
+                                         process_set_id=_set_id(process_set), priority=priority, name=node)
+
+
+@ops.RegisterGradient("ChorusAllreduce")
+def _allreduce_grad(op, grad):
+    """The gradient of an allreduce is the same allreduce of the gradient (Horovod's)."""
+    return _lib.chorus_allreduce(grad, reduce_op=op.get_attr("reduce_op"),
+                                 prescale_factor=op.get_attr("prescale_factor"),
+                                 postscale_factor=op.get_attr("postscale_factor"),
+                                 tensor_name=_grad_name(op), process_set_id=op.get_attr("process_set_id"))
+
+
+@ops.RegisterGradient("ChorusGroupedAllreduce")
+def _grouped_allreduce_grad(op, *grads):
+    return _lib.chorus_grouped_allreduce(list(grads), reduce_op=op.get_attr("reduce_op"),
+                                         prescale_factor=op.get_attr("prescale_factor"),
+                                         postscale_factor=op.get_attr("postscale_factor"),
+                                         tensor_name=_grad_name(op),
+                                         process_set_id=op.get_attr("process_set_id"))
+
+
+def _grad_name(op, suffix="grad"):
+    """A gradient op's name: its forward op's with a suffix (graphs), automatic eagerly."""
+    forward = op.get_attr("tensor_name") if not _executing_eagerly() else ""
+    return f"{forward}.{suffix}" if forward else ""
+
+
+def _set_object(set_id):
+    from chorus.common.basics import _initialized_sets
+    if set_id == 0:
+        return global_process_set
+    for ps in _initialized_sets:
+        if ps.process_set_id == set_id:
+            return ps
+    raise ValueError(f"process set {set_id} is not registered")
+
+
+def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set, priority=0):
+    """Concatenates every rank's tensor along the first dimension (which may differ between ranks)."""
+    tname, node = _names("Allgather", getattr(tensor, "name", ""), name, ignore_name_scope)
+    return _lib.chorus_allgather(tensor, tensor_name=tname, process_set_id=_set_id(process_set),
+                                 priority=priority, name=node)
+
+
+def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=global_process_set, priority=0):
+    tname, node = _names("GroupedAllgather", f"{tensors[0].name}_{tensors[-1].name}"
+                         if not _executing_eagerly() else "", name, ignore_name_scope)
+    return _lib.chorus_grouped_allgather(tensors, tensor_name=tname, process_set_id=_set_id(process_set),
+                                         priority=priority, name=node)
+
+
+def _first_dims(x, set_id, name):
+    """Every rank's first dimension of x, as an int32 vector (for splitting gradients)."""
+    d = tf.reshape(tf.shape(x, out_type=tf.int32)[0], [1])
+    return _lib.chorus_allgather(d, tensor_name=name, process_set_id=set_id)
+
+
+@ops.RegisterGradient("ChorusAllgather")
+def _allgather_grad(op, grad):
+    """Horovod's: the averaged gradient, this rank's rows of it."""
+    set_id = op.get_attr("process_set_id")
+    ps = _set_object(set_id)
+    grad = _lib.chorus_allreduce(grad, reduce_op=Average, tensor_name=_grad_name(op), process_set_id=set_id)
+    dims = _first_dims(op.inputs[0], set_id, _grad_name(op, "grad.dims"))
+    return tf.split(grad, num_or_size_splits=dims, axis=0, num=ps.size())[ps.rank()]
+
+
+@ops.RegisterGradient("ChorusGroupedAllgather")
+def _grouped_allgather_grad(op, *grads):
+    set_id = op.get_attr("process_set_id")
+    ps = _set_object(set_id)
+    out = []
+    for i, (x, g) in enumerate(zip(op.inputs, grads)):
+        g = _lib.chorus_allreduce(g, reduce_op=Average, tensor_name=_grad_name(op, f"grad.{i}"),
+                                  process_set_id=set_id)
+        dims = _first_dims(x, set_id, _grad_name(op, f"grad.{i}.dims"))
+        out.append(tf.split(g, num_or_size_splits=dims, axis=0, num=ps.size())[ps.rank()])
+    return out
+
+
+def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set=global_process_set, priority=0):
+    """root_rank's tensor on every rank (root_rank is a global rank)."""
+    tname, node = _names("Broadcast", getattr(tensor, "name", ""), name, ignore_name_scope)
+    return _lib.chorus_broadcast(tensor, root_rank=root_rank, tensor_name=tname,
+                                 process_set_id=_set_id(process_set), priority=priority, name=node)
+
+
+@ops.RegisterGradient("ChorusBroadcast")
+def _broadcast_grad(op, grad):
+    """Horovod's: the averaged gradient on the root, zeros elsewhere."""
+    from chorus.common.basics import rank
+    reduced = _lib.chorus_allreduce(grad, reduce_op=Average, tensor_name=_grad_name(op),
+                                    process_set_id=op.get_attr("process_set_id"))
+    return reduced if rank() == op.get_attr("root_rank") else reduced * 0
+
+
+def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
+    """Overwrites variables in place with root_rank's values; returns their new values."""
+    variables = list(variables)
+    if not variables:
+        return []
+    base = name or "broadcast_"
+    out = []
+    for v in variables:
+        got = broadcast(tf.convert_to_tensor(v), root_rank,
+                        name=f"{base}.{_normalize_name(v.name)}" if _executing_eagerly() else None,
+                        process_set=process_set)
+        v.assign(got)
+        out.append(v.read_value() if hasattr(v, "read_value") else got)
+    return out
+
+
+def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=global_process_set, priority=0):
+    """Sends splits[i] rows of tensor to rank i of the set and gathers what each sent here.
+    Returns the gathered tensor, and with splits given also the rows received from each rank."""
+    splits_ = tf.convert_to_tensor(splits, dtype=tf.int32) if splits is not None else tf.constant([], tf.int32)
+    tname, node = _names("Alltoall", getattr(tensor, "name", ""), name, ignore_name_scope)
+    output, received = _lib.chorus_alltoall(tensor, splits_, tensor_name=tname, process_set_id=_set_id(process_set),
+                                            priority=priority, name=node)
+    return (output, received) if splits is not None else output
+
+
+@ops.RegisterGradient("ChorusAlltoall")
+def _alltoall_grad(op, grad_wrt_output, grad_wrt_received_splits):
+    """Horovod's: the gradient goes back along the reverse alltoall."""
+    grad, _ = _lib.chorus_alltoall(grad_wrt_output, op.outputs[1], tensor_name=_grad_name(op),
+                                   process_set_id=op.get_attr("process_set_id"))
+    return [grad, None]
+
+
+def _reducescatter(tensor, name=None, op=Sum, ignore_name_scope=False, process_set=global_process_set,
+                   prescale_factor=1.0, postscale_factor=1.0, priority=0):
+    tname, node = _names("Reducescatter", getattr(tensor, "name", ""), name, ignore_name_scope)
+    return _lib.chorus_reducescatter(tensor, reduce_op=op, prescale_factor=prescale_factor,
+                                     postscale_factor=postscale_factor, tensor_name=tname,
+                                     process_set_id=_set_id(process_set), priority=priority, name=node)
+
+
+def _grouped_reducescatter(tensors, name=None, op=Sum, ignore_name_scope=False, process_set=global_process_set,
+                           prescale_factor=1.0, postscale_factor=1.0, priority=0):
+    tname, node = _names("GroupedReducescatter", f"{tensors[0].name}_{tensors[-1].name}"
+                         if not _executing_eagerly() else "", name, ignore_name_scope)
+    return _lib.chorus_grouped_reducescatter(tensors, reduce_op=op, prescale_factor=prescale_factor,
+                                             postscale_factor=postscale_factor, tensor_name=tname,
+                                             process_set_id=_set_id(process_set), priority=priority, name=node)
+
+
+def _reducescatter_grad_of(op, grad, i=None):
+    """Horovod's: the gradient scaled by the set's size for a sum, then gathered."""
+    set_id = op.get_attr("process_set_id")
+    if op.get_attr("reduce_op") == Sum:
+        grad = grad * _set_object(set_id).size()
+    return _lib.chorus_allgather(grad, tensor_name=_grad_name(op, "grad" if i is None else f"grad.{i}"),
+                                 process_set_id=set_id)
+
+
+@ops.RegisterGradient("ChorusReducescatter")
+def _reducescatter_grad(op, grad):
+    return _reducescatter_grad_of(op, grad)
+
+
+@ops.RegisterGradient("ChorusGroupedReducescatter")
+def _grouped_reducescatter_grad(op, *grads):
+    return [_reducescatter_grad_of(op, g, i) for i, g in enumerate(grads)]
+
+
+def join(process_set=global_process_set):
+    """This rank has no more data: it stands in for the collectives the others
+    still run until every rank has joined. Returns the last rank to join."""
+    return _lib.chorus_join(process_set_id=_set_id(process_set))
+
+
+def barrier(process_set=global_process_set):
+    """Returns once every rank of the set has called barrier()."""
+    return _lib.chorus_barrier(process_set_id=_set_id(process_set))
+
+
+def size_op(process_set_id=0, name=None):
+    """The set's size, read when the graph runs."""
+    return _lib.chorus_query(what="size", process_set_id=process_set_id, name=name)
+
+
+def local_size_op(name=None):
+    return _lib.chorus_query(what="local_size", name=name)
+
+
+def rank_op(name=None):
+    return _lib.chorus_query(what="rank", name=name)
+
+
+def local_rank_op(name=None):
+    return _lib.chorus_query(what="local_rank", name=name)
+
+
+def process_set_included_op(process_set_id=0, name=None):
+    """1 when this rank is in the set, else 0, read when the graph runs."""
+    return _lib.chorus_query(what="process_set_included", process_set_id=process_set_id, name=name)
+
+
+for _op in ("ChorusBarrier", "ChorusJoin", "ChorusQuery"):
+    ops.NotDifferentiable(_op)
