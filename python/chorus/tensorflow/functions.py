@@ -69,8 +69,8 @@ def reducescatter(tensor, device_dense="", compression=Compression.none, op=Aver
                   process_set=global_process_set, ignore_name_scope=False, prescale_factor=1.0,
                   postscale_factor=1.0):
     """Reduces tensor over the set and returns this rank's slice of the first dimension."""
-    if op not in (Average, Sum, Min, Max, Product):
-        raise ValueError(f"reducescatter: unsupported op {op!r}")
+    if op not in (Average, Sum):
+        raise ValueError(f"reducescatter supports op=Average or op=Sum, got {op!r}")
     with tf.device(device_dense):
         compressed, ctx = compression.compress(tf.convert_to_tensor(tensor))
         out = mpi_ops._reducescatter(compressed, name=name, op=op, ignore_name_scope=ignore_name_scope,
@@ -82,17 +82,14 @@ def reducescatter(tensor, device_dense="", compression=Compression.none, op=Aver
 def grouped_reducescatter(tensors, device_dense="", compression=Compression.none, op=Average,
                           process_set=global_process_set, ignore_name_scope=False, prescale_factor=1.0,
                           postscale_factor=1.0, name=None):
-    if op not in (Average, Sum, Min, Max, Product):
-        raise ValueError(f"grouped_reducescatter: unsupported op {op!r}")
+    if op not in (Average, Sum):
+        raise ValueError(f"grouped_reducescatter supports op=Average or op=Sum, got {op!r}")
     with tf.device(device_dense):
         pairs = [compression.compress(tf.convert_to_tensor(t)) for t in tensors]
         outs = mpi_ops._grouped_reducescatter([c for c, _ in pairs], name=name, op=op,
                                               ignore_name_scope=ignore_name_scope, process_set=process_set,
                                               prescale_factor=prescale_factor, postscale_factor=postscale_factor)
         return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, pairs)]
-
-
-Min, Max, Product = mpi_ops.Min, mpi_ops.Max, mpi_ops.Product
 
 
 def _tf_variable(v):
