@@ -3,6 +3,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
+# TensorFlow (PyPI's tensorflow-cpu) in a venv of its own, for chorus.tensorflow.
+CHORUS_TF_PYTHON="$(bash scripts/tf-venv.sh)"
+export CHORUS_TF_PYTHON
 bash scripts/build.sh
 cd build
 ctest --output-on-failure -j"${JOBS:-2}" --timeout 600

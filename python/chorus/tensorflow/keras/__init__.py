@@ -65,7 +65,7 @@ def _optimizer_classes():
     while todo:
         c = todo.pop()
         for sub in c.__subclasses__():
-            if sub not in seen and sub.__module__.startswith("keras"):
+            if sub not in seen and sub.__module__.startswith("keras") and not getattr(sub, "_chorus_made", False):
                 seen.append(sub)
                 todo.append(sub)
     return seen

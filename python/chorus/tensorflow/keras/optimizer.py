@@ -70,7 +70,9 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     if keras.mixed_precision.global_policy().name == "mixed_float16" and not isinstance(optimizer, lso):
         optimizer = lso(optimizer)
     base = optimizer.__class__
-    cls = type(base.__name__, (_DistributedKerasOptimizer, base), {"__module__": base.__module__})
+    while getattr(base, "_chorus_made", False):  # (a class made here: start from the optimizer's own)
+        base = base.__bases__[-1]
+    cls = type(base.__name__, (_DistributedKerasOptimizer, base), {"__module__": base.__module__, "_chorus_made": True})
     dist = cls.from_config(optimizer.get_config())
     dist._chorus_reducer = GradientReducer(device_dense, device_sparse, compression, sparse_as_dense, op,
                                            gradient_predivide_factor, num_groups, groups, process_set)
@@ -94,4 +96,5 @@ def _wrap_class(base, **kwargs):
             inner = base.from_config(config)
         return DistributedOptimizer(inner, **kwargs)
 
-    return type(base.__name__, (base,), {"from_config": classmethod(from_config), "__module__": base.__module__})
+    return type(base.__name__, (base,), {"from_config": classmethod(from_config), "__module__": base.__module__,
+                                         "_chorus_made": True})
