@@ -20,3 +20,16 @@ def test_gradients_are_horovods(ranks, n):
 def test_optimizers_match_one_process_on_the_global_batch(ranks, n):
     out = ok(ranks(n, "optimizer.py", timeout=600))
     assert out.count("tf optimizer ok") == n
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_keras_callbacks(ranks, n, tmp_path):
+    out = ok(ranks(n, "callbacks.py", str(tmp_path), timeout=600))
+    assert out.count("tf callbacks ok") == n
+    assert "finished gradual learning rate warmup to 0.1" in out
+
+
+def test_errors_are_tf_errors_with_chorus_message(ranks):
+    proc = ranks(3, "errors.py", env={"CHORUS_TIMEOUT_SECONDS": "10"}, keep_going=True)
+    assert "rank 1 was killed by signal 9" in proc.stdout, proc.stdout
+    assert proc.stdout.count("UnknownError caught") == 2, proc.stdout
