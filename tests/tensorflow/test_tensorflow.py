@@ -33,3 +33,17 @@ def test_errors_are_tf_errors_with_chorus_message(ranks):
     proc = ranks(3, "errors.py", env={"CHORUS_TIMEOUT_SECONDS": "10"}, keep_going=True)
     assert "rank 1 was killed by signal 9" in proc.stdout, proc.stdout
     assert proc.stdout.count("UnknownError caught") == 2, proc.stdout
+
+
+def test_seed_program_trains_with_only_the_import_changed(ranks, tmp_path, monkeypatch):
+    """The seed's TensorFlow example on 2 ranks: 10 epochs, then evaluated on held-out digits."""
+    import os
+    import re
+    monkeypatch.chdir(tmp_path)  # its checkpoint goes to ./checkpoint
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                          "examples", "tensorflow", "seed_mnist.py")
+    out = ok(ranks(2, script, timeout=600))
+    assert "data: " in out
+    accuracies = [float(a) for a in re.findall(r"Accuracy: ([0-9.]+)", out)]
+    assert len(accuracies) == 2 and min(accuracies) > 0.8, out[-3000:]
+    assert (tmp_path / "checkpoint" / "mnist_model.h5").exists()

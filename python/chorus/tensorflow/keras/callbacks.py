@@ -5,7 +5,7 @@ import tensorflow as tf
 
 from chorus.common import basics
 from chorus.tensorflow.functions import broadcast_variables, grouped_allreduce
-from chorus.tensorflow.mpi_ops import Average
+from chorus.tensorflow.mpi_ops import Average, join
 
 
 def _optimizer_variables(model):
@@ -16,7 +16,12 @@ def _optimizer_variables(model):
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """Makes every rank start from root_rank's model and optimizer state: at the
     start of training, and once more after the first batch for optimizer state
-    created by that batch."""
+    created by that batch.
+
+    At the end of training it also joins (hvd.join): with dataset.shard(), as the
+    seed program writes it, ranks can hold one batch more or less than others; a
+    rank that ran out stands in for the gradient allreduces the others still run,
+    instead of leaving them unmatched (which, under Horovod, fails at the end)."""
 
     def __init__(self, root_rank, device="", local_variables=None):
         super().__init__()
@@ -43,6 +48,9 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         if len(self.model.variables) + len(_optimizer_variables(self.model)) != self._count:
             self._broadcast()
         self.broadcast_done = True
+
+    def on_train_end(self, logs=None):
+        join()
 
 
 class MetricAverageCallback(keras.callbacks.Callback):
