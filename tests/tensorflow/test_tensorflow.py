@@ -47,3 +47,8 @@ def test_seed_program_trains_with_only_the_import_changed(ranks, tmp_path, monke
     accuracies = [float(a) for a in re.findall(r"Accuracy: ([0-9.]+)", out)]
     assert len(accuracies) == 2 and min(accuracies) > 0.8, out[-3000:]
     assert (tmp_path / "checkpoint" / "mnist_model.h5").exists()
+
+
+def test_mixed_precision(ranks):
+    out = ok(ranks(2, "mixed_precision.py", timeout=600))
+    assert out.count("tf mixed precision ok") == 2
