@@ -31,4 +31,4 @@ def ranks():
     return Ranks()
 
 
-__all__ = ["ok", "BUILD", "sys"]
+__all__ = ["ok", "BUILD", "WORKERS", "sys"]

@@ -52,3 +52,25 @@ def test_seed_program_trains_with_only_the_import_changed(ranks, tmp_path, monke
 def test_mixed_precision(ranks):
     out = ok(ranks(2, "mixed_precision.py", timeout=600))
     assert out.count("tf mixed precision ok") == 2
+
+
+def test_elastic_keras_state_across_a_new_worker(tmp_path):
+    """hvd.elastic.run + TensorFlowKerasState under chorusrun's elastic driver."""
+    import os
+    import subprocess
+    import sys
+    from conftest import BUILD, WORKERS
+    listing = tmp_path / "hosts"
+    listing.write_text("localhost:2\n")
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {listing}\n")
+    script.chmod(0o755)
+    env = dict(os.environ, PYTHONPATH=os.path.join(BUILD, "python"), TF_CPP_MIN_LOG_LEVEL="2",
+               CHORUS_STALL_SHUTDOWN_TIME_SECONDS="30", OMP_NUM_THREADS="1")
+    cmd = [os.path.join(BUILD, "chorusrun"), "--min-np", "2", "--max-np", "3", "--host-discovery-script",
+           str(script), "--elastic-timeout", "30", sys.executable, os.path.join(WORKERS, "elastic_keras.py"),
+           str(listing)]
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout
+    assert proc.stdout.count("reset to 3 workers at epoch 1") == 2, proc.stdout
+    assert proc.stdout.count("elastic keras done on 3 workers at epoch 3") == 3, proc.stdout

@@ -74,6 +74,10 @@ class TensorFlowKerasState(ObjectState):
         super().__init__(bcast_object=broadcast_object, **kwargs)
 
     def _variables(self):
+        if self.optimizer is not None and not self.optimizer.built:
+            # A worker that joins has not stepped yet: its optimizer's slots must
+            # exist to receive the committed ones.
+            self.optimizer.build(self.model.trainable_variables)
         opt = list(self.optimizer.variables) if self.optimizer is not None else []
         return list(self.model.variables) + opt
 

@@ -40,9 +40,7 @@ class GradientReducer:
 
     def __call__(self, grads, variables=None):
         """The reduced gradients, None where a gradient is None."""
-        grads = list(grads)
-        if self.process_set.size() == 1 and self.op != Adasum:
-            return grads
+        grads = list(grads)  # (reduced even on one rank: a traced step must not bake in the size)
         idx = [i for i, g in enumerate(grads) if g is not None]
         present = [self._prepare(grads[i]) for i in idx]
         kw = dict(device_dense=self.device_dense, device_sparse=self.device_sparse, compression=self.compression,
