@@ -34,6 +34,11 @@ class Work {
   // chorus's own (keep fn short; it must not wait for another op). For
   // frameworks whose kernels complete by callback (TensorFlow's AsyncOpKernel).
   void whenDone(std::function<void()> fn) const;
+  // Runs the set's negotiation cycles on this thread, as wait() does, but for
+  // about budget at most (plus the cycle under way); returns whether the op is
+  // done. Saves a small op the hand-offs to and from chorus's thread without
+  // holding a caller that may not block (a TensorFlow kernel) for long.
+  bool driveFor(std::chrono::microseconds budget) const;
 
   // Outputs, one per input tensor (allgather, alltoall, reducescatter allocate them).
   const std::vector<Tensor>& outputs() const;

@@ -4,6 +4,12 @@
 
 namespace chorus {
 
+namespace {
+// Set while this thread runs ops' completion callbacks, which a cycle may run:
+// an op that such a callback starts must not drive cycles from inside it.
+thread_local bool tlsInCallbacks = false;
+}  // namespace
+
 void WorkState::complete(std::exception_ptr err) {
   std::vector<std::function<void()>> callbacks;
   {
@@ -12,7 +18,11 @@ void WorkState::complete(std::exception_ptr err) {
     if (remaining_.load() > 0 && remaining_.fetch_sub(1, std::memory_order_release) == 1) callbacks.swap(callbacks_);
   }
   cv_.notify_all();
+  if (callbacks.empty()) return;
+  const bool outer = tlsInCallbacks;
+  tlsInCallbacks = true;
   for (auto& fn : callbacks) fn();  // outside the lock: fn may read the outputs or error()
+  tlsInCallbacks = outer;
 }
 
 void WorkState::whenDone(std::function<void()> fn) {
@@ -63,6 +73,17 @@ bool WorkState::waitUnless(const std::function<bool()>* interrupted) const {
   return true;
 }
 
+bool WorkState::driveFor(std::chrono::microseconds budget) const {
+  if (done() || !driver || tlsInCallbacks) return done();
+  const auto end = std::chrono::steady_clock::now() + budget;
+  auto over = [&] { return done() || std::chrono::steady_clock::now() >= end; };
+  if (!driverEntered.exchange(false)) driver->enter();
+  while (!over() && driver->drive(over)) {
+  }
+  driver->leave();
+  return done();
+}
+
 bool WorkState::waitFor(std::chrono::milliseconds timeout) const {
   std::unique_lock<std::mutex> lock(mu_);
   if (!cv_.wait_for(lock, timeout, [&] { return remaining_ == 0; })) return false;
@@ -81,6 +102,7 @@ void Work::wait() const { state_->wait(); }
 bool Work::waitUnless(const std::function<bool()>& interrupted) const { return state_->waitUnless(&interrupted); }
 bool Work::waitFor(std::chrono::milliseconds timeout) const { return state_->waitFor(timeout); }
 void Work::whenDone(std::function<void()> fn) const { state_->whenDone(std::move(fn)); }
+bool Work::driveFor(std::chrono::microseconds budget) const { return state_->driveFor(budget); }
 const std::vector<Tensor>& Work::outputs() const { return state_->outputs; }
 const std::vector<int64_t>& Work::receivedSplits() const { return state_->receivedSplits; }
 int Work::joinResult() const { return state_->joinResult; }

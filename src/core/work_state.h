@@ -26,6 +26,7 @@ class WorkState {
   // the op still in flight, once it says so.
   bool waitUnless(const std::function<bool()>* interrupted) const;
   bool waitFor(std::chrono::milliseconds timeout) const;
+  bool driveFor(std::chrono::microseconds budget) const;
   // Runs fn when done (now, if it is): see Work::whenDone.
   void whenDone(std::function<void()> fn);
   std::exception_ptr error() const;

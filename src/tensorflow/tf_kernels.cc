@@ -3,6 +3,7 @@
 // status, done()) through Work::whenDone, so TensorFlow's threads never block on
 // a peer. Outputs whose size negotiation decides are allocated by TensorFlow
 // from inside the runtime (the Allocator hook): no copy.
+#include <chrono>
 #include <cstring>
 #include <exception>
 #include <string>
@@ -88,6 +89,18 @@ void copyOutputs(OpKernelContext* ctx, const Work& w) {
   }
 }
 
+// How long a kernel may run its op's cycles on TensorFlow's thread, and for
+// which inputs: bounded, since TensorFlow's threads must not wait on peers
+// (another op of the graph may be what they wait for).
+constexpr std::chrono::microseconds kDriveBudget{300};
+constexpr size_t kDriveMaxBytes = 64 << 10;
+
+bool smallOp(OpKernelContext* ctx) {
+  size_t bytes = 0;
+  for (int i = 0; i < ctx->num_inputs(); ++i) bytes += ctx->input(i).TotalBytes();
+  return bytes <= kDriveMaxBytes;
+}
+
 class ChorusKernel : public AsyncOpKernel {
  public:
   explicit ChorusKernel(OpKernelConstruction* c, bool named = true) : AsyncOpKernel(c) {
@@ -110,6 +123,9 @@ class ChorusKernel : public AsyncOpKernel {
       done();
       return;
     }
+    // A small op usually completes within a few cycles: run them here rather than
+    // hand it to chorus's thread and be handed back (most of its latency).
+    if (smallOp(ctx)) w.driveFor(kDriveBudget);
     w.whenDone([this, ctx, done = std::move(done), w]() {
       if (auto e = w.error()) {
         ctx->SetStatus(toStatus(e));
