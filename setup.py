@@ -5,7 +5,7 @@ import shutil
 import subprocess
 import sys
 
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -21,10 +21,12 @@ class CMakeBuild(build_ext):
         target_dir = os.path.abspath(os.path.dirname(self.get_ext_fullpath(ext.name)))
         build_dir = os.path.abspath(os.path.join(self.build_temp, "cmake"))
         os.makedirs(build_dir, exist_ok=True)
+        # The TensorFlow ops too, when this Python has TensorFlow.
+        has_tf = subprocess.run([sys.executable, "-c", "import tensorflow"], capture_output=True).returncode == 0
         subprocess.check_call([
             "cmake", "-S", ROOT, "-B", build_dir, "-DCMAKE_BUILD_TYPE=Release",
             f"-DPython3_EXECUTABLE={sys.executable}", "-DCHORUS_BUILD_TESTS=OFF",
-            "-DCHORUS_BUILD_EXAMPLES=OFF"])
+            "-DCHORUS_BUILD_EXAMPLES=OFF", f"-DCHORUS_TF_PYTHON={sys.executable if has_tf else ''}"])
         subprocess.check_call(["cmake", "--build", build_dir, "--target", "chorus_python_package",
                                "-j", os.environ.get("JOBS", "2")])
         os.makedirs(target_dir, exist_ok=True)
@@ -32,10 +34,13 @@ class CMakeBuild(build_ext):
         for pattern in ("_core*.so", "libchorus.so*", "chorusrun"):
             for path in glob.glob(os.path.join(built, pattern)):
                 shutil.copy2(path, target_dir)
+        for path in glob.glob(os.path.join(built, "tensorflow", "_chorus_tf_ops.so")):
+            os.makedirs(os.path.join(target_dir, "tensorflow"), exist_ok=True)
+            shutil.copy2(path, os.path.join(target_dir, "tensorflow"))
 
 
 setup(
-    packages=["chorus", "chorus.torch", "chorus.torch.elastic", "chorus.deepspeed", "chorus.deepspeed.pipe", "chorus.parallel"],
+    packages=find_packages(where="python"),
     package_dir={"": "python"},
     ext_modules=[CMakeExtension("chorus._core")],
     cmdclass={"build_ext": CMakeBuild},
