@@ -74,3 +74,8 @@ def test_elastic_keras_state_across_a_new_worker(tmp_path):
     assert proc.returncode == 0, proc.stdout
     assert proc.stdout.count("reset to 3 workers at epoch 1") == 2, proc.stdout
     assert proc.stdout.count("elastic keras done on 3 workers at epoch 3") == 3, proc.stdout
+
+
+def test_dynamic_process_sets(ranks):
+    out = ok(ranks(4, "dynamic_sets.py"))
+    assert out.count("tf dynamic sets ok") == 4

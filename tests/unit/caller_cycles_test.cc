@@ -3,6 +3,7 @@
 // controller thread, and many waiting threads on one set at once.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <optional>
 #include <thread>
@@ -148,6 +149,53 @@ TEST_P(CallerCycles, SubmitAndWaitReleasesOpsItDoesNotWaitFor) {
     EXPECT_EQ(d[0], 6);
     first->wait();
     EXPECT_EQ(a[0], 2);
+  }, transport());
+}
+
+// Kernels that complete by callback (TensorFlow's): whenDone runs once, after the
+// outputs are written, on the finishing thread or at once when already done; a
+// bounded driveFor runs the cycles on the caller and never waits past its budget
+// for a peer that has not submitted.
+TEST_P(CallerCycles, WhenDoneAndBoundedDriving) {
+  std::atomic<bool> rank0Returned{false};
+  runRanksOk(2, [&](RankContext& c) {
+    for (int round = 0; round < 3; ++round) {
+      float mine[3] = {1.0f + c.rank, 2.0f, 3.0f * c.rank};
+      float out[3] = {0, 0, 0};
+      AllreduceOptions o;
+      o.op = ReduceOp::kSum;
+      o.name = "when_done." + std::to_string(round);
+      std::atomic<int> calls{0};
+      std::atomic<float> seen{0};
+      Work w = c.rt.allreduceAsync(Tensor{mine, DataType::kFloat32, {3}}, Tensor{out, DataType::kFloat32, {3}}, o);
+      if (round == 1) w.driveFor(std::chrono::microseconds(200000));
+      w.whenDone([&] {
+        seen = out[0];
+        calls++;
+      });
+      while (calls.load() == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      EXPECT_EQ(calls.load(), 1);
+      EXPECT_EQ(seen.load(), 3.0f);  // 1 + 2: written before the callback ran
+      bool ranHere = false;
+      w.whenDone([&] { ranHere = true; });  // already done: runs now, on this thread
+      EXPECT_TRUE(ranHere);
+    }
+    // Rank 1 submits only once rank 0's driving has given up: were it not
+    // bounded, this would never finish.
+    float v[1] = {1.0f};
+    AllreduceOptions o;
+    o.op = ReduceOp::kSum;
+    o.name = "late";
+    if (c.rank == 1) {
+      while (!rank0Returned.load()) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    Work w = c.rt.allreduceAsync(Tensor{v, DataType::kFloat32, {1}}, Tensor{v, DataType::kFloat32, {1}}, o);
+    if (c.rank == 0) {
+      EXPECT_FALSE(w.driveFor(std::chrono::microseconds(20000)));
+      rank0Returned = true;
+    }
+    w.wait();
+    EXPECT_EQ(v[0], 2.0f);
   }, transport());
 }
 
