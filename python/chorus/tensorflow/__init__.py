@@ -20,5 +20,4 @@ from chorus.tensorflow.gradient_tape import DistributedGradientTape
 from chorus.tensorflow.optimizer import DistributedOptimizer
 from chorus.tensorflow import elastic  # noqa: E402
 from chorus.tensorflow.keras import callbacks  # noqa: E402 (the seed writes hvd.callbacks with this import)
-
-HorovodInternalError = __import__("chorus._core", fromlist=["_core"]).HorovodInternalError
+from chorus._core import HorovodInternalError  # noqa: E402 (a blocking helper's peer failure)

@@ -10,7 +10,8 @@ from tensorflow.python.framework import ops
 
 from chorus.common.basics import _set_id, global_process_set
 
-Sum, Average, Min, Max, Product, Adasum = 0, 1, 2, 3, 4, 5
+from chorus.common.reduce_ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (hvd.Sum...)
+from chorus.common.reduce_ops import resolve_op as _reduce_op  # noqa: F401
 
 _LIB_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_chorus_tf_ops.so")
 if not os.path.exists(_LIB_PATH):
@@ -35,18 +36,6 @@ def _names(kind, tensor_name, name, ignore_name_scope):
     full = ops.get_default_graph().unique_name(base, mark_as_used=False)
     # The node gets `full` (scope and all); ignore_name_scope keeps only its last part.
     return (full.rsplit("/", 1)[-1] if ignore_name_scope else full), base
-
-
-def _reduce_op(op, average, where):
-    if average is not None:
-        if op is not None:
-            raise ValueError(f"{where}: give either op or average, not both")
-        op = Average if average else Sum
-    if op is None:
-        op = Average
-    if op not in (Sum, Average, Min, Max, Product, Adasum):
-        raise ValueError(f"{where}: unknown reduce op {op!r}")
-    return op
 
 
 def _allreduce(tensor, name=None, op=Sum, prescale_factor=1.0, postscale_factor=1.0,

@@ -1,27 +1,7 @@
 """Gradient compression, as horovod.torch.Compression."""
 import torch
 
-
-class Compressor:
-    """Compresses a tensor before communication and restores it after."""
-
-    @staticmethod
-    def compress(tensor):
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        raise NotImplementedError
-
-
-class NoneCompressor(Compressor):
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
+from chorus.common.compression import Compressor, NoneCompressor  # noqa: F401 (hvd.Compressor)
 
 
 class FP16Compressor(Compressor):

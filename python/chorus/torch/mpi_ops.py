@@ -6,21 +6,14 @@ Every input and output is kept alive until its op completes.
 """
 import itertools
 import threading
-import warnings
 
 import torch
 
 from chorus import _core
 from chorus.common.basics import _set_id, global_process_set, rank
+from chorus.common.reduce_ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (hvd.Sum...)
+from chorus.common.reduce_ops import resolve_op as _resolve_op
 from chorus.torch.compression import Compression
-
-# Reduce ops, as hvd.Average etc. (values are chorus's codes).
-Sum = 0
-Average = 1
-Min = 2
-Max = 3
-Product = 4
-Adasum = 5
 
 HorovodInternalError = _core.HorovodInternalError
 MismatchError = _core.MismatchError
@@ -39,20 +32,6 @@ def _dtype_code(tensor, where):
         raise ValueError(f"{where}: dtype {tensor.dtype} is not supported (use uint8, int8, int16, "
                          "int32, int64, float16, bfloat16, float32, float64 or bool)")
     return code
-
-
-def _resolve_op(op, average, where):
-    if average is not None:
-        warnings.warn("the 'average' argument is deprecated; use op=Average or op=Sum",
-                      DeprecationWarning, stacklevel=3)
-        if op is not None:
-            raise ValueError(f"{where}: give either op or average, not both")
-        op = Average if average else Sum
-    if op is None:
-        op = Average
-    if op not in (Sum, Average, Min, Max, Product, Adasum):
-        raise ValueError(f"{where}: unknown reduce op {op!r}")
-    return op
 
 
 def _stage(tensor):
