@@ -19,6 +19,16 @@ model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.05, mome
 state = hvd.elastic.TensorFlowKerasState(model, epoch=0, batch=0, grown=False)
 EPOCHS, STEPS = 3, 6
 
+# restore() brings back what the last commit saved (what a peer's failure rolls back to).
+model.train_on_batch(np.ones((4, 4), np.float32), np.ones((4, 1), np.float32))
+state.commit()
+saved = [v.numpy().copy() for v in model.variables + list(model.optimizer.variables)]
+model.train_on_batch(np.ones((4, 4), np.float32), np.zeros((4, 1), np.float32))
+state.epoch = 7
+state.restore()
+assert state.epoch == 0
+assert all(np.array_equal(v.numpy(), s) for v, s in zip(model.variables + list(model.optimizer.variables), saved))
+
 
 def batch(epoch, step, rank, size):
     g = np.random.default_rng(1000 * epoch + 10 * step + rank)
