@@ -45,12 +45,4 @@ void Communicator::reducescatterScaled(void* buf, void* out, const std::vector<s
   scaleBuffer(dtype, out, counts[rank()], scale);
 }
 
-void Communicator::allreduceBitsOrWithPayload(uint64_t*, size_t, const void*, size_t) {
-  throw Error("internal error: a speculative payload on a transport that carries none");
-}
-
-const char* Communicator::payloadOf(int) const {
-  throw Error("internal error: a speculative payload on a transport that carries none");
-}
-
 }  // namespace chorus

@@ -25,6 +25,30 @@ struct Span {
 // reduce in place).
 void copySpanInputs(const std::vector<Span>& spans, size_t elementBytes);
 
+// What a transport is like, for the layers above (none of it changes results).
+struct CommTraits {
+  // reducescatter only reads buf: the caller may hand it the input itself.
+  bool reducescatterReadsOnly = false;
+  // A negotiation cycle is expensive (network round trips): after busy cycles the
+  // controller lets requests accumulate for a cycle time, so that they fuse.
+  bool batchesRequests = false;
+};
+
+// A negotiation that carries a small op's input along (speculatively: the
+// controller uses it only if every rank sent the same op), offered by transports
+// that can keep every rank's payload readable until their next collective.
+class NegotiationPayload {
+ public:
+  virtual ~NegotiationPayload() = default;
+  // How many payload bytes fit beside `words` words.
+  virtual size_t payloadCapacity(size_t words) const = 0;
+  // allreduceBitsOr, with `bytes` of payload published beside the words.
+  virtual void allreduceBitsOrWithPayload(uint64_t* words, size_t count, const void* payload, size_t bytes) = 0;
+  // Rank r's payload of the negotiation just before, readable until the next
+  // collective: the op that went with it is done from there, with no exchange.
+  virtual const char* payloadOf(int r) const = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -43,16 +67,8 @@ class Communicator {
   virtual void allreduceSpansScaled(const std::vector<Span>& spans, DataType dtype, ReduceOp op, double scale);
   // Bitwise OR of 64-bit words: the control plane's one small collective.
   virtual void allreduceBitsOr(uint64_t* words, size_t count) = 0;
-  // A negotiation that carries a small op's input along (speculatively: the
-  // controller uses it only if every rank sent the same op). Transports that
-  // can keep every rank's payload readable until their next collective return
-  // how many payload bytes fit beside `words` words; the others 0.
-  virtual size_t payloadCapacity(size_t words) const { return 0; }
-  // allreduceBitsOr, with `bytes` of payload published beside the words.
-  virtual void allreduceBitsOrWithPayload(uint64_t* words, size_t count, const void* payload, size_t bytes);
-  // Rank r's payload of the negotiation just before, readable until the next
-  // collective: the op that went with it is done from there, with no exchange.
-  virtual const char* payloadOf(int r) const;
+  // The negotiation with a payload, where the transport offers one (else null).
+  virtual NegotiationPayload* negotiationPayload() { return nullptr; }
   // out holds the pieces of every rank back to back; bytes[r] is rank r's piece.
   virtual void allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) = 0;
   virtual void broadcast(void* buf, size_t bytes, int root) = 0;
@@ -67,16 +83,12 @@ class Communicator {
   // reducescatter with the results multiplied by scale, as allreduceSpansScaled.
   virtual void reducescatterScaled(void* buf, void* out, const std::vector<size_t>& counts, DataType dtype,
                                    ReduceOp op, double scale);
-  // True when reducescatter only reads buf: the caller may hand it the input itself.
-  virtual bool reducescatterReadsOnly() const { return false; }
   virtual void barrier() = 0;
   // After a failure that ends this communicator's use: peers waiting on this
   // rank are made to fail now, not at their timeout (shared memory: the segment
   // is marked failed; TCP: the direct connections are shut).
   virtual void abort() {}
-  // True when a negotiation cycle is expensive (network round trips), so the
-  // controller should let requests accumulate for a cycle time after busy cycles.
-  virtual bool batchesRequests() const { return false; }
+  virtual CommTraits traits() const { return {}; }
 
  private:
   std::vector<char> packed_;  // allreduceSpans' default
@@ -108,6 +120,10 @@ std::shared_ptr<TransportDevice> makeTransportDevice(const CommOptions& opts);
 struct MpiLinks {
   std::unique_ptr<Communicator> flat, cross;
 };
+
+// Checks the backends' settings in opts (CHORUS_SHM_PEER_PATH, CHORUS_SHM_SLOT_BYTES...);
+// throws InvalidArgument naming the setting.
+void checkCommOptions(const CommOptions& opts);
 
 // Positions of a group's members grouped by host, hosts in order of their first member.
 std::vector<std::vector<int>> groupByHost(const std::vector<std::string>& memberHosts);

@@ -6,7 +6,6 @@
 #include <stdexcept>
 
 #include "chorus/error.h"
-#include "comm/shm/peer_path.h"
 
 namespace chorus {
 
@@ -169,11 +168,9 @@ void Config::applyEnv() {
   if (readSetting("CHORUS_SHM_DISABLE", &v)) shmDisable = (v == "1" || v == "true");
   if (readSetting("CHORUS_SHM_SINGLE_COPY", &v)) shmSingleCopy = !(v == "0" || v == "false");
   readNumber("CHORUS_SHM_SLOT_BYTES", &shmSlotBytes);
-  if (readSetting("CHORUS_SHM_PEER_PATH", &v)) shmPeerPath = v;
-  parsePeerPath(shmPeerPath);  // throws on a bad value, naming the setting
+  if (readSetting("CHORUS_SHM_PEER_PATH", &v)) shmPeerPath = v;  // checked by the backend (checkCommOptions)
   readNumber("CHORUS_HIERARCHICAL_ALLREDUCE", &hierarchicalAllreduce);
   readNumber("CHORUS_HIERARCHICAL_ALLGATHER", &hierarchicalAllgather);
-  if (shmSlotBytes < 4096) throw InvalidArgument("CHORUS_SHM_SLOT_BYTES must be at least 4096");
   if (jobId.empty() && readSetting("CHORUS_JOB_ID", &v)) jobId = v;
   if (jobId.empty()) jobId = "nojob";
   readNumber("CHORUS_FUSION_THRESHOLD", &fusionThresholdBytes);

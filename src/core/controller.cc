@@ -159,7 +159,7 @@ void Controller::loop() {
           wake_.wait_for(lock, cycleTime);
           continue;
         }
-        const bool hold = lastCycleBusy_ && ctl().batchesRequests();
+        const bool hold = lastCycleBusy_ && ctl().traits().batchesRequests;
         if (!hold && wakePending_) break;
         const Clock::time_point due{Clock::duration(lastCycleEnd_.load()) + cycleTime};
         if (Clock::now() >= due) break;
@@ -297,10 +297,11 @@ void Controller::cycle() {
   // sends x and ~x: the ORs are complements of each other only if all x agree).
   const EntryTable::value_type* spec = nullptr;
   size_t specBytes = 0;
-  if (!bypass && uncached.empty() && cachedPending_.size() == 1 && &ctl() == comm_.get()) {
+  NegotiationPayload* carrier = ctl().negotiationPayload();
+  if (carrier && !bypass && uncached.empty() && cachedPending_.size() == 1 && &ctl() == comm_.get()) {
     const auto& [pos, e] = *cachedPending_.begin();
     const size_t bytes = payloadBytes(cache_.response(pos), e->second, comm_->rank());
-    const size_t room = ctl().payloadCapacity(words.size());
+    const size_t room = carrier->payloadCapacity(words.size());
     if (room > 0 && bytes <= room) {  // (0: a transport that carries none, even for an empty op)
       spec = e;
       specBytes = bytes;
@@ -308,7 +309,7 @@ void Controller::cycle() {
     }
   }
   words[specAt + 1] = ~words[specAt];
-  if (spec) ctl().allreduceBitsOrWithPayload(words.data(), words.size(), spec->second.input.data, specBytes);
+  if (spec) carrier->allreduceBitsOrWithPayload(words.data(), words.size(), spec->second.input.data, specBytes);
   else ctl().allreduceBitsOr(words.data(), words.size());
   const bool specAgreed = words[specAt] != 0 && words[specAt] == ~words[specAt + 1];
 

@@ -3,7 +3,6 @@
 #include <cstring>
 
 #include "chorus/error.h"
-#include "comm/shm/shared_pool.h"
 #include "reduce/adasum.h"
 #include "reduce/reduce.h"
 
@@ -48,17 +47,6 @@ double foldedScale(const Response& r, int size) {
 }
 
 }  // namespace
-
-static_assert(SharedPool::kMinBytes == kSharedMinBytes, "the public threshold is the pool's");
-
-// Large buffers from the shared pool: peers on this host write into them
-// directly, and a reused buffer costs no page faults or zero-filling.
-std::shared_ptr<void> allocateShared(size_t bytes) {
-  std::shared_ptr<void> buf;
-  if (bytes >= SharedPool::kMinBytes) buf = SharedPool::instance()->allocate(bytes);
-  if (!buf) buf = std::shared_ptr<char[]>(new char[std::max<size_t>(bytes, 1)]);
-  return buf;
-}
 
 void* allocateOutput(Entry& e, const Shape& shape, std::exception_ptr* err) {
   const size_t bytes = static_cast<size_t>(numElements(shape)) * dtypeSize(e.req.dtype);
@@ -259,7 +247,7 @@ void Executor::runAdasum(const std::vector<const Response*>& group, EntryTable& 
 }
 
 const char* Executor::sent(int j, const void* mine) const {
-  return j == comm_.rank() ? static_cast<const char*>(mine) : comm_.payloadOf(j);
+  return j == comm_.rank() ? static_cast<const char*>(mine) : comm_.negotiationPayload()->payloadOf(j);
 }
 
 const void* const* Executor::sentInputs(const void* mine, size_t at) {
@@ -312,7 +300,8 @@ void Executor::runBroadcast(const Response& r, EntryTable& entries, bool fromPay
     buf = scratch_.data();
   }
   if (!fromPayload) comm_.broadcast(buf, r.bytes(), r.root);
-  else if (comm_.rank() != r.root && r.bytes()) std::memcpy(buf, comm_.payloadOf(r.root), r.bytes());
+  else if (comm_.rank() != r.root && r.bytes())
+    std::memcpy(buf, comm_.negotiationPayload()->payloadOf(r.root), r.bytes());
   if (it != entries.end()) finishEntry(entries, it, release_);
 }
 
@@ -384,7 +373,7 @@ void Executor::runReducescatter(const Response& r, EntryTable& entries, bool fro
   Entry& e = it->second;
   // The transport reads the input itself when it only reads and nothing scales it.
   void* in = e.input.data;
-  if (r.prescale != 1.0 || !comm_.reducescatterReadsOnly()) {
+  if (r.prescale != 1.0 || !comm_.traits().reducescatterReadsOnly) {
     if (scratch_.size() < total * esize) scratch_.resize(total * esize);
     scaleCopy(r.dtype, scratch_.data(), e.input.data, total, r.prescale);
     in = scratch_.data();

@@ -67,7 +67,9 @@ std::string firstReachable(const std::string& list, int port, std::chrono::milli
 }
 }  // namespace
 
-CommOptions RuntimeImpl::commOptions() const {
+CommOptions RuntimeImpl::commOptions() const { return commOptionsOf(config); }
+
+CommOptions RuntimeImpl::commOptionsOf(const Config& config) {
   CommOptions o;
   o.cpuOperations = config.cpuOperations;
   o.shmDisable = config.shmDisable;
@@ -91,9 +93,10 @@ void RuntimeImpl::requireInit() const {
 void RuntimeImpl::init(Config cfg) {
   if (initialized) throw InvalidArgument("chorus is already initialized; call shutdown() first");
   cfg.applyEnv();
+  checkCommOptions(commOptionsOf(cfg));  // the backends' own settings, before anything starts
   names_ = std::make_shared<NameRegistry>();
   setLogLevel(cfg.logLevel);
-  if (cfg.mpiCommHandle >= -1 || (cfg.rank < 0 && launchedByMpi())) {
+  if (cfg.mpiCommHandle >= -1 || (cfg.rank < 0 && launcherBootstrap() == "mpi")) {
     bootstrapFromMpi(cfg);
   } else if (cfg.cpuOperations == "mpi" || cfg.controller == "mpi") {
     throw InvalidArgument(std::string(cfg.cpuOperations == "mpi" ? "CHORUS_CPU_OPERATIONS" : "CHORUS_CONTROLLER") +
@@ -208,8 +211,8 @@ std::shared_ptr<Controller> RuntimeImpl::makeController(const ProcessSet& ps) {
 }
 
 void RuntimeImpl::bootstrapFromMpi(Config& cfg) {
-  mpi_ = openMpiWorld(cfg.mpiCommHandle < -1 ? -1 : cfg.mpiCommHandle,
-                      cfg.cpuOperations == "mpi" || cfg.controller == "mpi");
+  mpi_ = openBootstrap("mpi", cfg.mpiCommHandle < -1 ? -1 : cfg.mpiCommHandle,
+                       cfg.cpuOperations == "mpi" || cfg.controller == "mpi");
   cfg.rank = mpi_->rank();
   cfg.size = mpi_->size();
   if (cfg.store) return;

@@ -7,7 +7,7 @@
 #include "chorus/runtime.h"
 #include "chorus/store.h"
 #include "comm/communicator.h"
-#include "comm/mpi/mpi_world.h"
+#include "comm/bootstrap.h"
 #include "comm/point_to_point.h"
 #include "core/cycle_driver.h"
 #include "core/entry.h"
@@ -51,7 +51,7 @@ class RuntimeImpl {
   ProcessSetTable sets;
   // Written on rank 0 only; shared by this rank's controllers.
   std::shared_ptr<Timeline> timeline = std::make_shared<Timeline>();
-  const MpiWorld* mpiWorld() const { return mpi_.get(); }
+  const Bootstrap* mpiWorld() const { return mpi_.get(); }
   // Point-to-point, for the whole job; waiters drive it through p2pDriver.
   std::unique_ptr<PointToPoint> p2p;
   std::shared_ptr<CycleDriver> p2pDriver;
@@ -74,6 +74,7 @@ class RuntimeImpl {
   // Every rank states `what`; throws on every rank if any two differ.
   void agree(const std::string& op, const std::string& what);
   CommOptions commOptions() const;
+  static CommOptions commOptionsOf(const Config& config);
   void discardTimeline();  // stops it, dropping any error (init failed)
   void startP2p();
   void stopP2p();
@@ -81,7 +82,7 @@ class RuntimeImpl {
   void track(const std::shared_ptr<WorkState>& work);
 
   // Set when the job runs under mpirun: MPI bootstraps the store (rank 0 serves it).
-  std::unique_ptr<MpiWorld> mpi_;
+  std::unique_ptr<Bootstrap> mpi_;  // the MPI job chorus joined (mpirun, init(comm=...))
   std::unique_ptr<TcpStoreServer> storeServer_;
   std::mutex mu_;
   std::map<std::string, int64_t> counters_;

@@ -9,6 +9,7 @@
 #include "chorus/error.h"
 #include "comm/shm/peer_path.h"
 #include "comm/shm/stream_copy.h"
+#include "harness.h"
 
 namespace chorus::testing {
 namespace {
@@ -153,6 +154,14 @@ TEST(PeerPath, ParsesTheSetting) {
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("CHORUS_SHM_PEER_PATH='dram'"), std::string::npos) << e.what();
   }
+}
+
+// The backend checks its own settings (checkCommOptions), when init() starts.
+TEST(PeerPath, InitRefusesBadBackendSettingsNamingThem) {
+  auto errors = runRanks(1, [](RankContext&) {}, [](Config& c) { c.shmPeerPath = "dram"; });
+  EXPECT_NE(errors[0].find("CHORUS_SHM_PEER_PATH='dram'"), std::string::npos) << errors[0];
+  errors = runRanks(1, [](RankContext&) {}, [](Config& c) { c.shmSlotBytes = 100; });
+  EXPECT_NE(errors[0].find("CHORUS_SHM_SLOT_BYTES"), std::string::npos) << errors[0];
 }
 
 }  // namespace

@@ -40,13 +40,14 @@ class HierarchicalCommunicator : public Communicator {
                      ReduceOp op) override {
     flat_->reducescatter(buf, out, counts, dtype, op);
   }
-  bool reducescatterReadsOnly() const override { return flat_->reducescatterReadsOnly(); }
+  CommTraits traits() const override {
+    return {.reducescatterReadsOnly = flat_->traits().reducescatterReadsOnly, .batchesRequests = true};
+  }
   void abort() override {
     for (auto* c : {local_.get(), cross_.get(), flat_.get()})
       if (c) c->abort();
   }
   void barrier() override;
-  bool batchesRequests() const override { return true; }
 
  private:
   bool leader() const { return local_->rank() == 0; }

@@ -92,7 +92,7 @@ class MpiBulk : public P2pBulk {
   uint64_t next_ = 1;
 };
 
-class MpiWorldImpl : public MpiWorld {
+class MpiWorldImpl : public Bootstrap {
  public:
   explicit MpiWorldImpl(MPI_Comm comm) {
     MPI_Comm_dup(comm, &comm_);
@@ -139,7 +139,7 @@ class MpiWorldImpl : public MpiWorld {
 
 }  // namespace
 
-std::unique_ptr<MpiWorld> openMpiWorld(int64_t commHandle, bool needThreads) {
+std::unique_ptr<Bootstrap> openMpiWorld(int64_t commHandle, bool needThreads) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
@@ -169,7 +169,7 @@ std::unique_ptr<MpiWorld> openMpiWorld(int64_t commHandle, bool needThreads) {
 
 bool mpiBuilt() { return false; }
 
-std::unique_ptr<MpiWorld> openMpiWorld(int64_t, bool) {
+std::unique_ptr<Bootstrap> openMpiWorld(int64_t, bool) {
   throw InvalidArgument(
       "this chorus was built without MPI: install Open MPI (Debian libopenmpi-dev) and rebuild to run under "
       "mpirun, use MPI communicators or CHORUS_CPU_OPERATIONS=mpi; or start the job with chorusrun");

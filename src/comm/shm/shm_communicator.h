@@ -43,7 +43,7 @@ constexpr size_t kStreamOutputBytes = 1 << 20;
 // 32-64 KiB on, level when they are in cache, slower at 4-16 KiB.
 constexpr size_t kStreamUnreadBytes = 32 << 10;
 
-class ShmCommunicator : public Communicator {
+class ShmCommunicator : public Communicator, public NegotiationPayload {
  public:
   void abort() override { seg_->abort(); }
   ShmCommunicator(std::unique_ptr<ShmSegment> seg, PeerPath peerPath = PeerPath::kAuto)
@@ -57,6 +57,7 @@ class ShmCommunicator : public Communicator {
   // Every element is reduced and scaled by one rank, then copied: the same bits everywhere.
   void allreduceSpansScaled(const std::vector<Span>& spans, DataType dtype, ReduceOp op, double scale) override;
   void allreduceBitsOr(uint64_t* words, size_t count) override;
+  NegotiationPayload* negotiationPayload() override { return this; }
   size_t payloadCapacity(size_t words) const override;
   void allreduceBitsOrWithPayload(uint64_t* words, size_t count, const void* payload, size_t bytes) override;
   const char* payloadOf(int r) const override;
@@ -68,7 +69,7 @@ class ShmCommunicator : public Communicator {
                      ReduceOp op) override;
   void reducescatterScaled(void* buf, void* out, const std::vector<size_t>& counts, DataType dtype, ReduceOp op,
                            double scale) override;
-  bool reducescatterReadsOnly() const override { return true; }
+  CommTraits traits() const override { return {.reducescatterReadsOnly = true}; }
   void barrier() override;
 
  private:
