@@ -1,7 +1,7 @@
 """Draws bus bandwidth against message size, one line per path, from chorus-bench --json rows.
 
     chorusrun -np 2 chorus-bench --op allreduce -b 8 -e 256M -f 4 --compare tcp,mpi --json rows.json
-    /usr/bin/python3 bench/plot_busbw.py rows.json docs/allreduce_busbw.png
+    /usr/bin/python3 bench/plot_busbw.py rows.json docs/img/allreduce.png
 
 Needs matplotlib (Debian: apt-get install python3-matplotlib); several files' rows are merged
 into one JSON array first.

@@ -5,7 +5,7 @@ which commit it resumed.
 
     chorusrun --min-np 1 --max-np 4 --host-discovery-script examples/elastic/discover_local.sh \\
         python3 examples/elastic/digits_elastic.py
-Across hosts, the discovery script prints "host:slots" lines (docs/multihost.md).
+Across hosts, the discovery script prints "host:slots" lines (docs/launching.md).
 """
 import os
 import time

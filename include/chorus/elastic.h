@@ -2,7 +2,7 @@
 // Elastic training for C++ programs, as horovod's elastic API: a State that is
 // committed, restored after a failure and synchronized from rank 0 after every
 // reset, and run(), the loop that re-forms the job. Run under
-// `chorusrun --min-np N --max-np M --host-discovery-script S` (docs/multihost.md);
+// `chorusrun --min-np N --max-np M --host-discovery-script S` (docs/launching.md);
 // libtorch programs use chorus::torch_api::TorchState (chorus/torch.h).
 #include <cstdint>
 #include <functional>

@@ -35,7 +35,7 @@ int launch(LaunchOptions opts);
 
 // The command to run: a .py script under the current Python, as DeepSpeed's launcher does.
 std::vector<std::string> resolveCommand(const LaunchOptions& o);
-// Where the store listens (see docs/multihost.md); remote: the hosts other than this one.
+// Where the store listens (see docs/launching.md); remote: the hosts other than this one.
 std::string storeAddress(const LaunchOptions& o, const std::vector<std::string>& remote);
 std::string selfPath();    // this chorusrun, which remote hosts run as the rank agent
 std::string currentDir();  // where remote ranks start
