@@ -7,6 +7,13 @@
 #include <random>
 
 #include "core/autotune/gaussian_process.h"
+#include "chorus/error.h"
+#include "core/autotune/tuner.h"
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <unistd.h>
 
 namespace chorus::autotune {
 namespace {
@@ -87,6 +94,74 @@ TEST(BayesianOptimizer, RefusesBadInput) {
   BayesianOptimizer opt(2, 1);
   EXPECT_THROW(opt.addSample({0.5}, 1.0), std::invalid_argument);
   EXPECT_THROW(opt.best(), std::logic_error);
+}
+
+TEST(Tuner, SettingsMapToPointsAndBack) {
+  Settings defaults;
+  EXPECT_EQ(settingsAt(pointOf(defaults)), defaults);
+  Settings s{1 << 20, 5.0};
+  EXPECT_EQ(settingsAt(pointOf(s)), s);
+  EXPECT_EQ(settingsAt({0, 0}).fusionThresholdBytes, 64 << 10);
+  EXPECT_EQ(settingsAt({1, 1}).fusionThresholdBytes, 256 << 20);
+  EXPECT_DOUBLE_EQ(settingsAt({1, 1}).cycleTimeMs, 25.0);
+}
+
+// A job whose throughput depends on the settings as a known function: the tuner
+// warms up, samples, ends on a setting near the best and writes every sample.
+TEST(Tuner, ConvergesOnASyntheticJobAndLogsEverySample) {
+  auto throughput = [](const Settings& s) {  // bytes/s, best at 8 MiB and 2 ms
+    const Point p = pointOf(s), q = pointOf(Settings{8 << 20, 2.0});
+    return 1e9 * std::exp(-8 * std::pow(p[0] - q[0], 2) - 8 * std::pow(p[1] - q[1], 2)) + 1e8;
+  };
+  const std::string path = "/tmp/chorus_tuner_test_" + std::to_string(::getpid()) + ".csv";
+  TunerOptions o;
+  o.warmupSamples = 2;
+  o.stepsPerSample = 3;
+  o.maxSamples = 18;
+  o.logPath = path;
+  Tuner t(o, Settings{});
+  int applied = 0, cycles = 0;
+  while (!t.done() && cycles < 10000) {
+    const int64_t bytes = 4 << 20;
+    // An idle cycle between busy ones counts its time but is not a step.
+    EXPECT_FALSE(t.record(0, 1e-4).has_value());
+    if (t.record(bytes, bytes / throughput(t.current()))) ++applied;
+    ++cycles;
+  }
+  ASSERT_TRUE(t.done());
+  EXPECT_EQ(t.scoredSamples(), 18);
+  EXPECT_EQ(cycles, (2 + 18) * 3);
+  EXPECT_GT(applied, 5);
+  const double best = throughput(t.current()), top = throughput(Settings{8 << 20, 2.0});
+  EXPECT_GT(best, 0.8 * top) << t.current().fusionThresholdBytes << " " << t.current().cycleTimeMs;
+  EXPECT_GT(best, throughput(Settings{}));  // never ends below where it started
+  EXPECT_FALSE(t.record(1 << 20, 1.0).has_value());  // frozen
+  std::ifstream in(path);
+  std::stringstream all;
+  all << in.rdbuf();
+  const std::string text = all.str();
+  EXPECT_EQ(text.rfind("sample,fusion_threshold_bytes,cycle_time_ms,bytes_per_second\n", 0), 0u);
+  int warmups = 0, rows = 0, bests = 0;
+  std::string line;
+  std::istringstream lines(text);
+  while (std::getline(lines, line)) {
+    warmups += line.rfind("warmup,", 0) == 0;
+    bests += line.rfind("best,", 0) == 0;
+    rows += !line.empty() && std::isdigit(static_cast<unsigned char>(line[0]));
+  }
+  EXPECT_EQ(warmups, 2);
+  EXPECT_EQ(rows, 18);
+  EXPECT_EQ(bests, 1);
+  std::remove(path.c_str());
+}
+
+TEST(Tuner, RefusesBadOptions) {
+  TunerOptions o;
+  o.stepsPerSample = 0;
+  EXPECT_THROW(Tuner(o, Settings{}), InvalidArgument);
+  TunerOptions bad;
+  bad.logPath = "/nonexistent/dir/log.csv";
+  EXPECT_THROW(Tuner(bad, Settings{}), InvalidArgument);
 }
 
 }  // namespace
