@@ -45,6 +45,14 @@ struct Config {
   int64_t fusionThresholdBytes = 128ll << 20;
   double cycleTimeMs = 1.0;
   int cacheCapacity = 1024;
+  // Autotune (Horovod's HOROVOD_AUTOTUNE*): each process set's first rank tunes the
+  // fusion threshold and cycle time from its traffic's bytes per second.
+  bool autotune = false;
+  std::string autotuneLog;  // CSV of every sample and the chosen point ("" none)
+  int autotuneWarmupSamples = 3;
+  int autotuneStepsPerSample = 10;
+  int autotuneMaxSamples = 20;
+  double autotuneNoise = 0.8;
   double timeoutSeconds = 30.0;
   double startTimeoutSeconds = 30.0;
   double stallCheckSeconds = 60.0;

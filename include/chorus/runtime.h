@@ -66,6 +66,8 @@ struct ProcessSetStats {
   int64_t allreduceBatches = 0;  // allreduce collectives run (a fused batch counts once)
   int64_t allreduceTensors = 0;  // tensors they carried
   int64_t payloadOps = 0;        // small allreduces whose data went with the negotiation
+  int64_t fusionThresholdBytes = 0;  // the settings in force (autotune changes them)
+  double cycleTimeMs = 0;
 };
 
 class RuntimeImpl;

@@ -64,6 +64,19 @@ const std::vector<SettingInfo>& settingsTable() {
       {"CHORUS_CYCLE_TIME", "HOROVOD_CYCLE_TIME", "1", "Milliseconds between negotiation cycles."},
       {"CHORUS_CACHE_CAPACITY", "HOROVOD_CACHE_CAPACITY", "1024",
        "Entries of the response cache; 0 disables it."},
+      {"CHORUS_AUTOTUNE", "HOROVOD_AUTOTUNE", "0",
+       "1: each process set tunes its fusion threshold and cycle time while the job runs (Bayesian "
+       "optimisation of its bytes per second), then keeps the best."},
+      {"CHORUS_AUTOTUNE_LOG", "HOROVOD_AUTOTUNE_LOG", "",
+       "CSV of every autotune sample and the chosen point (process set N > 0 appends .N)."},
+      {"CHORUS_AUTOTUNE_WARMUP_SAMPLES", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES", "3",
+       "Samples at the starting settings that are not scored."},
+      {"CHORUS_AUTOTUNE_STEPS_PER_SAMPLE", "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", "10",
+       "Negotiation cycles that moved data, per sample."},
+      {"CHORUS_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "20",
+       "Scored samples before the best setting is kept."},
+      {"CHORUS_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "0.8",
+       "Noise of the Gaussian process, on standardised scores."},
       {"CHORUS_TIMEOUT_SECONDS", "HOROVOD_GLOO_TIMEOUT_SECONDS", "30",
        "Longest wait for a peer inside a collective before it fails as a peer failure."},
       {"CHORUS_START_TIMEOUT", "HOROVOD_START_TIMEOUT", "30",
@@ -176,6 +189,12 @@ void Config::applyEnv() {
   readNumber("CHORUS_FUSION_THRESHOLD", &fusionThresholdBytes);
   readNumber("CHORUS_CYCLE_TIME", &cycleTimeMs);
   readNumber("CHORUS_CACHE_CAPACITY", &cacheCapacity);
+  if (readSetting("CHORUS_AUTOTUNE", &v)) autotune = (v == "1" || v == "true");
+  if (autotuneLog.empty() && readSetting("CHORUS_AUTOTUNE_LOG", &v)) autotuneLog = v;
+  readNumber("CHORUS_AUTOTUNE_WARMUP_SAMPLES", &autotuneWarmupSamples);
+  readNumber("CHORUS_AUTOTUNE_STEPS_PER_SAMPLE", &autotuneStepsPerSample);
+  readNumber("CHORUS_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", &autotuneMaxSamples);
+  readNumber("CHORUS_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", &autotuneNoise);
   readNumber("CHORUS_TIMEOUT_SECONDS", &timeoutSeconds);
   readNumber("CHORUS_START_TIMEOUT", &startTimeoutSeconds);
   readNumber("CHORUS_STALL_CHECK_TIME_SECONDS", &stallCheckSeconds);
@@ -191,6 +210,10 @@ void Config::applyEnv() {
   if (fusionThresholdBytes < 0) throw InvalidArgument("CHORUS_FUSION_THRESHOLD must be >= 0");
   if (cycleTimeMs < 0) throw InvalidArgument("CHORUS_CYCLE_TIME must be >= 0");
   if (cacheCapacity < 0) throw InvalidArgument("CHORUS_CACHE_CAPACITY must be >= 0");
+  if (autotuneWarmupSamples < 0 || autotuneStepsPerSample < 1 || autotuneMaxSamples < 1 || autotuneNoise <= 0) {
+    throw InvalidArgument("CHORUS_AUTOTUNE_*: warm-up samples must be >= 0, steps per sample and samples >= 1, "
+                          "the noise > 0");
+  }
   if (timeoutSeconds <= 0) throw InvalidArgument("CHORUS_TIMEOUT_SECONDS must be > 0");
 }
 

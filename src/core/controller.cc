@@ -1,6 +1,7 @@
 #include "core/controller.h"
 
 #include <algorithm>
+#include <cmath>
 #include <sstream>
 
 #include "chorus/error.h"
@@ -75,8 +76,21 @@ Controller::Controller(int32_t setId, std::vector<int> globalRanks, int globalRa
       registry_(std::move(registry)),
       executor_(*comm_, config.fusionThresholdBytes, [this](const std::string& name) { releaseName(name); },
                 timeline.get()),
-      timeline_(std::move(timeline)) {
+      timeline_(std::move(timeline)),
+      cycleTimeUs_(static_cast<int64_t>(config.cycleTimeMs * 1000)),
+      threshold_(config.fusionThresholdBytes) {
   registry_->setMembers(setId_, globalRanks_);
+  if (config_.autotune && comm_->rank() == 0) {
+    autotune::TunerOptions o;
+    o.warmupSamples = config_.autotuneWarmupSamples;
+    o.stepsPerSample = config_.autotuneStepsPerSample;
+    o.maxSamples = config_.autotuneMaxSamples;
+    o.noise = config_.autotuneNoise;
+    o.seed = 1 + static_cast<uint64_t>(setId_);
+    if (!config_.autotuneLog.empty()) o.logPath = config_.autotuneLog + (setId_ ? "." + std::to_string(setId_) : "");
+    tuner_ = std::make_unique<autotune::Tuner>(o, autotune::Settings{config_.fusionThresholdBytes, config_.cycleTimeMs});
+    lastTuned_ = Clock::now();
+  }
   CycleDriver::Hooks hooks;
   hooks.run = [this](const std::function<bool()>& done) { return driveCycle(done); };
   hooks.lastLeft = [this] {
@@ -132,6 +146,8 @@ ProcessSetStats Controller::stats() const {
   s.allreduceBatches = executor_.allreduceBatches();
   s.allreduceTensors = executor_.allreduceTensors();
   s.payloadOps = speculated_;
+  s.fusionThresholdBytes = threshold_;
+  s.cycleTimeMs = cycleTimeUs_ / 1000.0;
   return s;
 }
 
@@ -145,9 +161,8 @@ void Controller::join() {
 }
 
 void Controller::loop() {
-  const auto cycleTime = std::chrono::duration_cast<Clock::duration>(
-      std::chrono::microseconds(static_cast<int64_t>(config_.cycleTimeMs * 1000)));
   while (true) {
+    const auto cycleTime = std::chrono::duration_cast<Clock::duration>(std::chrono::microseconds(cycleTimeUs_.load()));
     {
       // A new request starts the next cycle at once (low latency), except that over
       // an expensive transport a busy cycle is followed by the full cycle time, so
@@ -208,6 +223,15 @@ bool Controller::driveCycle(const std::function<bool()>& done) {
   return runCycle();
 }
 
+// The set's first rank: one cycle's traffic into the tuner; what it decides goes
+// out with the next negotiation.
+void Controller::tune(size_t bytes) {
+  const auto now = Clock::now();
+  const double seconds = std::chrono::duration<double>(now - lastTuned_).count();
+  lastTuned_ = now;
+  if (auto next = tuner_->record(static_cast<int64_t>(bytes), seconds)) publish_ = next;
+}
+
 void Controller::failAll(std::exception_ptr err) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -240,7 +264,14 @@ void Controller::cycle() {
   // [speculated position + 1][its complement].
   const size_t specAt = 1 + n + 2 * W;
   std::vector<uint64_t>& words = words_;
-  words.assign(specAt + 2, 0);
+  // With autotune, two more: the settings the set's first rank publishes (+1, 0: none).
+  const size_t tuneAt = specAt + 2;
+  words.assign(tuneAt + (config_.autotune ? 2 : 0), 0);
+  if (publish_) {
+    words[tuneAt] = static_cast<uint64_t>(publish_->fusionThresholdBytes) + 1;
+    words[tuneAt + 1] = static_cast<uint64_t>(std::llround(publish_->cycleTimeMs * 1000)) + 1;
+    publish_.reset();
+  }
   uint64_t* invalid = words.data() + 1 + n;
   uint64_t* notHit = invalid + W;
   std::fill(notHit, notHit + W, ~0ull);
@@ -312,6 +343,11 @@ void Controller::cycle() {
   if (spec) carrier->allreduceBitsOrWithPayload(words.data(), words.size(), spec->second.input.data, specBytes);
   else ctl().allreduceBitsOr(words.data(), words.size());
   const bool specAgreed = words[specAt] != 0 && words[specAt] == ~words[specAt + 1];
+  if (config_.autotune && words[tuneAt] != 0) {  // every rank, from this cycle
+    threshold_ = static_cast<int64_t>(words[tuneAt] - 1);
+    executor_.setFusionThreshold(threshold_);
+    cycleTimeUs_ = static_cast<int64_t>(words[tuneAt + 1] - 1);
+  }
 
   if (words[0] & kFlagShutdown) {
     throw StopSignal{std::make_exception_ptr(
@@ -416,6 +452,12 @@ void Controller::cycle() {
     for (auto r = ready; r != readyEnd; ++r) tl->negotiateEnd(r->name);
   executor_.execute(ready_.data(), nReady, entries_, fromPayload);
   lastCycleBusy_ = nReady > 0 || total > 0;
+  if (tuner_) {
+    size_t bytes = 0;
+    for (auto r = ready; r != readyEnd; ++r)
+      if (r->errorKind == ErrorKind::kNone) bytes += r->bytes();
+    tune(bytes);
+  }
   ++cycles_;
 
   if (stallCheck && now - lastStallCheck_ > std::chrono::seconds(1)) {

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <exception>
 #include <map>
+#include <optional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -15,6 +16,7 @@
 
 #include "chorus/config.h"
 #include "comm/communicator.h"
+#include "core/autotune/tuner.h"
 #include "core/coordinator.h"
 #include "core/cycle_driver.h"
 #include "core/entry.h"
@@ -107,6 +109,15 @@ class Controller {
   std::chrono::steady_clock::time_point lastStallCheck_;
   uint64_t publishedVersion_ = ~0ull;  // coordinator version last published to the registry
   std::map<std::string, std::vector<int>> missing_;  // pending names -> global ranks not yet in
+
+  // Autotune: the set's first rank samples and decides (tuner_); every rank
+  // applies what it publishes in the negotiation's words, in the same cycle.
+  void tune(size_t bytes);
+  std::unique_ptr<autotune::Tuner> tuner_;
+  std::optional<autotune::Settings> publish_;  // guarded by cycleMu_
+  std::atomic<int64_t> cycleTimeUs_;
+  std::atomic<int64_t> threshold_;  // mirrors the executor's, for stats()
+  std::chrono::steady_clock::time_point lastTuned_;
 };
 
 }  // namespace chorus

@@ -19,6 +19,8 @@ class Executor {
   // timeline: where ops are recorded while it is active (may be null).
   Executor(Communicator& comm, int64_t fusionThresholdBytes, Release release, Timeline* timeline = nullptr)
       : comm_(comm), threshold_(fusionThresholdBytes), release_(std::move(release)), timeline_(timeline) {}
+  void setFusionThreshold(int64_t bytes) { threshold_ = bytes; }
+  int64_t fusionThreshold() const { return threshold_; }
 
   // Takes the matching entries out of `entries` and completes them. A rank with
   // no entry for a response (it has joined) takes part with zeros. Transport
@@ -45,7 +47,7 @@ class Executor {
   void fail(const Response& r, EntryTable& entries);
 
   Communicator& comm_;
-  int64_t threshold_;
+  int64_t threshold_;  // (changed between cycles by autotune)
   Release release_;
   Timeline* timeline_;
   std::vector<char> scratch_;

@@ -52,7 +52,8 @@ int main(int argc, char** argv) {
       "--ssh-identity-file", "--ssh-options", "--network-interface", "--network-prefix", "--output-filename",
       "--num_nodes", "--num_gpus", "--num_procs", "--include", "--exclude", "--master_addr", "--master_port",
       "--min-np", "--max-np", "--host-discovery-script", "--slots-per-host", "--slots", "--reset-limit",
-      "--elastic-timeout"};
+      "--elastic-timeout", "--autotune-log-file", "--autotune-warmup-samples", "--autotune-steps-per-sample",
+      "--autotune-bayes-opt-max-samples", "--autotune-gaussian-process-noise"};
   for (size_t i = 1; i < args.size(); ++i) {
     if (args[i] == "--" || args[i].empty() || args[i][0] != '-') break;  // the command starts here
     const bool hasValue = std::find(takesValue.begin(), takesValue.end(), args[i]) != takesValue.end();
@@ -125,6 +126,18 @@ int main(int argc, char** argv) {
   app.add_option("--elastic-timeout", el.elasticTimeout,
                  "seconds to wait for at least --min-np workers before failing (default 600)")
       ->group(elastic);
+  // horovodrun's autotune flags become the ranks' settings.
+  bool autotune = false;
+  std::string autotuneLog, warmup, steps, samples, noise;
+  auto* tune = "Autotune (horovodrun's)";
+  app.add_flag("--autotune", autotune, "tune the fusion threshold and cycle time while the job runs")->group(tune);
+  app.add_option("--autotune-log-file", autotuneLog, "CSV of every autotune sample and the chosen point")
+      ->group(tune);
+  app.add_option("--autotune-warmup-samples", warmup, "samples not scored at the start")->group(tune);
+  app.add_option("--autotune-steps-per-sample", steps, "busy negotiation cycles per sample")->group(tune);
+  app.add_option("--autotune-bayes-opt-max-samples", samples, "scored samples before the best is kept")
+      ->group(tune);
+  app.add_option("--autotune-gaussian-process-noise", noise, "the Gaussian process's noise")->group(tune);
   try {
     app.parse(static_cast<int>(cargv.size()), cargv.data());
   } catch (const CLI::ParseError& e) {
@@ -143,6 +156,12 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+
+  for (const auto& [flag, name] : std::vector<std::pair<std::string, std::string>>{
+           {autotune ? "1" : "", "CHORUS_AUTOTUNE"}, {autotuneLog, "CHORUS_AUTOTUNE_LOG"},
+           {warmup, "CHORUS_AUTOTUNE_WARMUP_SAMPLES"}, {steps, "CHORUS_AUTOTUNE_STEPS_PER_SAMPLE"},
+           {samples, "CHORUS_AUTOTUNE_BAYES_OPT_MAX_SAMPLES"}, {noise, "CHORUS_AUTOTUNE_GAUSSIAN_PROCESS_NOISE"}})
+    if (!flag.empty()) o.exports.push_back(name + "=" + flag);
 
   try {
     if (serve) return serveStore(bind, port, secret);

@@ -71,8 +71,8 @@ double expectedImprovement(double mean, double stddev, double best, double xi) {
   return (mean - best - xi) * cdf + stddev * pdf;
 }
 
-BayesianOptimizer::BayesianOptimizer(int dims, uint64_t seed, int randomStarts)
-    : dims_(dims), randomStarts_(std::max(randomStarts, 1)), rng_(seed) {
+BayesianOptimizer::BayesianOptimizer(int dims, uint64_t seed, int randomStarts, double noise)
+    : dims_(dims), randomStarts_(std::max(randomStarts, 1)), rng_(seed), gp_(noise) {
   if (dims < 1) throw std::invalid_argument("BayesianOptimizer needs at least one dimension");
 }
 
@@ -121,7 +121,7 @@ Point BayesianOptimizer::next() {
 
 Point BayesianOptimizer::best(double* score) const {
   if (x_.empty()) throw std::logic_error("BayesianOptimizer::best: no samples yet");
-  GaussianProcess gp;
+  GaussianProcess gp = gp_;
   gp.fit(x_, y_);
   size_t at = 0;
   double top = -std::numeric_limits<double>::infinity();

@@ -46,7 +46,8 @@ double expectedImprovement(double mean, double stddev, double best, double xi = 
 // a few random points first, then the maximiser of expected improvement.
 class BayesianOptimizer {
  public:
-  BayesianOptimizer(int dims, uint64_t seed, int randomStarts = 3);
+  // noise: the Gaussian process's, on standardised scores (larger: smoother).
+  BayesianOptimizer(int dims, uint64_t seed, int randomStarts = 3, double noise = 1e-2);
 
   void addSample(const Point& x, double score);
   // The next point to sample.

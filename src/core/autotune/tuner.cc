@@ -29,7 +29,7 @@ Point pointOf(const Settings& s) {
 
 Tuner::Tuner(TunerOptions options, Settings start)
     // The starting settings are the first point scored, two random ones follow.
-    : options_(std::move(options)), current_(start), opt_(2, options_.seed, 3), warmupLeft_(options_.warmupSamples) {
+    : options_(std::move(options)), current_(start), opt_(2, options_.seed, 3, options_.noise), warmupLeft_(options_.warmupSamples) {
   if (options_.stepsPerSample < 1 || options_.maxSamples < 1) {
     throw InvalidArgument("autotune: steps per sample and samples must be at least 1");
   }
