@@ -27,6 +27,8 @@ void copySpanInputs(const std::vector<Span>& spans, size_t elementBytes);
 
 // What a transport is like, for the layers above (none of it changes results).
 struct CommTraits {
+  // What the timeline calls the transport: SHM, TCP, MPI, HIERARCHICAL.
+  const char* transport = "TCP";
   // reducescatter only reads buf: the caller may hand it the input itself.
   bool reducescatterReadsOnly = false;
   // A negotiation cycle is expensive (network round trips): after busy cycles the

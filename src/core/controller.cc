@@ -75,7 +75,7 @@ Controller::Controller(int32_t setId, std::vector<int> globalRanks, int globalRa
       cache_(config.cacheCapacity),
       registry_(std::move(registry)),
       executor_(*comm_, config.fusionThresholdBytes, [this](const std::string& name) { releaseName(name); },
-                timeline.get()),
+                timeline.get(), setId),
       timeline_(std::move(timeline)),
       cycleTimeUs_(static_cast<int64_t>(config.cycleTimeMs * 1000)),
       threshold_(config.fusionThresholdBytes) {

@@ -82,8 +82,12 @@ namespace {
 // The <OP> spans of the responses one collective runs, in the timeline.
 class OpSpans {
  public:
-  OpSpans(Timeline* t, const Response* const* rs, size_t n) : t_(t && t->active() ? t : nullptr), rs_(rs), n_(n) {
-    for (size_t i = 0; t_ && i < n_; ++i) t_->opStart(rs_[i]->name, rs_[i]->type);
+  OpSpans(Timeline* t, const Response* const* rs, size_t n, const char* transport, int32_t set)
+      : t_(t && t->active() ? t : nullptr), rs_(rs), n_(n) {
+    for (size_t i = 0; t_ && i < n_; ++i) {
+      const Response& r = *rs_[i];
+      t_->opStart(r.name, r.type, OpSpanArgs{r.bytes(), r.dtype, r.priority, set, transport, n_});
+    }
   }
   ~OpSpans() {
     for (size_t i = 0; t_ && i < n_; ++i) t_->opEnd(rs_[i]->name);
@@ -95,6 +99,10 @@ class OpSpans {
   size_t n_;
 };
 }  // namespace
+
+const char* Executor::transportOf(bool fromPayload) const {
+  return fromPayload ? "NEGOTIATION" : comm_.traits().transport;
+}
 
 void Executor::execute(const Response* responses, size_t count, EntryTable& entries, bool fromPayload) {
   size_t i = 0;
@@ -117,7 +125,7 @@ void Executor::execute(const Response* responses, size_t count, EntryTable& entr
           group.push_back(&responses[j]);
           ++j;
         }
-        OpSpans spans(timeline_, group.data(), group.size());
+        OpSpans spans(timeline_, group.data(), group.size(), transportOf(fromPayload), setId_);
         runAllreduce(group, entries, fromPayload);
         i = j;
         continue;
@@ -125,7 +133,7 @@ void Executor::execute(const Response* responses, size_t count, EntryTable& entr
       default: break;
     }
     const Response* one = &r;
-    OpSpans spans(timeline_, &one, 1);
+    OpSpans spans(timeline_, &one, 1, transportOf(fromPayload), setId_);
     switch (r.type) {
       case OpType::kAllreduce: break;
       case OpType::kAllgather: runAllgather(r, entries, fromPayload); break;

@@ -17,8 +17,10 @@ class Executor {
   // release(name) runs just before an entry's Work completes, so that the name
   // may be reused by the caller as soon as it sees the result.
   // timeline: where ops are recorded while it is active (may be null).
-  Executor(Communicator& comm, int64_t fusionThresholdBytes, Release release, Timeline* timeline = nullptr)
-      : comm_(comm), threshold_(fusionThresholdBytes), release_(std::move(release)), timeline_(timeline) {}
+  Executor(Communicator& comm, int64_t fusionThresholdBytes, Release release, Timeline* timeline = nullptr,
+           int32_t setId = 0)
+      : comm_(comm), threshold_(fusionThresholdBytes), release_(std::move(release)), timeline_(timeline),
+        setId_(setId) {}
   void setFusionThreshold(int64_t bytes) { threshold_ = bytes; }
   int64_t fusionThreshold() const { return threshold_; }
 
@@ -48,8 +50,10 @@ class Executor {
 
   Communicator& comm_;
   int64_t threshold_;  // (changed between cycles by autotune)
+  const char* transportOf(bool fromPayload) const;
   Release release_;
   Timeline* timeline_;
+  int32_t setId_;  // the process set, for the timeline
   std::vector<char> scratch_;
   std::vector<char> gathered_;   // every rank's inputs of an Adasum allreduce
   std::vector<char> joinedOut_;  // a joined rank's reducescatter block, discarded

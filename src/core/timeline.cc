@@ -143,10 +143,14 @@ void Timeline::negotiateEnd(const std::string& name) {
   write(nlohmann::json{{"ph", "E"}, {"ts", micros()}, {"pid", pidOf(name)}}.dump());
 }
 
-void Timeline::opStart(const std::string& name, OpType type) {
+void Timeline::opStart(const std::string& name, OpType type, const OpSpanArgs& a) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!file_) return;
-  write(nlohmann::json{{"ph", "B"}, {"name", timelineOpName(type)}, {"ts", micros()}, {"pid", pidOf(name)}}.dump());
+  nlohmann::json args{{"bytes", a.bytes},         {"dtype", dtypeName(a.dtype)}, {"priority", a.priority},
+                      {"process_set", a.processSet}, {"transport", a.transport},    {"fused_tensors", a.fused}};
+  write(nlohmann::json{{"ph", "B"}, {"name", timelineOpName(type)}, {"ts", micros()}, {"pid", pidOf(name)},
+                       {"args", std::move(args)}}
+            .dump());
 }
 
 void Timeline::opEnd(const std::string& name) {

@@ -21,6 +21,16 @@
 
 namespace chorus {
 
+// What an op span carries (its "args" in the trace).
+struct OpSpanArgs {
+  size_t bytes = 0;
+  DataType dtype = DataType::kFloat32;
+  int32_t priority = 0;
+  int32_t processSet = 0;
+  const char* transport = "";  // SHM, TCP, MPI, HIERARCHICAL; "NEGOTIATION" when its data rode there
+  size_t fused = 1;            // tensors in the collective that carried it
+};
+
 class Timeline {
  public:
   ~Timeline();
@@ -34,7 +44,7 @@ class Timeline {
   void negotiateStart(const std::string& name, OpType type);
   void rankReady(const std::string& name, int rank);
   void negotiateEnd(const std::string& name);
-  void opStart(const std::string& name, OpType type);
+  void opStart(const std::string& name, OpType type, const OpSpanArgs& args = {});
   void opEnd(const std::string& name);
   void cycleStart();
 

@@ -91,6 +91,19 @@ TEST(Timeline, RankZeroRecordsNegotiationAndExecutionOfEveryTensor) {
   ASSERT_GE(g.size(), 4u);
   EXPECT_EQ(g.front(), "B:NEGOTIATE_ALLGATHER");
   EXPECT_EQ(g[g.size() - 2], "B:ALLGATHER");
+  // An op span says what it carried and how.
+  int spans = 0;
+  for (const auto& e : eventsOf(trace, "tl.a")) {
+    if (e.value("ph", "") != "B" || e.value("name", "") != "ALLREDUCE") continue;
+    ++spans;
+    EXPECT_EQ(e["args"].value("bytes", 0), 16);
+    EXPECT_EQ(e["args"].value("dtype", ""), "float32");
+    EXPECT_EQ(e["args"].value("process_set", -1), 0);
+    const std::string transport = e["args"].value("transport", "");
+    EXPECT_TRUE(transport == "SHM" || transport == "TCP" || transport == "NEGOTIATION") << transport;
+    EXPECT_GE(e["args"].value("fused_tensors", 0), 1);
+  }
+  EXPECT_EQ(spans, 2);
   // Time runs forward within a tensor, and rank 1's tick comes after rank 0's wait.
   const auto ev = eventsOf(trace, "tl.a");
   for (size_t i = 1; i < ev.size(); ++i) EXPECT_GE(ev[i]["ts"].get<int64_t>(), ev[i - 1]["ts"].get<int64_t>());

@@ -36,7 +36,7 @@ class GlooCommunicator : public Communicator {
   void reducescatter(void* buf, void* out, const std::vector<size_t>& counts, DataType dtype,
                      ReduceOp op) override;
   void barrier() override;
-  CommTraits traits() const override { return {.batchesRequests = true}; }
+  CommTraits traits() const override { return {.transport = "TCP", .batchesRequests = true}; }
 
  private:
   // Small buffers: every rank sends its whole buffer to every other rank and

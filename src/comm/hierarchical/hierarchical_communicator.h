@@ -41,7 +41,8 @@ class HierarchicalCommunicator : public Communicator {
     flat_->reducescatter(buf, out, counts, dtype, op);
   }
   CommTraits traits() const override {
-    return {.reducescatterReadsOnly = flat_->traits().reducescatterReadsOnly, .batchesRequests = true};
+    return {.transport = "HIERARCHICAL", .reducescatterReadsOnly = flat_->traits().reducescatterReadsOnly,
+            .batchesRequests = true};
   }
   void abort() override {
     for (auto* c : {local_.get(), cross_.get(), flat_.get()})

@@ -21,7 +21,7 @@ class MpiCommunicator : public Communicator {
                  const std::vector<size_t>& recvBytes, size_t largestPiece) override;
   void reducescatter(void* buf, void* out, const std::vector<size_t>& counts, DataType dtype,
                      ReduceOp op) override;
-  CommTraits traits() const override { return {.reducescatterReadsOnly = true}; }
+  CommTraits traits() const override { return {.transport = "MPI", .reducescatterReadsOnly = true}; }
   void barrier() override;
 
  private:

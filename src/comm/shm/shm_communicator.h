@@ -69,7 +69,7 @@ class ShmCommunicator : public Communicator, public NegotiationPayload {
                      ReduceOp op) override;
   void reducescatterScaled(void* buf, void* out, const std::vector<size_t>& counts, DataType dtype, ReduceOp op,
                            double scale) override;
-  CommTraits traits() const override { return {.reducescatterReadsOnly = true}; }
+  CommTraits traits() const override { return {.transport = "SHM", .reducescatterReadsOnly = true}; }
   void barrier() override;
 
  private:
