@@ -34,65 +34,74 @@ Timeline::~Timeline() {
 
 void Timeline::start(const std::string& path, bool markCycles) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (file_) throw InvalidArgument("timeline: already writing " + path_ + "; stop it before starting another");
+  if (active_) throw InvalidArgument("timeline: already writing " + path_ + "; stop it before starting another");
   if (path.empty()) throw InvalidArgument("timeline: empty file name");
   std::FILE* f = std::fopen(path.c_str(), "w");
   if (!f) throw InvalidArgument("timeline: cannot write " + path + ": " + std::strerror(errno));
   file_ = f;
   active_ = true;
+  stopping_ = false;
   path_ = path;
   markCycles_ = markCycles;
   start_ = std::chrono::steady_clock::now();
   pids_.clear();
   negotiating_.clear();
+  pending_.clear();
   first_ = true;
-  std::fputs("[\n", file_);
   const int64_t epochMicros =
       std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
           .count();
   write(nlohmann::json{{"name", "process_name"}, {"ph", "M"}, {"pid", 0},
                        {"args", {{"name", "chorus"}, {"start_time_since_epoch_in_micros", epochMicros}}}}
             .dump());
-  std::fflush(file_);  // on disk from the start
+  std::string head = "[\n" + pending_;  // on disk from the start, already a valid array
+  pending_.clear();
+  writeChunk(head);
   flusher_ = std::thread([this] { flushLoop(); });
 }
 
-// Readers (a viewer, tail -f, a crashed job's post-mortem) see events within 50 ms.
+bool Timeline::writeChunk(const std::string& chunk) {
+  // "\n]" closes the array; the next chunk starts with ",\n", the same two bytes' place.
+  const bool ok = std::fwrite(chunk.data(), 1, chunk.size(), file_) == chunk.size() &&
+                  std::fputs("\n]", file_) >= 0 && std::fflush(file_) == 0;
+  std::fseek(file_, -2, SEEK_CUR);
+  return ok;
+}
+
+// Readers (a viewer, tail -f, a killed job's post-mortem) see events within 50 ms;
+// the data path only appends to pending_ (no file I/O under its lock).
 void Timeline::flushLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
-  while (file_) {
-    flushCv_.wait_for(lock, std::chrono::milliseconds(50));
-    if (file_ && dirty_) {
-      std::fflush(file_);
-      dirty_ = false;
+  std::string chunk;
+  while (true) {
+    bool last;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      flushCv_.wait_for(lock, std::chrono::milliseconds(50), [this] { return stopping_; });
+      chunk.swap(pending_);
+      last = stopping_;
     }
+    if (!chunk.empty()) writeChunk(chunk);
+    chunk.clear();
+    if (last) return;
   }
 }
 
 void Timeline::stop() {
   std::thread flusher;
-  std::exception_ptr err;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!file_) return;
-    try {
-      finish();
-    } catch (...) {
-      err = std::current_exception();
-    }
+    if (!active_) return;
+    active_ = false;  // events from here on are dropped
+    stopping_ = true;
     flusher = std::move(flusher_);
   }
   flushCv_.notify_all();
-  if (flusher.joinable()) flusher.join();
-  if (err) std::rethrow_exception(err);
-}
-
-// The closing bracket, then flushed and synced.
-void Timeline::finish() {
+  if (flusher.joinable()) flusher.join();  // it wrote everything queued before stopping_
   std::FILE* f = file_;
   file_ = nullptr;
-  active_ = false;
-  const bool written = std::fputs("\n]\n", f) >= 0 && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
+  // The closing bracket is there already; a newline after it, then synced.
+  const bool written = std::fseek(f, 0, SEEK_END) == 0 && std::fputs("\n", f) >= 0 && std::fflush(f) == 0 &&
+                       ::fsync(fileno(f)) == 0;
   const std::string why = std::strerror(errno);
   const bool closed = std::fclose(f) == 0;
   if (!written || !closed) throw Error("timeline: cannot complete " + path_ + ": " + why);
@@ -104,10 +113,9 @@ int64_t Timeline::micros() const {
 }
 
 void Timeline::write(const std::string& event) {
-  if (!first_) std::fputs(",\n", file_);
+  if (!first_) pending_ += ",\n";
   first_ = false;
-  dirty_ = true;
-  std::fputs(event.c_str(), file_);
+  pending_ += event;
 }
 
 // Each tensor name gets its own trace process, named once.
@@ -124,14 +132,14 @@ int Timeline::pidOf(const std::string& name) {
 
 void Timeline::negotiateStart(const std::string& name, OpType type) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!file_ || !negotiating_.insert(name).second) return;
+  if (!active_ || !negotiating_.insert(name).second) return;
   const std::string phase = std::string("NEGOTIATE_") + timelineOpName(type);
   write(nlohmann::json{{"ph", "B"}, {"name", phase}, {"ts", micros()}, {"pid", pidOf(name)}}.dump());
 }
 
 void Timeline::rankReady(const std::string& name, int rank) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!file_ || !negotiating_.count(name)) return;
+  if (!active_ || !negotiating_.count(name)) return;
   write(nlohmann::json{{"ph", "X"}, {"name", std::to_string(rank)}, {"ts", micros()}, {"pid", pidOf(name)},
                        {"dur", 0}}
             .dump());
@@ -139,13 +147,13 @@ void Timeline::rankReady(const std::string& name, int rank) {
 
 void Timeline::negotiateEnd(const std::string& name) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!file_ || negotiating_.erase(name) == 0) return;
+  if (!active_ || negotiating_.erase(name) == 0) return;
   write(nlohmann::json{{"ph", "E"}, {"ts", micros()}, {"pid", pidOf(name)}}.dump());
 }
 
 void Timeline::opStart(const std::string& name, OpType type, const OpSpanArgs& a) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!file_) return;
+  if (!active_) return;
   nlohmann::json args{{"bytes", a.bytes},         {"dtype", dtypeName(a.dtype)}, {"priority", a.priority},
                       {"process_set", a.processSet}, {"transport", a.transport},    {"fused_tensors", a.fused}};
   write(nlohmann::json{{"ph", "B"}, {"name", timelineOpName(type)}, {"ts", micros()}, {"pid", pidOf(name)},
@@ -155,13 +163,13 @@ void Timeline::opStart(const std::string& name, OpType type, const OpSpanArgs& a
 
 void Timeline::opEnd(const std::string& name) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!file_) return;
+  if (!active_) return;
   write(nlohmann::json{{"ph", "E"}, {"ts", micros()}, {"pid", pidOf(name)}}.dump());
 }
 
 void Timeline::cycleStart() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!file_ || !markCycles_) return;
+  if (!active_ || !markCycles_) return;
   write(nlohmann::json{{"ph", "i"}, {"name", "CYCLE_START"}, {"ts", micros()}, {"pid", 0}, {"s", "g"}}.dump());
 }
 

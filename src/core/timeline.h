@@ -3,10 +3,10 @@
 // tensor's negotiation and execution, written by rank 0. Each tensor name is a
 // trace "process"; its NEGOTIATE_<OP> span holds a tick per rank whose request
 // was seen (requests served from the response cache have none), and its <OP>
-// span covers the collective. The file is written as the job runs (flushed every
-// 50 ms): until stop() adds the closing bracket it is an unterminated JSON
-// array, which Chrome's trace format accepts, so a running or crashed job's
-// trace opens too.
+// span covers the collective. Events are queued in memory by the data path and
+// written by a thread of the timeline's own every 50 ms; each write ends with
+// the array's closing bracket, which the next write overwrites, so the file on
+// disk is valid JSON at every moment: a running or killed job's trace opens too.
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -51,20 +51,23 @@ class Timeline {
  private:
   int64_t micros() const;
   int pidOf(const std::string& name);  // with mu_ held
-  void write(const std::string& event);  // with mu_ held
-  void finish();                         // with mu_ held
+  void write(const std::string& event);  // with mu_ held: queues it
+  // Appends a chunk of events and the closing bracket, which the next chunk
+  // overwrites (the writer thread, or stop() once it has ended).
+  bool writeChunk(const std::string& chunk);
   void flushLoop();
 
   std::mutex mu_;
-  std::FILE* file_ = nullptr;
-  std::atomic<bool> active_{false};  // file_ != nullptr, readable without mu_
+  std::FILE* file_ = nullptr;        // written only by the writer thread (and start/stop around it)
+  std::atomic<bool> active_{false};  // recording; readable without mu_
+  std::string pending_;              // guarded by mu_: events not yet written
+  bool stopping_ = false;            // guarded by mu_
   std::string path_;
   bool markCycles_ = false;
   bool first_ = true;  // no comma before the first event
   std::chrono::steady_clock::time_point start_;
   std::unordered_map<std::string, int> pids_;
   std::unordered_set<std::string> negotiating_;  // names inside a NEGOTIATE span
-  bool dirty_ = false;                           // events written since the last flush
   std::condition_variable flushCv_;
   std::thread flusher_;
 };

@@ -55,6 +55,18 @@ def test_join_while_others_run_every_collective(ranks):
     assert out.count("join ok") == 3
 
 
+def test_timeline_of_a_killed_job_is_valid_json(ranks, tmp_path):
+    import json
+    trace = tmp_path / "killed.json"
+    proc = ranks(2, "timeline_killed.py", env={"CHORUS_TIMELINE": str(trace), "CHORUS_TIMEOUT_SECONDS": "10"},
+                 keep_going=True)
+    assert "rank 0 was killed by signal 9" in proc.stdout, proc.stdout
+    events = json.loads(trace.read_text())  # no repair: valid as the killed rank left it
+    names = {e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
+    assert {"allreduce.before.kill.0", "allreduce.before.kill.1", "allreduce.before.kill.2"} <= names, names
+    assert any(e.get("name") == "ALLREDUCE" and e.get("ph") == "B" for e in events)
+
+
 def test_timeline(ranks, tmp_path):
     out = ok(ranks(2, "timeline.py", str(tmp_path / "trace.json"),
                    env={"HOROVOD_TIMELINE": str(tmp_path / "at_init.json")}))

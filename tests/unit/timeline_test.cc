@@ -33,8 +33,7 @@ nlohmann::json readRunningTrace(const std::string& path) {
   std::ifstream in(path);
   EXPECT_TRUE(in.good()) << path;
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  EXPECT_EQ(text.find(']'), std::string::npos) << "not closed before stop";
-  return nlohmann::json::parse(text + "\n]");
+  return nlohmann::json::parse(text);  // valid JSON while the job runs, and so if it is killed
 }
 
 // The events of one tensor, in file order.
