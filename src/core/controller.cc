@@ -77,8 +77,7 @@ Controller::Controller(int32_t setId, std::vector<int> globalRanks, int globalRa
       executor_(*comm_, config.fusionThresholdBytes, [this](const std::string& name) { releaseName(name); },
                 timeline.get(), setId),
       timeline_(std::move(timeline)),
-      cycleTimeUs_(static_cast<int64_t>(config.cycleTimeMs * 1000)),
-      threshold_(config.fusionThresholdBytes) {
+      cycleTimeUs_(static_cast<int64_t>(config.cycleTimeMs * 1000)) {
   registry_->setMembers(setId_, globalRanks_);
   if (config_.autotune && comm_->rank() == 0) {
     autotune::TunerOptions o;
@@ -146,7 +145,7 @@ ProcessSetStats Controller::stats() const {
   s.allreduceBatches = executor_.allreduceBatches();
   s.allreduceTensors = executor_.allreduceTensors();
   s.payloadOps = speculated_;
-  s.fusionThresholdBytes = threshold_;
+  s.fusionThresholdBytes = executor_.fusionThreshold();
   s.cycleTimeMs = cycleTimeUs_ / 1000.0;
   return s;
 }
@@ -344,8 +343,7 @@ void Controller::cycle() {
   else ctl().allreduceBitsOr(words.data(), words.size());
   const bool specAgreed = words[specAt] != 0 && words[specAt] == ~words[specAt + 1];
   if (config_.autotune && words[tuneAt] != 0) {  // every rank, from this cycle
-    threshold_ = static_cast<int64_t>(words[tuneAt] - 1);
-    executor_.setFusionThreshold(threshold_);
+    executor_.setFusionThreshold(static_cast<int64_t>(words[tuneAt] - 1));
     cycleTimeUs_ = static_cast<int64_t>(words[tuneAt + 1] - 1);
   }
 

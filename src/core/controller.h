@@ -116,7 +116,6 @@ class Controller {
   std::unique_ptr<autotune::Tuner> tuner_;
   std::optional<autotune::Settings> publish_;  // guarded by cycleMu_
   std::atomic<int64_t> cycleTimeUs_;
-  std::atomic<int64_t> threshold_;  // mirrors the executor's, for stats()
   std::chrono::steady_clock::time_point lastTuned_;
 };
 

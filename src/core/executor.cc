@@ -119,8 +119,9 @@ void Executor::execute(const Response* responses, size_t count, EntryTable& entr
         group.assign(1, &r);
         size_t bytes = r.bytes();
         size_t j = i + 1;
-        while (threshold_ > 0 && j < count && fusible(r, responses[j]) &&
-               bytes + responses[j].bytes() <= static_cast<size_t>(threshold_)) {
+        const int64_t threshold = fusionThreshold();
+        while (threshold > 0 && j < count && fusible(r, responses[j]) &&
+               bytes + responses[j].bytes() <= static_cast<size_t>(threshold)) {
           bytes += responses[j].bytes();
           group.push_back(&responses[j]);
           ++j;

@@ -21,8 +21,8 @@ class Executor {
            int32_t setId = 0)
       : comm_(comm), threshold_(fusionThresholdBytes), release_(std::move(release)), timeline_(timeline),
         setId_(setId) {}
-  void setFusionThreshold(int64_t bytes) { threshold_ = bytes; }
-  int64_t fusionThreshold() const { return threshold_; }
+  void setFusionThreshold(int64_t bytes) { threshold_.store(bytes, std::memory_order_relaxed); }
+  int64_t fusionThreshold() const { return threshold_.load(std::memory_order_relaxed); }
 
   // Takes the matching entries out of `entries` and completes them. A rank with
   // no entry for a response (it has joined) takes part with zeros. Transport
@@ -49,7 +49,7 @@ class Executor {
   void fail(const Response& r, EntryTable& entries);
 
   Communicator& comm_;
-  int64_t threshold_;  // (changed between cycles by autotune)
+  std::atomic<int64_t> threshold_;  // changed between cycles by autotune; read by stats()
   const char* transportOf(bool fromPayload) const;
   Release release_;
   Timeline* timeline_;

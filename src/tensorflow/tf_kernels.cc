@@ -163,6 +163,13 @@ class ChorusKernel : public AsyncOpKernel {
   ch::OpOptions opts_;
 };
 
+// Every input of a grouped op.
+std::vector<ch::Tensor> inputsOf(OpKernelContext* ctx) {
+  std::vector<ch::Tensor> ins;
+  for (int i = 0; i < ctx->num_inputs(); ++i) ins.push_back(view(ctx->input(i)));
+  return ins;
+}
+
 // An output of the input's shape, in the input's buffer when TensorFlow allows.
 ch::Tensor sameShapeOutput(OpKernelContext* ctx, int i) {
   Tensor* out = nullptr;
@@ -186,12 +193,9 @@ class GroupedAllreduceOp : public ChorusKernel {
   explicit GroupedAllreduceOp(OpKernelConstruction* c)
       : ChorusKernel(c), ropts_(reduceOptions<ch::AllreduceOptions>(c)) {}
   Work start(OpKernelContext* ctx) override {
-    std::vector<ch::Tensor> ins, outs;
-    for (int i = 0; i < ctx->num_inputs(); ++i) {
-      ins.push_back(view(ctx->input(i)));
-      outs.push_back(sameShapeOutput(ctx, i));
-    }
-    return rt().groupedAllreduceAsync(ins, outs, ropts_);
+    std::vector<ch::Tensor> outs;
+    for (int i = 0; i < ctx->num_inputs(); ++i) outs.push_back(sameShapeOutput(ctx, i));
+    return rt().groupedAllreduceAsync(inputsOf(ctx), outs, ropts_);
   }
 
  private:
@@ -210,9 +214,7 @@ class GroupedAllgatherOp : public ChorusKernel {
  public:
   using ChorusKernel::ChorusKernel;
   Work start(OpKernelContext* ctx) override {
-    std::vector<ch::Tensor> ins;
-    for (int i = 0; i < ctx->num_inputs(); ++i) ins.push_back(view(ctx->input(i)));
-    return rt().groupedAllgatherAsync(ins, opts_);
+    return rt().groupedAllgatherAsync(inputsOf(ctx), opts_);
   }
   void finish(OpKernelContext* ctx, const Work& w) override { copyOutputs(ctx, w); }
 };
@@ -265,9 +267,7 @@ class GroupedReducescatterOp : public ChorusKernel {
   explicit GroupedReducescatterOp(OpKernelConstruction* c)
       : ChorusKernel(c), ropts_(reduceOptions<ch::ReducescatterOptions>(c)) {}
   Work start(OpKernelContext* ctx) override {
-    std::vector<ch::Tensor> ins;
-    for (int i = 0; i < ctx->num_inputs(); ++i) ins.push_back(view(ctx->input(i)));
-    return rt().groupedReducescatterAsync(ins, ropts_);
+    return rt().groupedReducescatterAsync(inputsOf(ctx), ropts_);
   }
   void finish(OpKernelContext* ctx, const Work& w) override { copyOutputs(ctx, w); }
 

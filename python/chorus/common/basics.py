@@ -267,3 +267,13 @@ def _set_id(process_set):
         raise ValueError(f"process_set must be a ProcessSet, got {type(process_set).__name__}")
     process_set._require_registered()
     return process_set.process_set_id
+
+
+def _set_of(set_id):
+    """The registered ProcessSet with this id (the inverse of _set_id)."""
+    if set_id == 0:
+        return global_process_set
+    for ps in _initialized_sets:
+        if ps.process_set_id == set_id:
+            return ps
+    raise ValueError(f"process set {set_id} is not registered")

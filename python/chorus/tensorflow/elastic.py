@@ -37,55 +37,22 @@ def run(func):
     return run_fn(translated, reset_world, _PeerFailure)
 
 
-def _values(variables):
-    return [tf.identity(v).numpy() for v in variables]
+class _VariablesState(ObjectState):
+    """Variables (self._variables()) saved at commit(), restored after a failure and
+    broadcast from rank 0 at every sync; plain values as keyword arguments."""
 
-
-class TensorFlowState(ObjectState):
-    """tf.Variables (and plain values as keyword arguments) saved at commit()."""
-
-    def __init__(self, variables=None, session=None, **kwargs):
-        self.variables = list(variables or [])
-        self._saved_values = _values(self.variables)
-        super().__init__(bcast_object=broadcast_object, **kwargs)
-
-    def save(self):
-        self._saved_values = _values(self.variables)
-        super().save()
-
-    def restore(self):
-        for v, value in zip(self.variables, self._saved_values):
-            v.assign(value)
-        super().restore()
-
-    def sync(self):
-        if self.variables:
-            broadcast_variables(self.variables, root_rank=0)
-        super().sync()
-
-
-class TensorFlowKerasState(ObjectState):
-    """A Keras model and its optimizer (and plain values: epoch=..., batch=...)."""
-
-    def __init__(self, model, optimizer=None, backend=None, **kwargs):
-        self.model = model
-        self.optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
-        self._save_model()
+    def __init__(self, **kwargs):
+        self._saved_values = self._values()
         super().__init__(bcast_object=broadcast_object, **kwargs)
 
     def _variables(self):
-        if self.optimizer is not None and not self.optimizer.built:
-            # A worker that joins has not stepped yet: its optimizer's slots must
-            # exist to receive the committed ones.
-            self.optimizer.build(self.model.trainable_variables)
-        opt = list(self.optimizer.variables) if self.optimizer is not None else []
-        return list(self.model.variables) + opt
+        raise NotImplementedError
 
-    def _save_model(self):
-        self._saved_values = _values(self._variables())
+    def _values(self):
+        return [tf.identity(v).numpy() for v in self._variables()]
 
     def save(self):
-        self._save_model()
+        self._saved_values = self._values()
         super().save()
 
     def restore(self):
@@ -98,6 +65,34 @@ class TensorFlowKerasState(ObjectState):
     def sync(self):
         broadcast_variables(self._variables(), root_rank=0)
         super().sync()
+
+
+class TensorFlowState(_VariablesState):
+    """tf.Variables (and plain values as keyword arguments) saved at commit()."""
+
+    def __init__(self, variables=None, session=None, **kwargs):
+        self.variables = list(variables or [])
+        super().__init__(**kwargs)
+
+    def _variables(self):
+        return self.variables
+
+
+class TensorFlowKerasState(_VariablesState):
+    """A Keras model and its optimizer (and plain values: epoch=..., batch=...)."""
+
+    def __init__(self, model, optimizer=None, backend=None, **kwargs):
+        self.model = model
+        self.optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
+        super().__init__(**kwargs)
+
+    def _variables(self):
+        if self.optimizer is not None and not self.optimizer.built:
+            # A worker that joins has not stepped yet: its optimizer's slots must
+            # exist to receive the committed ones.
+            self.optimizer.build(self.model.trainable_variables)
+        opt = list(self.optimizer.variables) if self.optimizer is not None else []
+        return list(self.model.variables) + opt
 
 
 class CommitStateCallback(keras.callbacks.Callback):

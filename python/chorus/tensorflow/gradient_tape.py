@@ -4,7 +4,7 @@ import tensorflow as tf
 
 from chorus.common.basics import global_process_set
 from chorus.tensorflow.compression import Compression
-from chorus.tensorflow.functions import allreduce, grouped_allreduce
+from chorus.tensorflow.functions import _tf_variable, allreduce, grouped_allreduce
 from chorus.tensorflow.mpi_ops import Adasum, Average, Sum
 from chorus.util import split_list
 
@@ -70,19 +70,15 @@ class GradientReducer:
         """groups: lists of variables reduced together; the rest one by one."""
         if variables is None:
             raise ValueError("groups of variables need the variables the gradients belong to")
-        position = {id(_ref(v)): k for k, v in enumerate(variables[i] for i in idx)}
+        position = {id(_tf_variable(v)): k for k, v in enumerate(variables[i] for i in idx)}
         buckets, seen = [], set()
         for group in self.groups:
-            b = [position[id(_ref(v))] for v in group if id(_ref(v)) in position]
+            b = [position[id(_tf_variable(v))] for v in group if id(_tf_variable(v)) in position]
             seen.update(b)
             if b:
                 buckets.append(b)
         buckets += [[k] for k in range(len(idx)) if k not in seen]
         return buckets
-
-
-def _ref(v):
-    return v if isinstance(v, tf.Variable) else getattr(v, "value", v)
 
 
 class _DistributedGradientTape(tf.GradientTape):

@@ -8,7 +8,7 @@ import re
 import tensorflow as tf
 from tensorflow.python.framework import ops
 
-from chorus.common.basics import _set_id, global_process_set
+from chorus.common.basics import _set_id, _set_of, global_process_set
 
 from chorus.common.reduce_ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (hvd.Sum...)
 from chorus.common.reduce_ops import resolve_op as _reduce_op  # noqa: F401
@@ -79,16 +79,6 @@ def _grad_name(op, suffix="grad"):
     return f"{forward}.{suffix}" if forward else ""
 
 
-def _set_object(set_id):
-    from chorus.common.basics import _initialized_sets
-    if set_id == 0:
-        return global_process_set
-    for ps in _initialized_sets:
-        if ps.process_set_id == set_id:
-            return ps
-    raise ValueError(f"process set {set_id} is not registered")
-
-
 def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set, priority=0):
     """Concatenates every rank's tensor along the first dimension (which may differ between ranks)."""
     tname, node = _names("Allgather", getattr(tensor, "name", ""), name, ignore_name_scope)
@@ -113,7 +103,7 @@ def _first_dims(x, set_id, name):
 def _allgather_grad(op, grad):
     """Horovod's: the averaged gradient, this rank's rows of it."""
     set_id = op.get_attr("process_set_id")
-    ps = _set_object(set_id)
+    ps = _set_of(set_id)
     grad = _lib.chorus_allreduce(grad, reduce_op=Average, tensor_name=_grad_name(op), process_set_id=set_id)
     dims = _first_dims(op.inputs[0], set_id, _grad_name(op, "grad.dims"))
     return tf.split(grad, num_or_size_splits=dims, axis=0, num=ps.size())[ps.rank()]
@@ -122,7 +112,7 @@ def _allgather_grad(op, grad):
 @ops.RegisterGradient("ChorusGroupedAllgather")
 def _grouped_allgather_grad(op, *grads):
     set_id = op.get_attr("process_set_id")
-    ps = _set_object(set_id)
+    ps = _set_of(set_id)
     out = []
     for i, (x, g) in enumerate(zip(op.inputs, grads)):
         g = _lib.chorus_allreduce(g, reduce_op=Average, tensor_name=_grad_name(op, f"grad.{i}"),
@@ -203,7 +193,7 @@ def _reducescatter_grad_of(op, grad, i=None):
     """Horovod's: the gradient scaled by the set's size for a sum, then gathered."""
     set_id = op.get_attr("process_set_id")
     if op.get_attr("reduce_op") == Sum:
-        grad = grad * _set_object(set_id).size()
+        grad = grad * _set_of(set_id).size()
     return _lib.chorus_allgather(grad, tensor_name=_grad_name(op, "grad" if i is None else f"grad.{i}"),
                                  process_set_id=set_id)
 

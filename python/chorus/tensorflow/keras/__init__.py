@@ -53,7 +53,7 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
     """keras.models.load_model, with the saved optimizer wrapped in DistributedOptimizer."""
     from chorus.tensorflow.keras.optimizer import _wrap_class
     objs = {}
-    classes = [c for c in _optimizer_classes()] + list(custom_optimizers or [])
+    classes = _optimizer_classes() + list(custom_optimizers or [])
     for c in classes:
         objs[c.__name__] = _wrap_class(c, compression=compression, **distributed_kwargs)
     objs.update(custom_objects or {})
@@ -61,14 +61,14 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
 
 
 def _optimizer_classes():
-    seen, todo = [], [keras.optimizers.Optimizer]
-    while todo:
-        c = todo.pop()
-        for sub in c.__subclasses__():
-            if sub not in seen and sub.__module__.startswith("keras") and not getattr(sub, "_chorus_made", False):
-                seen.append(sub)
-                todo.append(sub)
-    return seen
+    """Keras's own optimizer classes (subclasses of any depth), not those made here."""
+    found, unvisited = [], [keras.optimizers.Optimizer]
+    while unvisited:
+        for sub in unvisited.pop().__subclasses__():
+            if sub not in found and sub.__module__.startswith("keras") and not getattr(sub, "_chorus_made", False):
+                found.append(sub)
+                unvisited.append(sub)
+    return found
 
 
 from chorus.tensorflow.keras import elastic  # noqa: E402
