@@ -11,24 +11,12 @@
 #include "bench_ops.h"
 #include "memory_floor.h"
 #include "mpi_baseline.h"
+#include "parse_size.h"
 
 using namespace chorus;
 using namespace chorus::bench;
 
 namespace {
-
-size_t parseSize(const std::string& s) {
-  if (s.empty()) throw InvalidArgument("empty size");
-  size_t used = 0;
-  double v = std::stod(s, &used);
-  std::string unit = s.substr(used);
-  double mult = 1;
-  if (unit == "K" || unit == "k") mult = 1024;
-  else if (unit == "M" || unit == "m") mult = 1024.0 * 1024;
-  else if (unit == "G" || unit == "g") mult = 1024.0 * 1024 * 1024;
-  else if (!unit.empty()) throw InvalidArgument("size '" + s + "': unknown unit '" + unit + "' (use K, M or G)");
-  return static_cast<size_t>(v * mult);
-}
 
 double maxAcrossRanks(Runtime& rt, double v) {
   AllreduceOptions o;

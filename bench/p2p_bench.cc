@@ -20,24 +20,17 @@
 #include <sstream>
 
 #include "chorus/chorus.h"
+#include "parse_size.h"
 
 #ifdef CHORUS_BENCH_MPI
 #include <mpi.h>
 #endif
 
 using namespace chorus;
+using chorus::bench::parseSize;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-size_t parseSize(const std::string& s) {
-  size_t used = 0;
-  const double v = std::stod(s, &used);
-  const std::string unit = s.substr(used);
-  const double mult = unit == "K" ? 1024.0 : unit == "M" ? 1048576.0 : unit == "G" ? 1073741824.0 : 1.0;
-  if (!unit.empty() && mult == 1.0) throw InvalidArgument("size '" + s + "': unknown unit (use K, M or G)");
-  return static_cast<size_t>(v * mult);
-}
 
 std::vector<size_t> sweep(size_t lo, size_t hi, double factor) {
   std::vector<size_t> sizes;

@@ -44,6 +44,10 @@ struct Config {
 
   int64_t fusionThresholdBytes = 128ll << 20;
   double cycleTimeMs = 1.0;
+  // Allreduces larger than this run in chunks, with a negotiation between two, so
+  // that a higher-priority op does not wait for all of one: -1 the transport's
+  // size (CommTraits::preemptChunkBytes), 0 never chunked.
+  int64_t preemptChunkBytes = -1;
   int cacheCapacity = 1024;
   // Autotune (Horovod's HOROVOD_AUTOTUNE*): each process set's first rank tunes the
   // fusion threshold and cycle time from its traffic's bytes per second.

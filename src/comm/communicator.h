@@ -34,6 +34,10 @@ struct CommTraits {
   // A negotiation cycle is expensive (network round trips): after busy cycles the
   // controller lets requests accumulate for a cycle time, so that they fuse.
   bool batchesRequests = false;
+  // Allreduces larger than this run in chunks of it, one per negotiation cycle,
+  // so that a higher-priority op that becomes ready meanwhile goes first: about
+  // 50x the cost of a cycle, so that preemption costs the big op ~2%.
+  size_t preemptChunkBytes = 4u << 20;
 };
 
 // A negotiation that carries a small op's input along (speculatively: the

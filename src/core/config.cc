@@ -62,6 +62,10 @@ const std::vector<SettingInfo>& settingsTable() {
       {"CHORUS_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD", "134217728",
        "Bytes of the fusion buffer; 0 disables tensor fusion."},
       {"CHORUS_CYCLE_TIME", "HOROVOD_CYCLE_TIME", "1", "Milliseconds between negotiation cycles."},
+      {"CHORUS_PREEMPT_CHUNK_BYTES", "", "auto",
+       "Allreduces larger than this run in chunks with a negotiation between two, so that a "
+       "higher-priority op that becomes ready goes first; auto: 1 MiB over shared memory, 4 MiB "
+       "otherwise; 0: ops always run whole."},
       {"CHORUS_CACHE_CAPACITY", "HOROVOD_CACHE_CAPACITY", "1024",
        "Entries of the response cache; 0 disables it."},
       {"CHORUS_AUTOTUNE", "HOROVOD_AUTOTUNE", "0",
@@ -188,6 +192,8 @@ void Config::applyEnv() {
   if (jobId.empty()) jobId = "nojob";
   readNumber("CHORUS_FUSION_THRESHOLD", &fusionThresholdBytes);
   readNumber("CHORUS_CYCLE_TIME", &cycleTimeMs);
+  if (readSetting("CHORUS_PREEMPT_CHUNK_BYTES", &v) && v != "auto")
+    readNumber("CHORUS_PREEMPT_CHUNK_BYTES", &preemptChunkBytes);
   readNumber("CHORUS_CACHE_CAPACITY", &cacheCapacity);
   if (readSetting("CHORUS_AUTOTUNE", &v)) autotune = (v == "1" || v == "true");
   if (autotuneLog.empty() && readSetting("CHORUS_AUTOTUNE_LOG", &v)) autotuneLog = v;
@@ -209,6 +215,7 @@ void Config::applyEnv() {
 
   if (fusionThresholdBytes < 0) throw InvalidArgument("CHORUS_FUSION_THRESHOLD must be >= 0");
   if (cycleTimeMs < 0) throw InvalidArgument("CHORUS_CYCLE_TIME must be >= 0");
+  if (preemptChunkBytes < -1) throw InvalidArgument("CHORUS_PREEMPT_CHUNK_BYTES must be auto or >= 0");
   if (cacheCapacity < 0) throw InvalidArgument("CHORUS_CACHE_CAPACITY must be >= 0");
   if (autotuneWarmupSamples < 0 || autotuneStepsPerSample < 1 || autotuneMaxSamples < 1 || autotuneNoise <= 0) {
     throw InvalidArgument("CHORUS_AUTOTUNE_*: warm-up samples must be >= 0, steps per sample and samples >= 1, "

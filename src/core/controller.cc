@@ -79,6 +79,9 @@ Controller::Controller(int32_t setId, std::vector<int> globalRanks, int globalRa
       timeline_(std::move(timeline)),
       cycleTimeUs_(static_cast<int64_t>(config.cycleTimeMs * 1000)) {
   registry_->setMembers(setId_, globalRanks_);
+  executor_.setProgressHook([this] { wakeIdleWaiters(); });
+  executor_.setChunkBytes(config_.preemptChunkBytes >= 0 ? config_.preemptChunkBytes
+                                                         : static_cast<int64_t>(comm_->traits().preemptChunkBytes));
   if (config_.autotune && comm_->rank() == 0) {
     autotune::TunerOptions o;
     o.warmupSamples = config_.autotuneWarmupSamples;
@@ -94,7 +97,8 @@ Controller::Controller(int32_t setId, std::vector<int> globalRanks, int globalRa
   hooks.run = [this](const std::function<bool()>& done) { return driveCycle(done); };
   hooks.lastLeft = [this] {
     std::lock_guard<std::mutex> lock(mu_);
-    if (wakePending_) wake_.notify_all();  // requests that arrived while callers drove
+    // requests that arrived while callers drove, or chunks still to run
+    if (wakePending_ || executor_.busy()) wake_.notify_all();
   };
   driver_ = std::make_shared<CycleDriver>(std::move(hooks));
 }
@@ -173,6 +177,7 @@ void Controller::loop() {
           wake_.wait_for(lock, cycleTime);
           continue;
         }
+        if (executor_.busy()) break;  // chunks to run: at once
         const bool hold = lastCycleBusy_ && ctl().traits().batchesRequests;
         if (!hold && wakePending_) break;
         const Clock::time_point due{Clock::duration(lastCycleEnd_.load()) + cycleTime};
@@ -188,6 +193,14 @@ void Controller::loop() {
 bool Controller::runCycle() {
   if (stopped_) return false;
   std::exception_ptr err;
+  inCycle_ = true;
+  struct Ended {
+    Controller* c;
+    ~Ended() {
+      c->inCycle_ = false;
+      c->wakeIdleWaiters();
+    }
+  } ended{this};
   try {
     cycle();
     // The next timed cycle counts from here, where every rank left this one
@@ -217,9 +230,29 @@ bool Controller::runCycle() {
 }
 
 bool Controller::driveCycle(const std::function<bool()>& done) {
-  std::lock_guard<std::mutex> cycleLock(cycleMu_);
+  std::unique_lock<std::mutex> cycleLock(cycleMu_, std::try_to_lock);
+  if (!cycleLock.owns_lock()) {
+    // The cycle under way may finish this op and go on (a chunk of a large op):
+    // return as soon as it does rather than at the cycle's end.
+    {
+      std::unique_lock<std::mutex> lock(idleMu_);
+      ++idleWaiters_;
+      idleCv_.wait(lock, [&] { return done() || !inCycle_; });
+      --idleWaiters_;
+    }
+    if (done()) return true;
+    cycleLock.lock();
+  }
   if (done()) return true;
   return runCycle();
+}
+
+// (seq_cst: a waiter counts itself before it reads inCycle_, the cycle clears
+// inCycle_ before it reads the count, so one of them sees the other.)
+void Controller::wakeIdleWaiters() {
+  if (idleWaiters_ == 0) return;
+  { std::lock_guard<std::mutex> lock(idleMu_); }
+  idleCv_.notify_all();
 }
 
 // The set's first rank: one cycle's traffic into the tuner; what it decides goes
@@ -245,6 +278,7 @@ void Controller::failAll(std::exception_ptr err) {
   auto release = [this](const std::string& name) { releaseName(name); };
   while (!entries_.empty()) finishEntry(entries_, entries_.begin(), release, err);
   cachedPending_.clear();
+  executor_.drop();
 }
 
 void Controller::cycle() {
@@ -332,7 +366,9 @@ void Controller::cycle() {
     const auto& [pos, e] = *cachedPending_.begin();
     const size_t bytes = payloadBytes(cache_.response(pos), e->second, comm_->rank());
     const size_t room = carrier->payloadCapacity(words.size());
-    if (room > 0 && bytes <= room) {  // (0: a transport that carries none, even for an empty op)
+    // It runs ahead of queued work: only where it outranks all of it.
+    const bool first = cache_.response(pos).priority > executor_.queuedPriority();
+    if (room > 0 && bytes <= room && first) {  // (0: a transport that carries none, even for an empty op)
       spec = e;
       specBytes = bytes;
       words[specAt] = static_cast<uint64_t>(pos) + 1;

@@ -85,6 +85,13 @@ class Controller {
   std::thread thread_;
   // Cycles run on the controller thread or on a waiting caller's, one at a time.
   std::mutex cycleMu_;
+  // A thread that would drive while another runs a cycle waits here for the
+  // cycle's end or its own op, whichever comes first (see driveCycle).
+  std::mutex idleMu_;
+  std::condition_variable idleCv_;
+  std::atomic<int> idleWaiters_{0};
+  std::atomic<bool> inCycle_{false};
+  void wakeIdleWaiters();
   std::atomic<bool> stopped_{false};
   std::atomic<int64_t> lastCycleEnd_{0};  // steady_clock ticks
   std::shared_ptr<CycleDriver> driver_;

@@ -5,6 +5,7 @@
 #include "chorus/error.h"
 #include "reduce/adasum.h"
 #include "reduce/reduce.h"
+#include "core/executor_ops.h"
 
 namespace chorus {
 
@@ -14,36 +15,6 @@ Shape tailOf(const Shape& s) { return s.empty() ? Shape{} : Shape(s.begin() + 1,
 
 size_t rowBytes(const Response& r) {
   return static_cast<size_t>(numElements(tailOf(r.shape))) * dtypeSize(r.dtype);
-}
-
-bool fusible(const Response& a, const Response& b) {
-  return a.type == OpType::kAllreduce && b.type == OpType::kAllreduce &&
-         a.errorKind == ErrorKind::kNone && b.errorKind == ErrorKind::kNone && a.dtype == b.dtype &&
-         a.op == b.op && a.prescale == b.prescale && a.postscale == b.postscale;
-}
-
-bool isInteger(DataType t) {
-  return t == DataType::kUInt8 || t == DataType::kInt8 || t == DataType::kInt16 || t == DataType::kUInt16 ||
-         t == DataType::kInt32 || t == DataType::kInt64;
-}
-
-// Postscale, then Average's division by the set size (exact for integers:
-// truncating division, as C++ and torch's trunc rounding do).
-void postProcess(const Response& r, void* buf, size_t n, int size) {
-  if (r.op != ReduceOp::kAverage) return scaleBuffer(r.dtype, buf, n, r.postscale);
-  if (isInteger(r.dtype)) {
-    scaleBuffer(r.dtype, buf, n, r.postscale);
-    return divideBuffer(r.dtype, buf, n, size);
-  }
-  scaleBuffer(r.dtype, buf, n, r.postscale / size);
-}
-
-// The factor postProcess would apply, for a floating dtype (the transport
-// applies it, as it reduces where it can); 0 for integers, whose Average
-// divides apart.
-double foldedScale(const Response& r, int size) {
-  if (!isFloating(r.dtype)) return 0;
-  return r.op == ReduceOp::kAverage ? r.postscale / size : r.postscale;
 }
 
 }  // namespace
@@ -78,83 +49,48 @@ void finishEntry(EntryTable& entries, EntryTable::iterator it, const Executor::R
   e.work->complete(err);
 }
 
-namespace {
-// The <OP> spans of the responses one collective runs, in the timeline.
-class OpSpans {
- public:
-  OpSpans(Timeline* t, const Response* const* rs, size_t n, const char* transport, int32_t set)
-      : t_(t && t->active() ? t : nullptr), rs_(rs), n_(n) {
-    for (size_t i = 0; t_ && i < n_; ++i) {
-      const Response& r = *rs_[i];
-      t_->opStart(r.name, r.type, OpSpanArgs{r.bytes(), r.dtype, r.priority, set, transport, n_});
-    }
-  }
-  ~OpSpans() {
-    for (size_t i = 0; t_ && i < n_; ++i) t_->opEnd(rs_[i]->name);
-  }
-
- private:
-  Timeline* t_;
-  const Response* const* rs_;
-  size_t n_;
-};
-}  // namespace
-
-const char* Executor::transportOf(bool fromPayload) const {
-  return fromPayload ? "NEGOTIATION" : comm_.traits().transport;
-}
-
-void Executor::execute(const Response* responses, size_t count, EntryTable& entries, bool fromPayload) {
-  size_t i = 0;
-  while (i < count) {
-    const Response& r = responses[i];
-    if (r.errorKind != ErrorKind::kNone) {
-      fail(r, entries);
-      ++i;
-      continue;
-    }
-    switch (r.type) {
-      case OpType::kAllreduce: {
-        std::vector<const Response*>& group = group_;
-        group.assign(1, &r);
-        size_t bytes = r.bytes();
-        size_t j = i + 1;
-        const int64_t threshold = fusionThreshold();
-        while (threshold > 0 && j < count && fusible(r, responses[j]) &&
-               bytes + responses[j].bytes() <= static_cast<size_t>(threshold)) {
-          bytes += responses[j].bytes();
-          group.push_back(&responses[j]);
-          ++j;
-        }
-        OpSpans spans(timeline_, group.data(), group.size(), transportOf(fromPayload), setId_);
-        runAllreduce(group, entries, fromPayload);
-        i = j;
-        continue;
-      }
-      default: break;
-    }
-    const Response* one = &r;
-    OpSpans spans(timeline_, &one, 1, transportOf(fromPayload), setId_);
-    switch (r.type) {
-      case OpType::kAllreduce: break;
-      case OpType::kAllgather: runAllgather(r, entries, fromPayload); break;
-      case OpType::kBroadcast: runBroadcast(r, entries, fromPayload); break;
-      case OpType::kAlltoall: runAlltoall(r, entries, fromPayload); break;
-      case OpType::kReducescatter: runReducescatter(r, entries, fromPayload); break;
-      case OpType::kBarrier:
-      case OpType::kJoin: runSimple(r, entries); break;
-    }
-    ++i;
-  }
-}
-
 void Executor::fail(const Response& r, EntryTable& entries) {
   auto it = entries.find(r.name);
   if (it == entries.end()) return;
+  if (timeline_ && timeline_->active()) {  // (closes its QUEUE span)
+    timeline_->opStart(r.name, r.type, OpSpanArgs{r.bytes(), r.dtype, r.priority, setId_, "ERROR", 1});
+    timeline_->opEnd(r.name);
+  }
   std::exception_ptr err = r.errorKind == ErrorKind::kMismatch
                                ? std::make_exception_ptr(Mismatch(r.error))
                                : std::make_exception_ptr(InvalidArgument(r.error));
   finishEntry(entries, it, release_, err);
+}
+
+void Executor::buildSpans(const Response* const* group, size_t n, EntryTable& entries, std::vector<Span>& spans,
+                          std::vector<char>& zeros) {
+  const Response& head = *group[0];
+  // The outputs are the buffers; an unscaled input is read where it is (no copy
+  // into the output first), a prescaled one is scaled into the output. Ranks that
+  // joined contribute zeros.
+  size_t missing = 0;
+  for (size_t i = 0; i < n; ++i)
+    if (!entries.count(group[i]->name)) missing += group[i]->bytes();
+  zeros.assign(std::max<size_t>(missing, 1), 0);
+  spans.clear();
+  size_t zeroAt = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const Response* r = group[i];
+    auto it = entries.find(r->name);
+    const size_t count = static_cast<size_t>(numElements(r->shape));
+    if (it != entries.end()) {
+      const Entry& e = it->second;
+      if (head.prescale == 1.0) {
+        spans.push_back({e.output.data, count, e.input.data});
+      } else {
+        scaleCopy(r->dtype, e.output.data, e.input.data, count, head.prescale);
+        spans.push_back({e.output.data, count});
+      }
+    } else {
+      spans.push_back({zeros.data() + zeroAt, count});
+      zeroAt += r->bytes();
+    }
+  }
 }
 
 void Executor::runAllreduce(const std::vector<const Response*>& group, EntryTable& entries, bool fromPayload) {
@@ -162,32 +98,8 @@ void Executor::runAllreduce(const std::vector<const Response*>& group, EntryTabl
   ++batches_;
   tensors_ += static_cast<int64_t>(group.size());
   if (head.op == ReduceOp::kAdasum) return runAdasum(group, entries, fromPayload);
-  // The outputs are the buffers; an unscaled input is read where it is (no copy
-  // into the output first), a prescaled one is scaled into the output. Ranks that
-  // joined contribute zeros from scratch.
-  size_t missing = 0;
-  for (const Response* r : group)
-    if (!entries.count(r->name)) missing += r->bytes();
-  scratch_.assign(std::max<size_t>(missing, 1), 0);
   std::vector<Span>& spans = spans_;
-  spans.clear();
-  size_t zeroAt = 0;
-  for (const Response* r : group) {
-    auto it = entries.find(r->name);
-    const size_t n = static_cast<size_t>(numElements(r->shape));
-    if (it != entries.end()) {
-      const Entry& e = it->second;
-      if (head.prescale == 1.0) {
-        spans.push_back({e.output.data, n, e.input.data});
-      } else {
-        scaleCopy(r->dtype, e.output.data, e.input.data, n, head.prescale);
-        spans.push_back({e.output.data, n});
-      }
-    } else {
-      spans.push_back({scratch_.data() + zeroAt, n});
-      zeroAt += r->bytes();
-    }
-  }
+  buildSpans(group.data(), group.size(), entries, spans, scratch_);
   // Average's division (and a postscale) is applied as the elements are
   // reduced where it can be, not in a pass of its own: 2-rank float32 Average
   // allreduce was 40-70% slower than Sum at every size before.

@@ -2,7 +2,9 @@
 // Runs an ordered list of responses on a communicator: packs compatible
 // allreduces into the fusion buffer, allocates outputs, completes entries.
 #include <atomic>
+#include <climits>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -19,22 +21,67 @@ class Executor {
   // timeline: where ops are recorded while it is active (may be null).
   Executor(Communicator& comm, int64_t fusionThresholdBytes, Release release, Timeline* timeline = nullptr,
            int32_t setId = 0)
-      : comm_(comm), threshold_(fusionThresholdBytes), release_(std::move(release)), timeline_(timeline),
+      : comm_(comm),
+        threshold_(fusionThresholdBytes),
+        release_([this, r = std::move(release)](const std::string& name) {
+          finishedSome_ = true;
+          if (r) r(name);
+        }),
+        timeline_(timeline),
         setId_(setId) {}
+  // Called before more work runs in the same call once some op has completed
+  // in it: a thread waiting for that op need not wait for the rest.
+  void setProgressHook(std::function<void()> hook) { progress_ = std::move(hook); }
   void setFusionThreshold(int64_t bytes) { threshold_.store(bytes, std::memory_order_relaxed); }
   int64_t fusionThreshold() const { return threshold_.load(std::memory_order_relaxed); }
+  // Allreduces over this many bytes run one chunk per call of execute, so that a
+  // higher-priority op negotiated in between goes first; 0: every op runs whole.
+  void setChunkBytes(int64_t bytes) { chunkBytes_ = bytes; }
+  int64_t chunkBytes() const { return chunkBytes_; }
 
   // Takes the matching entries out of `entries` and completes them. A rank with
   // no entry for a response (it has joined) takes part with zeros. Transport
   // errors propagate after the entries of the failed step were failed with them.
   // fromPayload: responses is one op whose inputs every rank sent with the
-  // negotiation just before (Controller): done from there, with no exchange.
+  // negotiation just before (Controller): done from there, with no exchange,
+  // ahead of any queued work (the controller sends one only with a higher
+  // priority than queuedPriority()).
+  // With chunking, a call moves about chunkBytes() and queues the rest, ordered
+  // by priority (first come first among equals), for the next calls; every rank
+  // makes the same calls, so all run the same chunks in the same order.
   void execute(const Response* responses, size_t count, EntryTable& entries, bool fromPayload = false);
+  // Work is queued for the next call (readable from any thread).
+  bool busy() const { return busy_.load(std::memory_order_relaxed); }
+  // The highest priority of the queued work; INT_MIN when there is none.
+  int32_t queuedPriority() const;
+  // Forgets the queued work (its entries were failed by the caller).
+  void drop();
 
   int64_t allreduceBatches() const { return batches_; }
   int64_t allreduceTensors() const { return tensors_; }
 
  private:
+  // A fused allreduce run chunk by chunk over several calls.
+  struct Chunked {
+    std::vector<Response> group;
+    std::vector<Span> spans;
+    std::vector<size_t> ends;  // element offset where each tensor's span ends
+    std::vector<char> zeros;   // a joined rank's part
+    size_t total = 0, done = 0, finished = 0;  // elements; tensors completed
+    int32_t priority() const { return group[finished].priority; }
+  };
+  // Runs ops from `src` (sorted by priority) until *spent reaches budget;
+  // returns how many it took (a group too large for one chunk starts chunked).
+  size_t runSome(const Response* src, size_t count, EntryTable& entries, bool fromPayload, size_t* spent,
+                 size_t budget);
+  size_t groupAt(const Response* src, size_t count, size_t i);  // end of the fused group from i
+  void startChunked(const Response* group, size_t n, EntryTable& entries);
+  void runChunk(EntryTable& entries, size_t* spent);
+  void mergeQueue(const Response* responses, size_t count);
+  // Spans of a fused allreduce (zeros for a joined rank); prescaled inputs are
+  // scaled into the outputs.
+  void buildSpans(const Response* const* group, size_t n, EntryTable& entries, std::vector<Span>& spans,
+                  std::vector<char>& zeros);
   void runAllreduce(const std::vector<const Response*>& group, EntryTable& entries, bool fromPayload);
   void runAdasum(const std::vector<const Response*>& group, EntryTable& entries, bool fromPayload);
   void runAllgather(const Response& r, EntryTable& entries, bool fromPayload);
@@ -60,6 +107,19 @@ class Executor {
   std::vector<const Response*> group_;  // scratch of execute: one fused allreduce
   std::vector<Span> spans_;             // scratch of runAllreduce
   std::vector<const void*> payloadInputs_;
+  int64_t chunkBytes_ = 0;
+  std::function<void()> progress_;
+  bool finishedSome_ = false;  // an entry completed since progress_ last ran
+  void progressed() {
+    if (!finishedSome_) return;
+    finishedSome_ = false;
+    if (progress_) progress_();
+  }
+  std::vector<Response> queue_;      // negotiated, not started; by priority
+  std::vector<Response> merged_;     // scratch of mergeQueue
+  std::vector<Chunked> chunked_;     // started, not finished; the last preempted the others
+  std::vector<Span> chunkSpans_;     // scratch of runChunk
+  std::atomic<bool> busy_{false};
   std::atomic<int64_t> batches_{0};
   std::atomic<int64_t> tensors_{0};
 };

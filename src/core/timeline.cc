@@ -46,6 +46,7 @@ void Timeline::start(const std::string& path, bool markCycles) {
   start_ = std::chrono::steady_clock::now();
   pids_.clear();
   negotiating_.clear();
+  queued_.clear();
   pending_.clear();
   first_ = true;
   const int64_t epochMicros =
@@ -148,16 +149,24 @@ void Timeline::rankReady(const std::string& name, int rank) {
 void Timeline::negotiateEnd(const std::string& name) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!active_ || negotiating_.erase(name) == 0) return;
-  write(nlohmann::json{{"ph", "E"}, {"ts", micros()}, {"pid", pidOf(name)}}.dump());
+  const int64_t now = micros();
+  const int pid = pidOf(name);
+  write(nlohmann::json{{"ph", "E"}, {"ts", now}, {"pid", pid}}.dump());
+  // Agreed everywhere; until its collective starts it waits behind other work.
+  write(nlohmann::json{{"ph", "B"}, {"name", "QUEUE"}, {"ts", now}, {"pid", pid}}.dump());
+  queued_.insert(name);
 }
 
 void Timeline::opStart(const std::string& name, OpType type, const OpSpanArgs& a) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!active_) return;
+  const int64_t now = micros();
+  const int pid = pidOf(name);
+  if (queued_.erase(name)) write(nlohmann::json{{"ph", "E"}, {"ts", now}, {"pid", pid}}.dump());
   nlohmann::json args{{"bytes", a.bytes},         {"dtype", dtypeName(a.dtype)}, {"priority", a.priority},
                       {"process_set", a.processSet}, {"transport", a.transport},    {"fused_tensors", a.fused}};
-  write(nlohmann::json{{"ph", "B"}, {"name", timelineOpName(type)}, {"ts", micros()}, {"pid", pidOf(name)},
-                       {"args", std::move(args)}}
+  write(nlohmann::json{{"ph", "B"}, {"name", std::string(a.transport) + "_" + timelineOpName(type)}, {"ts", now},
+                       {"pid", pid}, {"args", std::move(args)}}
             .dump());
 }
 

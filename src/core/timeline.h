@@ -1,9 +1,13 @@
 #pragma once
 // Horovod's timeline: a Chrome trace (chrome://tracing, Perfetto) of every
 // tensor's negotiation and execution, written by rank 0. Each tensor name is a
-// trace "process"; its NEGOTIATE_<OP> span holds a tick per rank whose request
-// was seen (requests served from the response cache have none), and its <OP>
-// span covers the collective. Events are queued in memory by the data path and
+// trace "process" with three spans in turn: NEGOTIATE_<OP> (a tick per rank
+// whose request was seen; requests served from the response cache have none),
+// QUEUE (agreed, waiting behind other work: higher priorities, a chunked large
+// op) and <TRANSPORT>_<OP> (SHM_ALLREDUCE, TCP_ALLGATHER, MPI_..., HIERARCHICAL_...,
+// INLINE_... when the data rode with the negotiation) covering the collective,
+// with its bytes, dtype, priority, process set and fused-tensor count as args.
+// Events are queued in memory by the data path and
 // written by a thread of the timeline's own every 50 ms; each write ends with
 // the array's closing bracket, which the next write overwrites, so the file on
 // disk is valid JSON at every moment: a running or killed job's trace opens too.
@@ -27,7 +31,7 @@ struct OpSpanArgs {
   DataType dtype = DataType::kFloat32;
   int32_t priority = 0;
   int32_t processSet = 0;
-  const char* transport = "";  // SHM, TCP, MPI, HIERARCHICAL; "NEGOTIATION" when its data rode there
+  const char* transport = "";  // SHM, TCP, MPI, HIERARCHICAL; INLINE when its data rode with the negotiation
   size_t fused = 1;            // tensors in the collective that carried it
 };
 
@@ -68,6 +72,7 @@ class Timeline {
   std::chrono::steady_clock::time_point start_;
   std::unordered_map<std::string, int> pids_;
   std::unordered_set<std::string> negotiating_;  // names inside a NEGOTIATE span
+  std::unordered_set<std::string> queued_;       // names inside a QUEUE span
   std::condition_variable flushCv_;
   std::thread flusher_;
 };

@@ -34,6 +34,11 @@ def test_distributed_optimizer(ranks):
     assert out.count("optimizer ok") == 2
 
 
+def test_distributed_optimizer_gradient_priorities(ranks, tmp_path):
+    out = ok(ranks(2, "optimizer_priority.py", str(tmp_path / "trace.json")))
+    assert out.count("optimizer priority ok") == 2
+
+
 def test_broadcast_helpers(ranks):
     out = ok(ranks(3, "helpers.py"))
     assert out.count("helpers ok") == 3
@@ -64,7 +69,7 @@ def test_timeline_of_a_killed_job_is_valid_json(ranks, tmp_path):
     events = json.loads(trace.read_text())  # no repair: valid as the killed rank left it
     names = {e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
     assert {"allreduce.before.kill.0", "allreduce.before.kill.1", "allreduce.before.kill.2"} <= names, names
-    assert any(e.get("name") == "ALLREDUCE" and e.get("ph") == "B" for e in events)
+    assert any(e.get("name") == e.get("args", {}).get("transport", "") + "_ALLREDUCE" for e in events)
 
 
 def test_timeline(ranks, tmp_path):

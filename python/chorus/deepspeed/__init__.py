@@ -37,14 +37,21 @@ __all__ = ["initialize", "init_distributed", "add_config_arguments", "DeepSpeedE
 
 def set_gradient_priority(modules_or_params, priority):
     """Gives these parameters' gradient collectives a priority (higher goes first
-    among those ready together, as hvd.allreduce(priority=) does), e.g. the first
-    layers', whose updated weights the next forward pass needs first. Call it
-    before initialize()."""
+    among those ready together, as hvd.allreduce(priority=) does, and between the
+    chunks of a large one in flight), e.g. the first layers', whose updated
+    weights the next forward pass needs first. priority="layer_order" gives the
+    parameters in the order listed (model.parameters(): first layers first)
+    descending priorities. Call it before initialize()."""
     items = modules_or_params if isinstance(modules_or_params, (list, tuple)) else [modules_or_params]
-    for item in items:
-        params = item.parameters() if hasattr(item, "parameters") else [item]
-        for p in params:
-            p.chorus_priority = int(priority)
+    params = [p for item in items for p in (item.parameters() if hasattr(item, "parameters") else [item])]
+    if priority == "layer_order":
+        for i, p in enumerate(params):
+            p.chorus_priority = len(params) - i
+        return
+    if isinstance(priority, str):
+        raise ValueError(f"set_gradient_priority: priority must be an int or 'layer_order', not {priority!r}")
+    for p in params:
+        p.chorus_priority = int(priority)
 
 
 def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_port=None, verbose=True,

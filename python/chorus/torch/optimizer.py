@@ -25,7 +25,7 @@ class _Direct:
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
-                 gradient_predivide_factor, groups, sparse_as_dense, process_set):
+                 gradient_predivide_factor, groups, sparse_as_dense, process_set, gradient_priorities=None):
         super(self.__class__, self).__init__(params)
         self._compression = compression
         self._op = op
@@ -36,6 +36,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
         all_params = [p for g in self.param_groups for p in g["params"]]
         self._names = parameter_names(named_parameters, all_params)  # ops are "allreduce.<name>"
+        self._priority = _priorities(gradient_priorities, all_params, self._names)
 
         self._groups = self._resolve_groups(groups, all_params)
         self._handles = {}
@@ -123,11 +124,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             ptr = g.data_ptr()
             work = _core.grouped_allreduce_async([ptr], [ptr], [_dtype_code(g, "allreduce")], [list(g.shape)],
                                                  "allreduce." + self._names[p], self._op, float(pre), float(post),
-                                                 _set_id(self._process_set), 0, False)
+                                                 _set_id(self._process_set), self._priority[p], False)
             return _Direct(work, g), (g, None)
         compressed, ctx = self._compression.compress(g)
         handle = allreduce_async_(compressed, name=self._names[p], op=self._op, prescale_factor=pre,
-                                  postscale_factor=post, process_set=self._process_set)
+                                  postscale_factor=post, process_set=self._process_set, priority=self._priority[p])
         return handle, (compressed, ctx)
 
     def _group_grad_ready(self, p):
@@ -142,7 +143,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         pairs = [self._compression.compress(self._grad_for_comm(q, grouped=True)) for q in members]
         handle = grouped_allreduce_async_([c for c, _ in pairs], name=self._names[members[0]] + ".group",
                                           op=self._op, prescale_factor=pre, postscale_factor=post,
-                                          process_set=self._process_set)
+                                          process_set=self._process_set,
+                                          priority=max(self._priority[q] for q in members))
         for q, pair in zip(members, pairs):
             self._handles[q] = (handle, pair)
         del self._group_ready[gi]
@@ -218,12 +220,34 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).zero_grad(*args, **kwargs)
 
 
+def _priorities(spec, params, names):
+    """Each parameter's gradient priority (higher goes first: ahead of lower ones
+    ready in the same cycle, and between the chunks of a large one in flight)."""
+    if spec is None:
+        return {p: 0 for p in params}
+    if spec == "layer_order":  # the first layers' gradients, which the next forward pass needs first
+        return {p: len(params) - i for i, p in enumerate(params)}
+    if isinstance(spec, dict):
+        by_name = {names[p]: p for p in params}
+        out = {p: 0 for p in params}
+        for key, value in spec.items():
+            p = by_name.get(key) if isinstance(key, str) else key
+            if p is None or p not in out:
+                raise ValueError(f"gradient_priorities: {key!r} is not a parameter of this optimizer")
+            out[p] = int(value)
+        return out
+    raise ValueError(f"gradient_priorities must be None, 'layer_order' or a dict of parameter (or name) -> int, "
+                     f"not {spec!r}")
+
+
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
                          num_groups=0, groups=None, sparse_as_dense=False,
-                         process_set=global_process_set):
+                         process_set=global_process_set, gradient_priorities=None):
     """Wraps optimizer so that gradients are averaged across ranks before each step,
-    with allreduces started from gradient hooks while backward is still running."""
+    with allreduces started from gradient hooks while backward is still running.
+    gradient_priorities (chorus's own): 'layer_order' gives the parameters listed
+    first (the first layers) the highest priority; or a dict parameter/name -> int."""
     if op not in (Average, Sum, Adasum):
         raise ValueError("DistributedOptimizer supports op=Average, op=Sum and op=Adasum")
     if gradient_predivide_factor != 1.0 and op != Average:
@@ -240,4 +264,4 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
                gradient_predivide_factor, groups if groups is not None else num_groups,
-               sparse_as_dense, process_set)
+               sparse_as_dense, process_set, gradient_priorities)

@@ -69,7 +69,9 @@ class ShmCommunicator : public Communicator, public NegotiationPayload {
                      ReduceOp op) override;
   void reducescatterScaled(void* buf, void* out, const std::vector<size_t>& counts, DataType dtype, ReduceOp op,
                            double scale) override;
-  CommTraits traits() const override { return {.transport = "SHM", .reducescatterReadsOnly = true}; }
+  CommTraits traits() const override {
+    return {.transport = "SHM", .reducescatterReadsOnly = true, .preemptChunkBytes = 1u << 20};
+  }
   void barrier() override;
 
  private:

@@ -21,9 +21,16 @@ def running(p):
 
 
 def spans(trace, name):
+    """The tensor's span names; an op span's transport prefix (SHM_, TCP_, INLINE_: the path it took) reads T_."""
     pids = {e["args"]["name"]: e["pid"] for e in trace if e.get("ph") == "M" and e["name"] == "process_name"}
     assert name in pids, sorted(pids)
-    return [e.get("name") for e in trace if e.get("pid") == pids[name] and e["ph"] == "B"]
+    out = []
+    for e in trace:
+        if e.get("pid") != pids[name] or e["ph"] != "B":
+            continue
+        transport = e.get("args", {}).get("transport")
+        out.append("T" + e["name"][len(transport):] if transport else e["name"])
+    return out
 
 
 if hvd.rank() == 0 and at_init:  # on disk from init on
@@ -36,15 +43,15 @@ for _ in range(2):
 if hvd.rank() == 0:
     time.sleep(0.1)
     trace = running(path)  # read while the job runs
-    assert spans(trace, "allreduce.py.t") == ["NEGOTIATE_ALLREDUCE", "ALLREDUCE"] * 2, spans(trace, "allreduce.py.t")
+    assert spans(trace, "allreduce.py.t") == ["NEGOTIATE_ALLREDUCE", "QUEUE", "T_ALLREDUCE"] * 2, spans(trace, "allreduce.py.t")
 hvd.allgather(t, name="py.g")
 hvd.broadcast(t, root_rank=1, name="py.b")
 hvd.barrier()
 hvd.stop_timeline()
 if hvd.rank() == 0:
     trace = json.load(open(path))  # complete now
-    assert spans(trace, "allgather.py.g")[-1] == "ALLGATHER"
-    assert spans(trace, "broadcast.py.b")[-1] == "BROADCAST"
+    assert spans(trace, "allgather.py.g")[-1] == "T_ALLGATHER"
+    assert spans(trace, "broadcast.py.b")[-1] == "T_BROADCAST"
     assert any(e.get("name") == "CYCLE_START" for e in trace)
     assert json.load(open(at_init))[0]["args"]["name"] == "chorus"
 hvd.shutdown()

@@ -1,0 +1,39 @@
+#pragma once
+// Helpers shared by the executor's op runners and its scheduler.
+#include "core/message.h"
+#include "reduce/reduce.h"
+
+namespace chorus {
+
+// Allreduces that may travel in one fused collective.
+inline bool fusible(const Response& a, const Response& b) {
+  return a.type == OpType::kAllreduce && b.type == OpType::kAllreduce &&
+         a.errorKind == ErrorKind::kNone && b.errorKind == ErrorKind::kNone && a.dtype == b.dtype &&
+         a.op == b.op && a.prescale == b.prescale && a.postscale == b.postscale;
+}
+
+inline bool isInteger(DataType t) {
+  return t == DataType::kUInt8 || t == DataType::kInt8 || t == DataType::kInt16 || t == DataType::kUInt16 ||
+         t == DataType::kInt32 || t == DataType::kInt64;
+}
+
+// Postscale, then Average's division by the set size (exact for integers:
+// truncating division, as C++ and torch's trunc rounding do).
+inline void postProcess(const Response& r, void* buf, size_t n, int size) {
+  if (r.op != ReduceOp::kAverage) return scaleBuffer(r.dtype, buf, n, r.postscale);
+  if (isInteger(r.dtype)) {
+    scaleBuffer(r.dtype, buf, n, r.postscale);
+    return divideBuffer(r.dtype, buf, n, size);
+  }
+  scaleBuffer(r.dtype, buf, n, r.postscale / size);
+}
+
+// The factor postProcess would apply, for a floating dtype (the transport
+// applies it, as it reduces where it can); 0 for integers, whose Average
+// divides apart.
+inline double foldedScale(const Response& r, int size) {
+  if (!isFloating(r.dtype)) return 0;
+  return r.op == ReduceOp::kAverage ? r.postscale / size : r.postscale;
+}
+
+}  // namespace chorus

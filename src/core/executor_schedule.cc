@@ -1,0 +1,221 @@
+// The executor's order of work: ready ops by priority, large allreduces in
+// chunks with a negotiation between two chunks, so that an op of higher
+// priority that became ready meanwhile does not wait for all of a large one.
+#include <algorithm>
+#include <iterator>
+
+#include "core/executor.h"
+#include "core/executor_ops.h"
+
+namespace chorus {
+
+namespace {
+// The op spans of the responses one collective runs, in the timeline.
+class OpSpans {
+ public:
+  OpSpans(Timeline* t, const Response* const* rs, size_t n, const char* transport, int32_t set)
+      : t_(t && t->active() ? t : nullptr), rs_(rs), n_(n) {
+    for (size_t i = 0; t_ && i < n_; ++i) {
+      const Response& r = *rs_[i];
+      t_->opStart(r.name, r.type, OpSpanArgs{r.bytes(), r.dtype, r.priority, set, transport, n_});
+    }
+  }
+  ~OpSpans() {
+    for (size_t i = 0; t_ && i < n_; ++i) t_->opEnd(rs_[i]->name);
+  }
+
+ private:
+  Timeline* t_;
+  const Response* const* rs_;
+  size_t n_;
+};
+
+bool byPriority(const Response& a, const Response& b) { return a.priority > b.priority; }
+}  // namespace
+
+const char* Executor::transportOf(bool fromPayload) const {
+  return fromPayload ? "INLINE" : comm_.traits().transport;
+}
+
+int32_t Executor::queuedPriority() const {
+  int32_t p = INT_MIN;
+  if (!queue_.empty()) p = queue_.front().priority;
+  if (!chunked_.empty()) p = std::max(p, chunked_.back().priority());
+  return p;
+}
+
+void Executor::drop() {
+  queue_.clear();
+  chunked_.clear();
+  busy_ = false;
+}
+
+void Executor::execute(const Response* responses, size_t count, EntryTable& entries, bool fromPayload) {
+  size_t spent = 0;
+  if (fromPayload && count > 0) {  // ahead of everything (see the header)
+    runSome(responses, 1, entries, true, &spent, SIZE_MAX);
+    ++responses;
+    --count;
+    spent = 0;
+  }
+  const size_t budget = chunkBytes_ > 0 ? static_cast<size_t>(chunkBytes_) : SIZE_MAX;
+  if (queue_.empty() && chunked_.empty()) {
+    // Nothing waits: run from the caller's array, copy only what is left.
+    const size_t taken = runSome(responses, count, entries, false, &spent, budget);
+    queue_.assign(responses + taken, responses + count);
+  } else {
+    mergeQueue(responses, count);
+    bool preempted = fromPayload;  // (it went first)
+    while (spent < budget) {
+      if (!chunked_.empty() && (queue_.empty() || queue_.front().priority <= chunked_.back().priority())) {
+        // After ops that went ahead of it, the chunk waits for the next call:
+        // whoever waits for them (a caller driving this cycle) has them now.
+        if (preempted) break;
+        runChunk(entries, &spent);
+        continue;
+      }
+      preempted = !chunked_.empty();
+      if (queue_.empty()) break;
+      // Only what outranks the chunked op under way goes before its next chunk.
+      size_t ahead = queue_.size();
+      if (!chunked_.empty()) {
+        const int32_t p = chunked_.back().priority();
+        ahead = static_cast<size_t>(std::find_if(queue_.begin(), queue_.end(),
+                                                 [p](const Response& r) { return r.priority <= p; }) -
+                                    queue_.begin());
+      }
+      const size_t taken = runSome(queue_.data(), ahead, entries, false, &spent, budget);
+      queue_.erase(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(taken));
+    }
+  }
+  busy_ = !queue_.empty() || !chunked_.empty();
+}
+
+// Stable: among equal priorities, what was queued first stays first.
+void Executor::mergeQueue(const Response* responses, size_t count) {
+  if (count == 0) return;
+  merged_.clear();
+  std::merge(std::make_move_iterator(queue_.begin()), std::make_move_iterator(queue_.end()), responses,
+             responses + count, std::back_inserter(merged_), byPriority);
+  queue_.swap(merged_);
+}
+
+size_t Executor::groupAt(const Response* src, size_t count, size_t i) {
+  size_t bytes = src[i].bytes();
+  size_t j = i + 1;
+  const int64_t threshold = fusionThreshold();
+  while (threshold > 0 && j < count && fusible(src[i], src[j]) &&
+         bytes + src[j].bytes() <= static_cast<size_t>(threshold)) {
+    bytes += src[j].bytes();
+    ++j;
+  }
+  return j;
+}
+
+size_t Executor::runSome(const Response* src, size_t count, EntryTable& entries, bool fromPayload, size_t* spent,
+                         size_t budget) {
+  size_t i = 0;
+  while (i < count && *spent < budget) {
+    progressed();
+    const Response& r = src[i];
+    if (r.errorKind != ErrorKind::kNone) {
+      fail(r, entries);
+      ++i;
+      continue;
+    }
+    if (r.type == OpType::kAllreduce) {
+      const size_t j = groupAt(src, count, i);
+      std::vector<const Response*>& group = group_;
+      group.clear();
+      size_t bytes = 0;
+      for (size_t k = i; k < j; ++k) {
+        group.push_back(&src[k]);
+        bytes += src[k].bytes();
+      }
+      if (!fromPayload && chunkBytes_ > 0 && r.op != ReduceOp::kAdasum && bytes > static_cast<size_t>(chunkBytes_)) {
+        startChunked(src + i, j - i, entries);
+        runChunk(entries, spent);
+        return j;
+      }
+      {
+        OpSpans spans(timeline_, group.data(), group.size(), transportOf(fromPayload), setId_);
+        runAllreduce(group, entries, fromPayload);
+      }
+      *spent += bytes;
+      i = j;
+      continue;
+    }
+    const Response* one = &r;
+    OpSpans spans(timeline_, &one, 1, transportOf(fromPayload), setId_);
+    switch (r.type) {
+      case OpType::kAllreduce: break;
+      case OpType::kAllgather: runAllgather(r, entries, fromPayload); break;
+      case OpType::kBroadcast: runBroadcast(r, entries, fromPayload); break;
+      case OpType::kAlltoall: runAlltoall(r, entries, fromPayload); break;
+      case OpType::kReducescatter: runReducescatter(r, entries, fromPayload); break;
+      case OpType::kBarrier:
+      case OpType::kJoin: runSimple(r, entries); break;
+    }
+    *spent += r.bytes();
+    ++i;
+  }
+  return i;
+}
+
+void Executor::startChunked(const Response* group, size_t n, EntryTable& entries) {
+  ++batches_;
+  tensors_ += static_cast<int64_t>(n);
+  chunked_.emplace_back();
+  Chunked& c = chunked_.back();
+  c.group.assign(group, group + n);
+  std::vector<const Response*> ptrs;
+  for (const Response& r : c.group) ptrs.push_back(&r);
+  buildSpans(ptrs.data(), n, entries, c.spans, c.zeros);
+  for (const Span& s : c.spans) c.ends.push_back(c.total += s.count);
+  if (timeline_ && timeline_->active())
+    for (const Response& r : c.group)
+      timeline_->opStart(r.name, r.type,
+                         OpSpanArgs{r.bytes(), r.dtype, r.priority, setId_, transportOf(false), n});
+}
+
+// The next chunk of the latest chunked group: every span's part in
+// [done, done + chunk) elements; the tensors that end in it complete.
+void Executor::runChunk(EntryTable& entries, size_t* spent) {
+  progressed();
+  Chunked& c = chunked_.back();
+  const Response& head = c.group.front();
+  const size_t esize = dtypeSize(head.dtype);
+  const size_t from = c.done;
+  const size_t per = chunkBytes_ > 0 ? std::max<size_t>(1, static_cast<size_t>(chunkBytes_) / esize) : c.total;
+  const size_t to = std::min(c.total, from + per);
+  std::vector<Span>& pieces = chunkSpans_;
+  pieces.clear();
+  size_t at = 0;
+  for (const Span& s : c.spans) {
+    const size_t lo = std::max(at, from), hi = std::min(at + s.count, to);
+    if (lo < hi) {
+      const size_t off = (lo - at) * esize;
+      pieces.push_back({static_cast<char*>(s.data) + off, hi - lo,
+                        s.src ? static_cast<const char*>(s.src) + off : nullptr});
+    }
+    at += s.count;
+    if (at >= to) break;
+  }
+  const double fold = foldedScale(head, comm_.size());
+  if (fold) comm_.allreduceSpansScaled(pieces, head.dtype, head.op, fold);
+  else comm_.allreduceSpans(pieces, head.dtype, head.op);
+  if (!fold)
+    for (const Span& p : pieces) postProcess(head, p.data, p.count, comm_.size());
+  c.done = to;
+  *spent += (to - from) * esize;
+  while (c.finished < c.group.size() && c.ends[c.finished] <= to) {
+    const std::string& name = c.group[c.finished].name;
+    if (timeline_ && timeline_->active()) timeline_->opEnd(name);
+    auto it = entries.find(name);
+    if (it != entries.end()) finishEntry(entries, it, release_);
+    ++c.finished;
+  }
+  if (c.finished == c.group.size()) chunked_.pop_back();
+}
+
+}  // namespace chorus
