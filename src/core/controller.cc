@@ -58,6 +58,10 @@ size_t payloadBytes(const Response& r, const Entry& e, int me) {
 
 constexpr uint64_t kFlagShutdown = 1;
 constexpr uint64_t kFlagStallShutdown = 2;
+constexpr uint64_t kFlagWaitingAhead = 4;
+// Cycles in a row that may hold back a chunk for an op some rank waits on (a
+// rank that never submits its part must not stop the chunked op for long).
+constexpr int kMaxHeldChunks = 32;
 
 }  // namespace
 
@@ -355,6 +359,15 @@ void Controller::cycle() {
   if (!uncached.empty()) writeRequests(uncached, mine);
   words[1 + ctl().rank()] = mine.data().size();
   words[0] = (shutdownRequested_ ? kFlagShutdown : 0) | (stallShutdown_ ? kFlagStallShutdown : 0);
+  // An op of mine that outranks the chunked work is waiting for the others: the
+  // next chunk waits a few cycles for them, rather than the op for the chunk.
+  if (executor_.busy()) {
+    const int32_t queued = executor_.queuedPriority();
+    bool ahead = false;
+    for (const auto& [pos, e] : cachedPending_) ahead |= e->second.req.priority > queued;
+    for (const auto& q : uncached) ahead |= q.conflictSet < 0 && q.priority > queued;
+    if (ahead) words[0] |= kFlagWaitingAhead;
+  }
 
   // A lone cached small op travels with the negotiation: one round for the op
   // instead of two or more. Used only where every rank sent the same one (each
@@ -484,7 +497,9 @@ void Controller::cycle() {
   if (fromPayload) ++speculated_;
   if (tl)
     for (auto r = ready; r != readyEnd; ++r) tl->negotiateEnd(r->name);
-  executor_.execute(ready_.data(), nReady, entries_, fromPayload);
+  const bool hold = (words[0] & kFlagWaitingAhead) && heldChunks_ < kMaxHeldChunks;
+  heldChunks_ = hold ? heldChunks_ + 1 : 0;
+  executor_.execute(ready_.data(), nReady, entries_, fromPayload, hold);
   lastCycleBusy_ = nReady > 0 || total > 0;
   if (tuner_) {
     size_t bytes = 0;

@@ -111,6 +111,7 @@ class Controller {
   std::vector<size_t> sizes_;
   std::vector<Response> ready_;
   bool stallShutdown_ = false;
+  int heldChunks_ = 0;  // cycles in a row that held back a chunk (see cycle())
   std::atomic<bool> lastCycleBusy_{false};
   std::map<std::string, bool> warned_;
   std::chrono::steady_clock::time_point lastStallCheck_;

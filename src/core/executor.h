@@ -49,7 +49,10 @@ class Executor {
   // With chunking, a call moves about chunkBytes() and queues the rest, ordered
   // by priority (first come first among equals), for the next calls; every rank
   // makes the same calls, so all run the same chunks in the same order.
-  void execute(const Response* responses, size_t count, EntryTable& entries, bool fromPayload = false);
+  // holdChunks: run no chunk in this call (an op that outranks it is about to
+  // be agreed; the controller decides, the same on every rank).
+  void execute(const Response* responses, size_t count, EntryTable& entries, bool fromPayload = false,
+               bool holdChunks = false);
   // Work is queued for the next call (readable from any thread).
   bool busy() const { return busy_.load(std::memory_order_relaxed); }
   // The highest priority of the queued work; INT_MIN when there is none.

@@ -50,7 +50,8 @@ void Executor::drop() {
   busy_ = false;
 }
 
-void Executor::execute(const Response* responses, size_t count, EntryTable& entries, bool fromPayload) {
+void Executor::execute(const Response* responses, size_t count, EntryTable& entries, bool fromPayload,
+                       bool holdChunks) {
   size_t spent = 0;
   if (fromPayload && count > 0) {  // ahead of everything (see the header)
     runSome(responses, 1, entries, true, &spent, SIZE_MAX);
@@ -65,7 +66,7 @@ void Executor::execute(const Response* responses, size_t count, EntryTable& entr
     queue_.assign(responses + taken, responses + count);
   } else {
     mergeQueue(responses, count);
-    bool preempted = fromPayload;  // (it went first)
+    bool preempted = fromPayload || holdChunks;  // (a payload op went first)
     while (spent < budget) {
       if (!chunked_.empty() && (queue_.empty() || queue_.front().priority <= chunked_.back().priority())) {
         // After ops that went ahead of it, the chunk waits for the next call:
