@@ -68,6 +68,11 @@ struct ProcessSetStats {
   int64_t payloadOps = 0;        // small allreduces whose data went with the negotiation
   int64_t fusionThresholdBytes = 0;  // the settings in force (autotune changes them)
   double cycleTimeMs = 0;
+  bool responseCache = false;
+  int shmPeerPath = -1;            // 0 auto, 1 through caches, 2 through memory; -1: no shared memory
+  int64_t shmSlotBytes = 0;        // bytes per pipelined round; 0: no shared memory
+  int hierarchicalAllreduce = -1;  // 1 by hosts, 0 flat; -1: the set has no hierarchy
+  int hierarchicalAllgather = -1;
 };
 
 class RuntimeImpl;

@@ -55,6 +55,17 @@ class NegotiationPayload {
   virtual const char* payloadOf(int r) const = 0;
 };
 
+// Transport settings that autotune may change between two collectives (every
+// rank applies the same values before the same collective). A field a
+// transport does not have reads -1 (0 for the slot sizes).
+struct CommTuning {
+  int peerPath = -1;               // shared memory: 0 auto, 1 through caches, 2 through memory
+  int64_t slotBytes = 0;           // shared memory: bytes per pipelined round (a power of two)
+  int64_t maxSlotBytes = 0;        // (read only) the segment's slot
+  int hierarchicalAllreduce = -1;  // sets across hosts with several ranks on one: 0 flat, 1 by hosts
+  int hierarchicalAllgather = -1;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -95,6 +106,9 @@ class Communicator {
   // is marked failed; TCP: the direct connections are shut).
   virtual void abort() {}
   virtual CommTraits traits() const { return {}; }
+  // What autotune may change here, with the values in force; and a change.
+  virtual CommTuning tuning() const { return {}; }
+  virtual void setTuning(const CommTuning&) {}
 
  private:
   std::vector<char> packed_;  // allreduceSpans' default

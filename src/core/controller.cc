@@ -57,6 +57,7 @@ size_t payloadBytes(const Response& r, const Entry& e, int me) {
 }
 
 constexpr uint64_t kFlagShutdown = 1;
+constexpr size_t kTuneWords = 7;  // fusion, cycle, cache, peer path, slot, hierarchical allreduce, allgather
 constexpr uint64_t kFlagStallShutdown = 2;
 constexpr uint64_t kFlagWaitingAhead = 4;
 // Cycles in a row that may hold back a chunk for an op some rank waits on (a
@@ -83,6 +84,8 @@ Controller::Controller(int32_t setId, std::vector<int> globalRanks, int globalRa
       timeline_(std::move(timeline)),
       cycleTimeUs_(static_cast<int64_t>(config.cycleTimeMs * 1000)) {
   registry_->setMembers(setId_, globalRanks_);
+  applied_ = comm_->tuning();
+  cacheApplied_ = cache_.enabled();
   executor_.setProgressHook([this] { wakeIdleWaiters(); });
   executor_.setChunkBytes(config_.preemptChunkBytes >= 0 ? config_.preemptChunkBytes
                                                          : static_cast<int64_t>(comm_->traits().preemptChunkBytes));
@@ -94,7 +97,23 @@ Controller::Controller(int32_t setId, std::vector<int> globalRanks, int globalRa
     o.noise = config_.autotuneNoise;
     o.seed = 1 + static_cast<uint64_t>(setId_);
     if (!config_.autotuneLog.empty()) o.logPath = config_.autotuneLog + (setId_ ? "." + std::to_string(setId_) : "");
-    tuner_ = std::make_unique<autotune::Tuner>(o, autotune::Settings{config_.fusionThresholdBytes, config_.cycleTimeMs});
+    // Beyond the two numbers: what this set's transport has, unless a setting fixed it.
+    const CommTuning t = comm_->tuning();
+    autotune::Space space;
+    autotune::Settings start{config_.fusionThresholdBytes, config_.cycleTimeMs};
+    space.responseCache = config_.cacheCapacity > 0;
+    if (space.responseCache) start.responseCache = 1;
+    space.peerPath = t.peerPath >= 0 && config_.shmPeerPath == "auto";
+    if (space.peerPath) start.peerPath = t.peerPath;
+    space.maxSlotBytes = t.maxSlotBytes;
+    if (t.maxSlotBytes > 0) start.slotBytes = t.slotBytes;
+    space.hierarchical = t.hierarchicalAllreduce >= 0 && config_.hierarchicalAllreduce < 0 &&
+                         config_.hierarchicalAllgather < 0;
+    if (space.hierarchical) {
+      start.hierarchicalAllreduce = t.hierarchicalAllreduce;
+      start.hierarchicalAllgather = t.hierarchicalAllgather;
+    }
+    tuner_ = std::make_unique<autotune::Tuner>(o, start, space);
     lastTuned_ = Clock::now();
   }
   CycleDriver::Hooks hooks;
@@ -155,6 +174,12 @@ ProcessSetStats Controller::stats() const {
   s.payloadOps = speculated_;
   s.fusionThresholdBytes = executor_.fusionThreshold();
   s.cycleTimeMs = cycleTimeUs_ / 1000.0;
+  std::lock_guard<std::mutex> lock(appliedMu_);
+  s.responseCache = cacheApplied_;
+  s.shmPeerPath = applied_.peerPath;
+  s.shmSlotBytes = applied_.slotBytes;
+  s.hierarchicalAllreduce = applied_.hierarchicalAllreduce;
+  s.hierarchicalAllgather = applied_.hierarchicalAllgather;
   return s;
 }
 
@@ -259,6 +284,25 @@ void Controller::wakeIdleWaiters() {
   idleCv_.notify_all();
 }
 
+// What the set's first rank published (see cycle()). The transport's take effect
+// from the next collective; the cache's from the next cycle, whose bit layout
+// is settled before this one ends.
+void Controller::applyTuning(const uint64_t* w) {
+  auto value = [&](int k) { return static_cast<int64_t>(w[k]) - 1; };  // -1: unchanged
+  executor_.setFusionThreshold(value(0));
+  cycleTimeUs_ = value(1);
+  if (value(2) >= 0) cacheOn_ = value(2) > 0;
+  CommTuning t;
+  t.peerPath = static_cast<int>(value(3));
+  t.slotBytes = std::max<int64_t>(value(4), 0);
+  t.hierarchicalAllreduce = static_cast<int>(value(5));
+  t.hierarchicalAllgather = static_cast<int>(value(6));
+  comm_->setTuning(t);
+  std::lock_guard<std::mutex> lock(appliedMu_);
+  applied_ = comm_->tuning();
+  if (cacheOn_) cacheApplied_ = *cacheOn_;
+}
+
 // The set's first rank: one cycle's traffic into the tuner; what it decides goes
 // out with the next negotiation.
 void Controller::tune(size_t bytes) {
@@ -301,18 +345,24 @@ void Controller::cycle() {
   // [speculated position + 1][its complement].
   const size_t specAt = 1 + n + 2 * W;
   std::vector<uint64_t>& words = words_;
-  // With autotune, two more: the settings the set's first rank publishes (+1, 0: none).
+  // With autotune, kTuneWords more: the settings the set's first rank publishes
+  // (each +1; 0: not published or not tuned).
   const size_t tuneAt = specAt + 2;
-  words.assign(tuneAt + (config_.autotune ? 2 : 0), 0);
+  words.assign(tuneAt + (config_.autotune ? kTuneWords : 0), 0);
   if (publish_) {
-    words[tuneAt] = static_cast<uint64_t>(publish_->fusionThresholdBytes) + 1;
-    words[tuneAt + 1] = static_cast<uint64_t>(std::llround(publish_->cycleTimeMs * 1000)) + 1;
+    const autotune::Settings& p = *publish_;
+    const int64_t values[kTuneWords] = {p.fusionThresholdBytes, std::llround(p.cycleTimeMs * 1000), p.responseCache,
+                                        p.peerPath, p.slotBytes > 0 ? p.slotBytes : -1, p.hierarchicalAllreduce,
+                                        p.hierarchicalAllgather};
+    for (size_t k = 0; k < kTuneWords; ++k) words[tuneAt + k] = values[k] < 0 ? 0 : static_cast<uint64_t>(values[k]) + 1;
     publish_.reset();
   }
   uint64_t* invalid = words.data() + 1 + n;
   uint64_t* notHit = invalid + W;
   std::fill(notHit, notHit + W, ~0ull);
 
+  if (cacheOn_ && *cacheOn_ != cache_.enabled()) cache_.setEnabled(*cacheOn_);  // (autotune, see applyTuning)
+  cacheOn_.reset();
   std::vector<Request> uncached;
   uncached.swap(resend_);
   const bool bypass = !cache_.enabled() || coordinator_.anyJoined();
@@ -391,10 +441,7 @@ void Controller::cycle() {
   if (spec) carrier->allreduceBitsOrWithPayload(words.data(), words.size(), spec->second.input.data, specBytes);
   else ctl().allreduceBitsOr(words.data(), words.size());
   const bool specAgreed = words[specAt] != 0 && words[specAt] == ~words[specAt + 1];
-  if (config_.autotune && words[tuneAt] != 0) {  // every rank, from this cycle
-    executor_.setFusionThreshold(static_cast<int64_t>(words[tuneAt] - 1));
-    cycleTimeUs_ = static_cast<int64_t>(words[tuneAt + 1] - 1);
-  }
+  if (config_.autotune && words[tuneAt] != 0) applyTuning(words.data() + tuneAt);  // every rank, this cycle
 
   if (words[0] & kFlagShutdown) {
     throw StopSignal{std::make_exception_ptr(

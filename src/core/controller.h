@@ -121,6 +121,11 @@ class Controller {
   // Autotune: the set's first rank samples and decides (tuner_); every rank
   // applies what it publishes in the negotiation's words, in the same cycle.
   void tune(size_t bytes);
+  void applyTuning(const uint64_t* words);
+  std::optional<bool> cacheOn_;  // response cache on/off from the next cycle (guarded by cycleMu_)
+  mutable std::mutex appliedMu_;  // what stats() reports of the transport's and cache's settings
+  CommTuning applied_;
+  bool cacheApplied_ = false;
   std::unique_ptr<autotune::Tuner> tuner_;
   std::optional<autotune::Settings> publish_;  // guarded by cycleMu_
   std::atomic<int64_t> cycleTimeUs_;

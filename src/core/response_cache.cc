@@ -39,6 +39,12 @@ int ResponseCache::put(const Response& resp, const Request& mine) {
   return evicted;
 }
 
+void ResponseCache::setEnabled(bool on) {
+  off_ = !on;
+  if (on) return;
+  for (int pos = 0; pos < capacity_; ++pos) erase(pos);
+}
+
 void ResponseCache::touch(int pos) {
   Slot& s = slots_[pos];
   if (!s.used) return;

@@ -26,7 +26,10 @@ class ResponseCache {
   void touch(int pos);
   void erase(int pos);
   int capacity() const { return capacity_; }
-  bool enabled() const { return capacity_ > 0; }
+  bool enabled() const { return capacity_ > 0 && !off_; }
+  // Off: forgets every entry and caches nothing until on again (autotune; every
+  // rank switches at the same cycle, so positions stay the same everywhere).
+  void setEnabled(bool on);
 
  private:
   struct Slot {
@@ -36,6 +39,7 @@ class ResponseCache {
     std::list<int>::iterator lru;
   };
   int capacity_;
+  bool off_ = false;
   std::vector<Slot> slots_;
   std::unordered_map<std::string, int> byName_;
   std::list<int> lru_;  // front: most recently used

@@ -104,6 +104,40 @@ TEST(Tuner, SettingsMapToPointsAndBack) {
   EXPECT_EQ(settingsAt({0, 0}).fusionThresholdBytes, 64 << 10);
   EXPECT_EQ(settingsAt({1, 1}).fusionThresholdBytes, 256 << 20);
   EXPECT_DOUBLE_EQ(settingsAt({1, 1}).cycleTimeMs, 25.0);
+  EXPECT_EQ(settingsAt({0.5, 0.5}).responseCache, -1);  // not in the space: not tuned
+  // Every dimension: the categories and the slot's powers of two come back as they were.
+  Space all{true, true, 1 << 20, true};
+  EXPECT_EQ(all.dims(), 7);
+  for (int cache : {0, 1})
+    for (int path : {0, 1, 2})
+      for (int64_t slot : {64 << 10, 256 << 10, 1 << 20}) {
+        Settings t{4 << 20, 2.0, cache, path, slot, 1 - cache, cache};
+        EXPECT_EQ(settingsAt(pointOf(t, all), all), t) << cache << " " << path << " " << slot;
+      }
+  EXPECT_EQ(settingsAt(Point(7, 1.0), all).slotBytes, 1 << 20);  // the segment's slot at most
+  EXPECT_EQ(settingsAt(Point(7, 0.0), all).slotBytes, 64 << 10);
+}
+
+// Categories are tuned with the numbers: a job twice as fast with the cache off
+// and through memory ends there.
+TEST(Tuner, TunesCategoriesWithTheNumbers) {
+  const Space space{true, true, 0, false};
+  auto throughput = [](const Settings& s) {
+    return 1e9 * (s.responseCache == 0 ? 2 : 1) * (s.peerPath == 2 ? 2 : 1) /
+           (1 + std::pow(std::log2(s.fusionThresholdBytes / double(8 << 20)), 2) / 16);
+  };
+  TunerOptions o;
+  o.warmupSamples = 0;
+  o.stepsPerSample = 1;
+  o.maxSamples = 24;
+  Settings start{};
+  start.responseCache = 1;
+  start.peerPath = 0;
+  Tuner t(o, start, space);
+  while (!t.done()) t.record(1 << 20, (1 << 20) / throughput(t.current()));
+  EXPECT_EQ(t.current().responseCache, 0);
+  EXPECT_EQ(t.current().peerPath, 2);
+  EXPECT_GT(throughput(t.current()), 2 * throughput(start));
 }
 
 // A job whose throughput depends on the settings as a known function: the tuner
@@ -140,7 +174,10 @@ TEST(Tuner, ConvergesOnASyntheticJobAndLogsEverySample) {
   std::stringstream all;
   all << in.rdbuf();
   const std::string text = all.str();
-  EXPECT_EQ(text.rfind("sample,fusion_threshold_bytes,cycle_time_ms,bytes_per_second\n", 0), 0u);
+  EXPECT_EQ(text.rfind("sample,fusion_threshold_bytes,cycle_time_ms,response_cache,shm_peer_path,shm_slot_bytes,"
+                       "hierarchical_allreduce,hierarchical_allgather,bytes_per_second\n",
+                       0),
+            0u);
   int warmups = 0, rows = 0, bests = 0;
   std::string line;
   std::istringstream lines(text);

@@ -49,6 +49,18 @@ class HierarchicalCommunicator : public Communicator {
       if (c) c->abort();
   }
   void barrier() override;
+  // The host's shared memory's, and whether each of the two goes by hosts.
+  CommTuning tuning() const override {
+    CommTuning t = local_->tuning();
+    t.hierarchicalAllreduce = hierAllreduce_;
+    t.hierarchicalAllgather = hierAllgather_;
+    return t;
+  }
+  void setTuning(const CommTuning& t) override {
+    local_->setTuning(t);
+    if (t.hierarchicalAllreduce >= 0) hierAllreduce_ = t.hierarchicalAllreduce > 0;
+    if (t.hierarchicalAllgather >= 0) hierAllgather_ = t.hierarchicalAllgather > 0;
+  }
 
  private:
   bool leader() const { return local_->rank() == 0; }

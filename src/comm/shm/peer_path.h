@@ -25,6 +25,8 @@ PeerPath parsePeerPath(const std::string& value);
 class PeerPathChooser {
  public:
   explicit PeerPathChooser(PeerPath forced = PeerPath::kAuto) : forced_(forced) {}
+  PeerPath forced() const { return forced_; }
+  void force(PeerPath p) { forced_ = p; }  // (autotune: between two collectives, on every rank)
 
   // The path for the next collective of this kind (op) and size.
   bool viaMemory(int op, size_t bytes);

@@ -103,7 +103,7 @@ void ShmCommunicator::reduceSpans(const std::vector<Span>& spans, DataType dtype
     });
     return;
   }
-  const size_t chunk = seg_->slotBytes() / es;
+  const size_t chunk = slot() / es;
   // Separate outputs are streamed at every size of this path (past
   // kReduceAloneBytes: 20-28 KiB 7-11% faster, so below kStreamUnreadBytes too).
   // An in-place output's lines come into cache as its input is read: ordinary
@@ -265,7 +265,7 @@ void ShmCommunicator::allgatherv(const void* in, void* out, const std::vector<si
   const size_t most = *std::max_element(bytes.begin(), bytes.end());
   if (n > 1 && seg_->singleCopy() && offset[n] >= SharedPool::kMinBytes && allgatherDirect(in, out, offset)) return;
   const bool stream = offset[n] >= kStreamUnreadBytes;
-  const size_t S = seg_->slotBytes();
+  const size_t S = slot();
   char* dst = static_cast<char*>(out);
   const char* src = static_cast<const char*>(in);
   const bool inPlace = dst + offset[me] == src;
@@ -306,7 +306,7 @@ void ShmCommunicator::broadcast(void* buf, size_t bytes, int root) {
   // the next slot while the others empty the last, instead of taking turns.
   // (Faster than the others reading the root's memory by cross-memory attach:
   // 256-512 KiB in 80-190 us against 150-400 us on a 2-core VM.)
-  const size_t S = std::min(seg_->slotBytes(), std::max<size_t>(64 << 10, (bytes / 8 + 63) & ~size_t{63}));
+  const size_t S = std::min(slot(), std::max<size_t>(64 << 10, (bytes / 8 + 63) & ~size_t{63}));
   char* data = static_cast<char*>(buf);
   PathTimer timer(paths_, kBroadcastOp, bytes, bytes >= kStreamOutputBytes);
   for (size_t pos = 0; pos < bytes; pos += S) {
@@ -334,7 +334,7 @@ void ShmCommunicator::alltoallv(const void* in, const std::vector<size_t>& sendB
   const bool stream = recvOff[n] >= kStreamUnreadBytes;
   if (sendBytes[me]) writeOut(dst + recvOff[me], src + sendOff[me], sendBytes[me], stream);
   if (n == 1) return;
-  const size_t sub = (seg_->slotBytes() / n) & ~size_t{63};
+  const size_t sub = (slot() / n) & ~size_t{63};
   const size_t most = largestPiece;  // rounds: enough for it, the same on every rank
   PathTimer timer(paths_, kAlltoallOp, recvOff[n], recvOff[n] >= kStreamOutputBytes);
   for (size_t pos = 0; pos < most; pos += sub) {
@@ -376,7 +376,7 @@ void ShmCommunicator::scatterReduced(void* buf, void* out, const std::vector<siz
   }
   if (off[n] * es >= SharedPool::kMinBytes && seg_->singleCopy() && reducescatterDirect(buf, out, off, dtype, op, scale))
     return;
-  const size_t subElems = ((seg_->slotBytes() / n) & ~size_t{63}) / es;
+  const size_t subElems = ((slot() / n) & ~size_t{63}) / es;
   if (subElems == 0)
     throw InvalidArgument("CHORUS_SHM_SLOT_BYTES is too small for a reducescatter of " + std::string(dtypeName(dtype)) +
                           " over " + std::to_string(n) + " ranks of one host");
@@ -403,6 +403,22 @@ void ShmCommunicator::scatterReduced(void* buf, void* out, const std::vector<siz
 
 void ShmCommunicator::barrier() {
   if (size() > 1) seg_->barrier();
+}
+
+CommTuning ShmCommunicator::tuning() const {
+  CommTuning t;
+  t.peerPath = static_cast<int>(paths_.forced());
+  t.slotBytes = static_cast<int64_t>(slot_);
+  t.maxSlotBytes = static_cast<int64_t>(seg_->slotBytes());
+  return t;
+}
+
+void ShmCommunicator::setTuning(const CommTuning& t) {
+  if (t.peerPath >= 0 && t.peerPath <= 2) paths_.force(static_cast<PeerPath>(t.peerPath));
+  // Whole lines, at least 64 KiB (the alltoall's per-rank part must hold a line), at most the segment's.
+  if (t.slotBytes > 0)
+    slot_ = std::clamp<size_t>(static_cast<size_t>(t.slotBytes) & ~size_t{63},
+                               std::min<size_t>(64 << 10, seg_->slotBytes()), seg_->slotBytes());
 }
 
 }  // namespace chorus

@@ -47,7 +47,7 @@ class ShmCommunicator : public Communicator, public NegotiationPayload {
  public:
   void abort() override { seg_->abort(); }
   ShmCommunicator(std::unique_ptr<ShmSegment> seg, PeerPath peerPath = PeerPath::kAuto)
-      : seg_(std::move(seg)), paths_(peerPath) {}
+      : seg_(std::move(seg)), paths_(peerPath), slot_(seg_->slotBytes()) {}
 
   int rank() const override { return seg_->rank(); }
   int size() const override { return seg_->size(); }
@@ -73,8 +73,12 @@ class ShmCommunicator : public Communicator, public NegotiationPayload {
     return {.transport = "SHM", .reducescatterReadsOnly = true, .preemptChunkBytes = 1u << 20};
   }
   void barrier() override;
+  CommTuning tuning() const override;
+  void setTuning(const CommTuning& t) override;
 
  private:
+  // Bytes per pipelined round: the segment's slot, or less where autotune chose.
+  size_t slot() const { return slot_; }
   // The bank for the next round; every collective's rounds advance it alike on all ranks.
   int nextBank() { return static_cast<int>(round_++ & 1); }
   // Direct paths (shm_direct.cc), taken when every rank's output (reducescatter:
@@ -97,6 +101,7 @@ class ShmCommunicator : public Communicator, public NegotiationPayload {
   std::unique_ptr<ShmSegment> seg_;
   uint64_t round_ = 0;
   PeerPathChooser paths_;
+  size_t slot_;
   std::vector<const void*> inputs_;
   std::vector<std::shared_ptr<char>> peerMaps_;  // mappings held during a direct op
   std::vector<std::vector<char*>> peerBuf_;       // [rank][range]: where it starts in them

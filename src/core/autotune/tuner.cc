@@ -11,38 +11,81 @@ namespace {
 constexpr double kMinLogBytes = 16, kMaxLogBytes = 28;  // 64 KiB .. 256 MiB
 const double kMinLogCycle = std::log10(0.1), kMaxLogCycle = std::log10(25.0);
 
+constexpr int64_t kMinSlotBytes = 64 << 10;
+
 double unit(double v, double lo, double hi) { return std::clamp((v - lo) / (hi - lo), 0.0, 1.0); }
+// A category k of n <-> the middle of its nth of [0, 1].
+double categoryPoint(int k, int n) { return (k + 0.5) / n; }
+int categoryAt(double p, int n) { return std::clamp(static_cast<int>(p * n), 0, n - 1); }
 }  // namespace
 
-Settings settingsAt(const Point& p) {
+
+int Space::dims() const {
+  return 2 + (responseCache ? 1 : 0) + (peerPath ? 1 : 0) + (maxSlotBytes > kMinSlotBytes ? 1 : 0) +
+         (hierarchical ? 2 : 0);
+}
+
+Settings settingsAt(const Point& p, const Space& space) {
   Settings s;
   s.fusionThresholdBytes = static_cast<int64_t>(std::llround(std::exp2(kMinLogBytes + p[0] * (kMaxLogBytes - kMinLogBytes))));
   // Whole tenths of a millisecond: a setting the log shows as it is applied.
   s.cycleTimeMs = std::round(std::pow(10.0, kMinLogCycle + p[1] * (kMaxLogCycle - kMinLogCycle)) * 10) / 10;
+  size_t i = 2;
+  if (space.responseCache) s.responseCache = categoryAt(p[i++], 2);
+  if (space.peerPath) s.peerPath = categoryAt(p[i++], 3);
+  if (space.maxSlotBytes > kMinSlotBytes) {
+    const double hi = std::log2(static_cast<double>(space.maxSlotBytes)), lo = std::log2(double(kMinSlotBytes));
+    s.slotBytes = std::min<int64_t>(space.maxSlotBytes, int64_t{1} << static_cast<int>(std::lround(lo + p[i++] * (hi - lo))));
+  }
+  if (space.hierarchical) {
+    s.hierarchicalAllreduce = categoryAt(p[i++], 2);
+    s.hierarchicalAllgather = categoryAt(p[i++], 2);
+  }
   return s;
 }
 
-Point pointOf(const Settings& s) {
-  return {unit(std::log2(std::max<double>(s.fusionThresholdBytes, 1)), kMinLogBytes, kMaxLogBytes),
+Point pointOf(const Settings& s, const Space& space) {
+  Point p{unit(std::log2(std::max<double>(s.fusionThresholdBytes, 1)), kMinLogBytes, kMaxLogBytes),
           unit(std::log10(std::max(s.cycleTimeMs, 1e-3)), kMinLogCycle, kMaxLogCycle)};
+  if (space.responseCache) p.push_back(categoryPoint(std::max(s.responseCache, 0), 2));
+  if (space.peerPath) p.push_back(categoryPoint(std::max(s.peerPath, 0), 3));
+  if (space.maxSlotBytes > kMinSlotBytes) {
+    const double hi = std::log2(static_cast<double>(space.maxSlotBytes)), lo = std::log2(double(kMinSlotBytes));
+    p.push_back(unit(std::log2(static_cast<double>(std::max<int64_t>(s.slotBytes, kMinSlotBytes))), lo, hi));
+  }
+  if (space.hierarchical) {
+    p.push_back(categoryPoint(std::max(s.hierarchicalAllreduce, 0), 2));
+    p.push_back(categoryPoint(std::max(s.hierarchicalAllgather, 0), 2));
+  }
+  return p;
 }
 
-Tuner::Tuner(TunerOptions options, Settings start)
+Tuner::Tuner(TunerOptions options, Settings start, Space space)
     // The starting settings are the first point scored, two random ones follow.
-    : options_(std::move(options)), current_(start), opt_(2, options_.seed, 3, options_.noise), warmupLeft_(options_.warmupSamples) {
+    : options_(std::move(options)),
+      space_(space),
+      current_(start),
+      opt_(space.dims(), options_.seed, 3, options_.noise),
+      warmupLeft_(options_.warmupSamples) {
   if (options_.stepsPerSample < 1 || options_.maxSamples < 1) {
     throw InvalidArgument("autotune: steps per sample and samples must be at least 1");
   }
   if (!options_.logPath.empty()) {
     log_.open(options_.logPath, std::ios::trunc);
     if (!log_) throw InvalidArgument("autotune: cannot write the log file '" + options_.logPath + "'");
-    log_ << "sample,fusion_threshold_bytes,cycle_time_ms,bytes_per_second\n" << std::flush;
+    log_ << "sample,fusion_threshold_bytes,cycle_time_ms,response_cache,shm_peer_path,shm_slot_bytes,"
+            "hierarchical_allreduce,hierarchical_allgather,bytes_per_second\n"
+         << std::flush;
   }
 }
 
 void Tuner::log(const std::string& what, const Settings& s, double score) {
   if (!log_) return;
-  log_ << what << ',' << s.fusionThresholdBytes << ',' << s.cycleTimeMs << ',' << score << '\n' << std::flush;
+  // (-1, and a slot of 0: not tuned in this process set)
+  log_ << what << ',' << s.fusionThresholdBytes << ',' << s.cycleTimeMs << ',' << s.responseCache << ','
+       << s.peerPath << ',' << s.slotBytes << ',' << s.hierarchicalAllreduce << ',' << s.hierarchicalAllgather << ','
+       << score << '\n'
+       << std::flush;
 }
 
 std::optional<Settings> Tuner::record(int64_t bytes, double seconds) {
@@ -60,16 +103,16 @@ std::optional<Settings> Tuner::record(int64_t bytes, double seconds) {
     log("warmup", current_, score);
     return std::nullopt;
   }
-  opt_.addSample(pointOf(current_), score);
+  opt_.addSample(pointOf(current_, space_), score);
   log(std::to_string(opt_.samples()), current_, score);
   Settings next;
   if (opt_.samples() >= options_.maxSamples) {
     double best = 0;
-    next = settingsAt(opt_.best(&best));
+    next = settingsAt(opt_.best(&best), space_);
     done_ = true;
     log("best", next, best);
   } else {
-    next = settingsAt(opt_.next());
+    next = settingsAt(opt_.next(), space_);
   }
   if (next == current_) return std::nullopt;
   current_ = next;

@@ -13,13 +13,31 @@
 
 namespace chorus::autotune {
 
-// What is tuned.
+// What is tuned: always the fusion threshold and cycle time; the others where
+// the process set has them (see Space), else they read -1 (slot: 0).
 struct Settings {
   int64_t fusionThresholdBytes = 128ll << 20;
   double cycleTimeMs = 1.0;
+  int responseCache = -1;          // 1 on, 0 off
+  int peerPath = -1;               // shared memory: 0 auto, 1 through caches, 2 through memory
+  int64_t slotBytes = 0;           // shared memory: bytes per pipelined round
+  int hierarchicalAllreduce = -1;  // 1 by hosts, 0 flat
+  int hierarchicalAllgather = -1;
   bool operator==(const Settings& o) const {
-    return fusionThresholdBytes == o.fusionThresholdBytes && cycleTimeMs == o.cycleTimeMs;
+    return fusionThresholdBytes == o.fusionThresholdBytes && cycleTimeMs == o.cycleTimeMs &&
+           responseCache == o.responseCache && peerPath == o.peerPath && slotBytes == o.slotBytes &&
+           hierarchicalAllreduce == o.hierarchicalAllreduce && hierarchicalAllgather == o.hierarchicalAllgather;
   }
+};
+
+// The dimensions a process set tunes beyond the two numbers: each one present
+// adds a coordinate to the optimiser's points (categories split [0, 1] evenly).
+struct Space {
+  bool responseCache = false;
+  bool peerPath = false;
+  int64_t maxSlotBytes = 0;  // over 64 KiB: the slot is tuned from 64 KiB to this, in powers of two
+  bool hierarchical = false;  // allreduce and allgather, each on or off
+  int dims() const;
 };
 
 // Horovod's names: HOROVOD_AUTOTUNE_WARMUP_SAMPLES, _STEPS_PER_SAMPLE,
@@ -34,12 +52,12 @@ struct TunerOptions {
 };
 
 // The ranges searched, on log scales: fusion threshold 64 KiB-256 MiB, cycle time 0.1-25 ms.
-Settings settingsAt(const Point& p);
-Point pointOf(const Settings& s);
+Settings settingsAt(const Point& p, const Space& space = {});
+Point pointOf(const Settings& s, const Space& space = {});
 
 class Tuner {
  public:
-  Tuner(TunerOptions options, Settings start);
+  Tuner(TunerOptions options, Settings start, Space space = {});
 
   // One cycle: the bytes its collectives moved and the seconds since the last
   // call. Returns settings to apply from the next cycle when they change.
@@ -52,6 +70,7 @@ class Tuner {
   void log(const std::string& what, const Settings& s, double score);
 
   TunerOptions options_;
+  Space space_;
   Settings current_;
   BayesianOptimizer opt_;
   int warmupLeft_;
