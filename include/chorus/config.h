@@ -57,6 +57,7 @@ struct Config {
   int autotuneStepsPerSample = 10;
   int autotuneMaxSamples = 20;
   double autotuneNoise = 0.8;
+  double autotuneSampleSeconds = 0.2;  // and at least this long per sample
   double timeoutSeconds = 30.0;
   double startTimeoutSeconds = 30.0;
   double stallCheckSeconds = 60.0;

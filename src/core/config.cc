@@ -77,6 +77,10 @@ const std::vector<SettingInfo>& settingsTable() {
        "Samples at the starting settings that are not scored."},
       {"CHORUS_AUTOTUNE_STEPS_PER_SAMPLE", "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", "10",
        "Negotiation cycles that moved data, per sample."},
+      {"CHORUS_AUTOTUNE_SAMPLE_SECONDS", "", "0.2",
+       "A sample also lasts at least this long, so that it spans whole training steps whatever the "
+       "cycle time (with few data cycles per sample, a sample's bytes per second depended on where "
+       "in a step it fell)."},
       {"CHORUS_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "20",
        "Scored samples before the best setting is kept."},
       {"CHORUS_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "0.8",
@@ -201,6 +205,7 @@ void Config::applyEnv() {
   readNumber("CHORUS_AUTOTUNE_STEPS_PER_SAMPLE", &autotuneStepsPerSample);
   readNumber("CHORUS_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", &autotuneMaxSamples);
   readNumber("CHORUS_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", &autotuneNoise);
+  readNumber("CHORUS_AUTOTUNE_SAMPLE_SECONDS", &autotuneSampleSeconds);
   readNumber("CHORUS_TIMEOUT_SECONDS", &timeoutSeconds);
   readNumber("CHORUS_START_TIMEOUT", &startTimeoutSeconds);
   readNumber("CHORUS_STALL_CHECK_TIME_SECONDS", &stallCheckSeconds);
@@ -217,9 +222,10 @@ void Config::applyEnv() {
   if (cycleTimeMs < 0) throw InvalidArgument("CHORUS_CYCLE_TIME must be >= 0");
   if (preemptChunkBytes < -1) throw InvalidArgument("CHORUS_PREEMPT_CHUNK_BYTES must be auto or >= 0");
   if (cacheCapacity < 0) throw InvalidArgument("CHORUS_CACHE_CAPACITY must be >= 0");
-  if (autotuneWarmupSamples < 0 || autotuneStepsPerSample < 1 || autotuneMaxSamples < 1 || autotuneNoise <= 0) {
+  if (autotuneWarmupSamples < 0 || autotuneStepsPerSample < 1 || autotuneMaxSamples < 1 || autotuneNoise <= 0 ||
+      autotuneSampleSeconds < 0) {
     throw InvalidArgument("CHORUS_AUTOTUNE_*: warm-up samples must be >= 0, steps per sample and samples >= 1, "
-                          "the noise > 0");
+                          "the noise > 0, the sample seconds >= 0");
   }
   if (timeoutSeconds <= 0) throw InvalidArgument("CHORUS_TIMEOUT_SECONDS must be > 0");
 }

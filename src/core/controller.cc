@@ -95,6 +95,7 @@ Controller::Controller(int32_t setId, std::vector<int> globalRanks, int globalRa
     o.stepsPerSample = config_.autotuneStepsPerSample;
     o.maxSamples = config_.autotuneMaxSamples;
     o.noise = config_.autotuneNoise;
+    o.minSampleSeconds = config_.autotuneSampleSeconds;
     o.seed = 1 + static_cast<uint64_t>(setId_);
     if (!config_.autotuneLog.empty()) o.logPath = config_.autotuneLog + (setId_ ? "." + std::to_string(setId_) : "");
     // Beyond the two numbers: what this set's transport has, unless a setting fixed it.

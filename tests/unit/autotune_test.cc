@@ -192,6 +192,21 @@ TEST(Tuner, ConvergesOnASyntheticJobAndLogsEverySample) {
   std::remove(path.c_str());
 }
 
+// A sample spans at least minSampleSeconds, however many data cycles that takes.
+TEST(Tuner, ASampleLastsAtLeastItsMinimumTime) {
+  TunerOptions o;
+  o.warmupSamples = 0;
+  o.stepsPerSample = 1;
+  o.minSampleSeconds = 1.0;
+  Tuner t(o, Settings{});
+  for (int i = 0; i < 3; ++i) {
+    t.record(1 << 20, 0.3);
+    EXPECT_EQ(t.scoredSamples(), 0) << "after " << 0.3 * (i + 1) << " s";
+  }
+  t.record(1 << 20, 0.3);
+  EXPECT_EQ(t.scoredSamples(), 1);
+}
+
 TEST(Tuner, RefusesBadOptions) {
   TunerOptions o;
   o.stepsPerSample = 0;

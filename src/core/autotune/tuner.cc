@@ -93,7 +93,7 @@ std::optional<Settings> Tuner::record(int64_t bytes, double seconds) {
   seconds_ += seconds;  // idle time counts: a long cycle time shows as waiting
   if (bytes <= 0) return std::nullopt;
   bytes_ += bytes;
-  if (++steps_ < options_.stepsPerSample) return std::nullopt;
+  if (++steps_ < options_.stepsPerSample || seconds_ < options_.minSampleSeconds) return std::nullopt;
   const double score = seconds_ > 0 ? static_cast<double>(bytes_) / seconds_ : 0.0;
   steps_ = 0;
   bytes_ = 0;

@@ -45,6 +45,7 @@ struct Space {
 struct TunerOptions {
   int warmupSamples = 3;   // samples at the starting settings, not scored (caches, allocations warm up)
   int stepsPerSample = 10;  // cycles that moved data, per sample
+  double minSampleSeconds = 0;  // and at least this long (whole training steps, whatever the cycle time)
   int maxSamples = 20;     // scored samples before the best is frozen
   double noise = 0.8;      // the Gaussian process's noise, on standardised scores
   std::string logPath;     // CSV of every sample and the chosen point ("" none)

@@ -29,8 +29,19 @@ def step(priorities, trace):
         return None, grads
     events = json.load(open(trace))
     names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "process_name"}
-    got = {names[e["pid"]]: e["args"]["priority"] for e in events
-           if e.get("ph") == "B" and e.get("name", "") == e.get("args", {}).get("transport", "") + "_ALLREDUCE"}
+    ops = [e for e in events if e.get("ph") == "B" and "transport" in e.get("args", {})]
+    got = {names[e["pid"]]: e["args"]["priority"] for e in ops}
+    # The run's events as a user reads them: per gradient, NEGOTIATE, QUEUE, then the
+    # transport's op, with what it carried; tensors fused together start together.
+    for e in ops:
+        a = e["args"]
+        assert e["name"] == a["transport"] + "_ALLREDUCE" and a["transport"] in ("SHM", "INLINE"), e
+        assert a["bytes"] == 8 * 8 * 4 and a["dtype"] == "float32" and a["process_set"] == 0, e
+        together = [o for o in ops if o["ts"] == e["ts"]]
+        assert a["fused_tensors"] >= len(together) >= 1, (e, together)
+        spans = [x["name"] for x in events if x.get("pid") == e["pid"] and x.get("ph") == "B"]
+        assert spans == ["NEGOTIATE_ALLREDUCE", "QUEUE", e["name"]], spans
+    assert len(ops) == 4, ops
     return got, grads
 
 
