@@ -164,7 +164,7 @@ TEST(Tuner, ConvergesOnASyntheticJobAndLogsEverySample) {
   }
   ASSERT_TRUE(t.done());
   EXPECT_EQ(t.scoredSamples(), 18);
-  EXPECT_EQ(cycles, (2 + 18) * 3);
+  EXPECT_EQ(cycles, (2 + 18 + 2 * o.confirmSamples) * 3);  // warm-up, scored, the pick against the start
   EXPECT_GT(applied, 5);
   const double best = throughput(t.current()), top = throughput(Settings{8 << 20, 2.0});
   EXPECT_GT(best, 0.8 * top) << t.current().fusionThresholdBytes << " " << t.current().cycleTimeMs;
@@ -190,6 +190,28 @@ TEST(Tuner, ConvergesOnASyntheticJobAndLogsEverySample) {
   EXPECT_EQ(rows, 18);
   EXPECT_EQ(bests, 1);
   std::remove(path.c_str());
+}
+
+// The optimiser's pick is measured again against the starting settings, and
+// dropped when it is slower there (its good samples were luck).
+TEST(Tuner, KeepsTheStartWhenThePickMeasuresSlowerInTheConfirmation) {
+  TunerOptions o;
+  o.warmupSamples = 0;
+  o.stepsPerSample = 1;
+  o.maxSamples = 6;
+  o.confirmSamples = 3;
+  const Settings start{};
+  Tuner t(o, start);
+  int confirmations = 0;
+  while (!t.done()) {
+    const bool confirming = t.scoredSamples() >= o.maxSamples;
+    confirmations += confirming;
+    // While the optimiser samples, anything but the start looks twice as fast; then half as fast.
+    const double rate = t.current() == start ? 1e9 : confirming ? 0.5e9 : 2e9;
+    t.record(1 << 20, (1 << 20) / rate);
+  }
+  EXPECT_EQ(confirmations, 2 * o.confirmSamples);
+  EXPECT_EQ(t.current(), start);
 }
 
 // A sample spans at least minSampleSeconds, however many data cycles that takes.

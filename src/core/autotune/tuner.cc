@@ -13,6 +13,11 @@ const double kMinLogCycle = std::log10(0.1), kMaxLogCycle = std::log10(25.0);
 
 constexpr int64_t kMinSlotBytes = 64 << 10;
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
 double unit(double v, double lo, double hi) { return std::clamp((v - lo) / (hi - lo), 0.0, 1.0); }
 // A category k of n <-> the middle of its nth of [0, 1].
 double categoryPoint(int k, int n) { return (k + 0.5) / n; }
@@ -65,6 +70,7 @@ Tuner::Tuner(TunerOptions options, Settings start, Space space)
     : options_(std::move(options)),
       space_(space),
       current_(start),
+      start_(start),
       opt_(space.dims(), options_.seed, 3, options_.noise),
       warmupLeft_(options_.warmupSamples) {
   if (options_.stepsPerSample < 1 || options_.maxSamples < 1) {
@@ -103,16 +109,37 @@ std::optional<Settings> Tuner::record(int64_t bytes, double seconds) {
     log("warmup", current_, score);
     return std::nullopt;
   }
-  opt_.addSample(pointOf(current_, space_), score);
-  log(std::to_string(opt_.samples()), current_, score);
   Settings next;
-  if (opt_.samples() >= options_.maxSamples) {
-    double best = 0;
-    next = settingsAt(opt_.best(&best), space_);
-    done_ = true;
-    log("best", next, best);
+  if (confirming_) {
+    // The optimiser's pick against the starting settings, alternately: the pick
+    // stays only if its median is not below theirs (never end slower than the start).
+    (current_ == start_ ? startScores_ : pickScores_).push_back(score);
+    log(current_ == start_ ? "confirm-start" : "confirm-pick", current_, score);
+    const size_t want = static_cast<size_t>(options_.confirmSamples);
+    if (pickScores_.size() >= want && startScores_.size() >= want) {
+      const double pick = median(pickScores_), start = median(startScores_);
+      next = pick >= start ? pick_ : start_;
+      done_ = true;
+      log("best", next, next == pick_ ? pick : start);
+    } else {
+      next = current_ == start_ ? pick_ : start_;
+    }
   } else {
-    next = settingsAt(opt_.next(), space_);
+    opt_.addSample(pointOf(current_, space_), score);
+    log(std::to_string(opt_.samples()), current_, score);
+    if (opt_.samples() >= options_.maxSamples) {
+      double best = 0;
+      next = settingsAt(opt_.best(&best), space_);
+      if (options_.confirmSamples > 0 && !(next == start_)) {
+        confirming_ = true;
+        pick_ = next;
+      } else {
+        done_ = true;
+        log("best", next, best);
+      }
+    } else {
+      next = settingsAt(opt_.next(), space_);
+    }
   }
   if (next == current_) return std::nullopt;
   current_ = next;

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/autotune/gaussian_process.h"
 
@@ -46,6 +47,9 @@ struct TunerOptions {
   int warmupSamples = 3;   // samples at the starting settings, not scored (caches, allocations warm up)
   int stepsPerSample = 10;  // cycles that moved data, per sample
   double minSampleSeconds = 0;  // and at least this long (whole training steps, whatever the cycle time)
+  // Then the optimiser's pick and the starting settings alternate for this many
+  // samples each, and the pick is kept only if it measured no slower (0: kept as is).
+  int confirmSamples = 3;
   int maxSamples = 20;     // scored samples before the best is frozen
   double noise = 0.8;      // the Gaussian process's noise, on standardised scores
   std::string logPath;     // CSV of every sample and the chosen point ("" none)
@@ -73,6 +77,9 @@ class Tuner {
   TunerOptions options_;
   Space space_;
   Settings current_;
+  Settings start_, pick_;
+  bool confirming_ = false;
+  std::vector<double> pickScores_, startScores_;
   BayesianOptimizer opt_;
   int warmupLeft_;
   int steps_ = 0;
