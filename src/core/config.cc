@@ -69,8 +69,9 @@ const std::vector<SettingInfo>& settingsTable() {
       {"CHORUS_CACHE_CAPACITY", "HOROVOD_CACHE_CAPACITY", "1024",
        "Entries of the response cache; 0 disables it."},
       {"CHORUS_AUTOTUNE", "HOROVOD_AUTOTUNE", "0",
-       "1: each process set tunes its fusion threshold and cycle time while the job runs (Bayesian "
-       "optimisation of its bytes per second), then keeps the best."},
+       "1: each process set tunes its fusion threshold, cycle time, response cache and what its "
+       "transport has of shared-memory peer path and slot size and hierarchical allreduce/allgather "
+       "while the job runs (Bayesian optimisation of its bytes per second), then keeps the best."},
       {"CHORUS_AUTOTUNE_LOG", "HOROVOD_AUTOTUNE_LOG", "",
        "CSV of every autotune sample and the chosen point (process set N > 0 appends .N)."},
       {"CHORUS_AUTOTUNE_WARMUP_SAMPLES", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES", "3",
@@ -79,10 +80,10 @@ const std::vector<SettingInfo>& settingsTable() {
        "Negotiation cycles that moved data, per sample."},
       {"CHORUS_AUTOTUNE_SAMPLE_SECONDS", "", "0.2",
        "A sample also lasts at least this long, so that it spans whole training steps whatever the "
-       "cycle time (with few data cycles per sample, a sample's bytes per second depended on where "
-       "in a step it fell)."},
+       "cycle time."},
       {"CHORUS_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "20",
-       "Scored samples before the best setting is kept."},
+       "Scored samples; then the best is measured against the starting settings (3 samples each) "
+       "and kept only if no slower."},
       {"CHORUS_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "0.8",
        "Noise of the Gaussian process, on standardised scores."},
       {"CHORUS_TIMEOUT_SECONDS", "HOROVOD_GLOO_TIMEOUT_SECONDS", "30",

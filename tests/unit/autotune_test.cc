@@ -214,18 +214,28 @@ TEST(Tuner, KeepsTheStartWhenThePickMeasuresSlowerInTheConfirmation) {
   EXPECT_EQ(t.current(), start);
 }
 
-// A sample spans at least minSampleSeconds, however many data cycles that takes.
-TEST(Tuner, ASampleLastsAtLeastItsMinimumTime) {
+// A timed sample spans at least minSampleSeconds and ends where traffic starts
+// after a quiet cycle (a step's first gradients), which opens the next one.
+TEST(Tuner, ATimedSampleHoldsWholeBursts) {
   TunerOptions o;
   o.warmupSamples = 0;
   o.stepsPerSample = 1;
   o.minSampleSeconds = 1.0;
   Tuner t(o, Settings{});
-  for (int i = 0; i < 3; ++i) {
-    t.record(1 << 20, 0.3);
-    EXPECT_EQ(t.scoredSamples(), 0) << "after " << 0.3 * (i + 1) << " s";
-  }
-  t.record(1 << 20, 0.3);
+  auto step = [&] {  // a step: 0.3 s quiet, then two cycles of traffic
+    t.record(0, 0.3);
+    t.record(1 << 20, 0.01);
+    t.record(1 << 20, 0.01);
+  };
+  for (int i = 0; i < 3; ++i) step();
+  EXPECT_EQ(t.scoredSamples(), 0);  // 0.96 s
+  t.record(0, 0.3);                 // 1.26 s, but no burst has started
+  EXPECT_EQ(t.scoredSamples(), 0);
+  t.record(1 << 20, 0.01);  // one starts: the sample of three whole steps ends before it
+  EXPECT_EQ(t.scoredSamples(), 1);
+  t.record(1 << 20, 0.01);
+  for (int i = 0; i < 3; ++i) step();  // the next sample: mid-burst at 1 s...
+  t.record(1 << 20, 0.5);               // ...and still in it at 1.5 s
   EXPECT_EQ(t.scoredSamples(), 1);
 }
 

@@ -96,14 +96,31 @@ void Tuner::log(const std::string& what, const Settings& s, double score) {
 
 std::optional<Settings> Tuner::record(int64_t bytes, double seconds) {
   if (done_) return std::nullopt;
-  seconds_ += seconds;  // idle time counts: a long cycle time shows as waiting
-  if (bytes <= 0) return std::nullopt;
-  bytes_ += bytes;
-  if (++steps_ < options_.stepsPerSample || seconds_ < options_.minSampleSeconds) return std::nullopt;
-  const double score = seconds_ > 0 ? static_cast<double>(bytes_) / seconds_ : 0.0;
-  steps_ = 0;
-  bytes_ = 0;
-  seconds_ = 0;
+  double score = 0;
+  if (options_.minSampleSeconds > 0) {
+    // Timed samples end where traffic starts after a quiet spell (a training
+    // step's first gradients), so that each holds whole steps: ended anywhere, a
+    // sample's bytes per second depended on how much of a burst it caught. This
+    // cycle then opens the next sample. (Traffic with no quiet spell: at 4x the time.)
+    const bool burst = bytes > 0 && quietBefore_;
+    quietBefore_ = bytes <= 0;
+    const bool full = steps_ >= options_.stepsPerSample && seconds_ >= options_.minSampleSeconds;
+    const bool close = full && (burst || seconds_ >= 4 * options_.minSampleSeconds);
+    if (close) score = seconds_ > 0 ? static_cast<double>(bytes_) / seconds_ : 0.0;
+    if (close) steps_ = 0, bytes_ = 0, seconds_ = 0;
+    seconds_ += seconds;
+    if (bytes > 0) bytes_ += bytes, ++steps_;
+    if (!close) return std::nullopt;
+  } else {
+    seconds_ += seconds;  // idle time counts: a long cycle time shows as waiting
+    if (bytes <= 0) return std::nullopt;
+    bytes_ += bytes;
+    if (++steps_ < options_.stepsPerSample) return std::nullopt;
+    score = seconds_ > 0 ? static_cast<double>(bytes_) / seconds_ : 0.0;
+    steps_ = 0;
+    bytes_ = 0;
+    seconds_ = 0;
+  }
   if (warmupLeft_ > 0) {
     --warmupLeft_;
     log("warmup", current_, score);

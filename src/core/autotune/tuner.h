@@ -85,6 +85,7 @@ class Tuner {
   int steps_ = 0;
   int64_t bytes_ = 0;
   double seconds_ = 0;
+  bool quietBefore_ = true;  // the last cycle moved no data
   bool done_ = false;
   std::ofstream log_;
 };
