@@ -11,6 +11,7 @@
 #include "bench_ops.h"
 #include "memory_floor.h"
 #include "mpi_baseline.h"
+#include "json_file.h"
 #include "parse_size.h"
 
 using namespace chorus;
@@ -292,9 +293,7 @@ int main(int argc, char** argv) {
     if (root) {
       std::printf("# Out of bounds values : %lld %s\n", static_cast<long long>(totalWrong), totalWrong ? "FAILED" : "OK");
       if (!jsonPath.empty()) {
-        const std::string tmp = jsonPath + ".tmp";
-        std::ofstream(tmp) << rows.dump(2) << "\n";
-        std::rename(tmp.c_str(), jsonPath.c_str());
+        writeJsonFile(jsonPath, rows);
       }
     }
     shutdown();

@@ -20,6 +20,7 @@
 #include <sstream>
 
 #include "chorus/chorus.h"
+#include "json_file.h"
 #include "parse_size.h"
 
 #ifdef CHORUS_BENCH_MPI
@@ -245,8 +246,7 @@ int main(int argc, char** argv) {
         std::printf("  %9.2f\n", cmaUs[bytes] > 0 ? fl / cmaUs[bytes] : 0);
       }
       if (!jsonPath.empty()) {
-        std::ofstream(jsonPath + ".tmp") << rows.dump(2) << "\n";
-        std::rename((jsonPath + ".tmp").c_str(), jsonPath.c_str());
+        chorus::bench::writeJsonFile(jsonPath, rows);
       }
     }
     shutdown();

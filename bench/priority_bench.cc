@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "chorus/chorus.h"
+#include "json_file.h"
 #include "parse_size.h"
 
 using namespace chorus;
@@ -135,8 +136,7 @@ int main(int argc, char** argv) {
                             {"large_alone_us", largeAlone}, {"large_loaded_us", largeLoaded},
                             {"not_overlapped", skipped},   {"small_loaded_from_last_us", fromLast},
                             {"ratio_from_last_median", a > 0 ? f / a : 0},   {"ratio_median", a > 0 ? l / a : 0}};
-        std::ofstream(jsonPath + ".tmp") << j.dump(1) << "\n";
-        std::rename((jsonPath + ".tmp").c_str(), jsonPath.c_str());
+        chorus::bench::writeJsonFile(jsonPath, j, 1);
       }
     }
     shutdown();

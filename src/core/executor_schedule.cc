@@ -10,15 +10,21 @@
 namespace chorus {
 
 namespace {
+// Opens the op spans of the n responses one collective carries (at(i): the ith).
+template <typename At>
+void startSpans(Timeline* t, size_t n, const At& at, const char* transport, int32_t set) {
+  for (size_t i = 0; i < n; ++i) {
+    const Response& r = at(i);
+    t->opStart(r.name, r.type, OpSpanArgs{r.bytes(), r.dtype, r.priority, set, transport, n});
+  }
+}
+
 // The op spans of the responses one collective runs, in the timeline.
 class OpSpans {
  public:
   OpSpans(Timeline* t, const Response* const* rs, size_t n, const char* transport, int32_t set)
       : t_(t && t->active() ? t : nullptr), rs_(rs), n_(n) {
-    for (size_t i = 0; t_ && i < n_; ++i) {
-      const Response& r = *rs_[i];
-      t_->opStart(r.name, r.type, OpSpanArgs{r.bytes(), r.dtype, r.priority, set, transport, n_});
-    }
+    if (t_) startSpans(t_, n_, [&](size_t i) -> const Response& { return *rs_[i]; }, transport, set);
   }
   ~OpSpans() {
     for (size_t i = 0; t_ && i < n_; ++i) t_->opEnd(rs_[i]->name);
@@ -174,9 +180,7 @@ void Executor::startChunked(const Response* group, size_t n, EntryTable& entries
   buildSpans(ptrs.data(), n, entries, c.spans, c.zeros);
   for (const Span& s : c.spans) c.ends.push_back(c.total += s.count);
   if (timeline_ && timeline_->active())
-    for (const Response& r : c.group)
-      timeline_->opStart(r.name, r.type,
-                         OpSpanArgs{r.bytes(), r.dtype, r.priority, setId_, transportOf(false), n});
+    startSpans(timeline_, n, [&](size_t i) -> const Response& { return c.group[i]; }, transportOf(false), setId_);
 }
 
 // The next chunk of the latest chunked group: every span's part in
