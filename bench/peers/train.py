@@ -8,7 +8,6 @@ wrapped in DistributedDataParallel; "local" trains each rank alone with no excha
     python3 -m torch.distributed.run --nproc_per_node 2 train.py --framework ddp --model deep_mlp
 """
 import argparse
-import json
 import os
 import resource
 import sys

@@ -6,7 +6,6 @@ the same model, config, data and seed; only the import differs. Every rank print
     DS_ACCELERATOR=cpu RANK=.. WORLD_SIZE=.. MASTER_ADDR=.. MASTER_PORT=.. python zero.py --framework deepspeed --stage 2
 """
 import argparse
-import json
 import os
 import resource
 import sys
