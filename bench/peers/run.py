@@ -2,8 +2,9 @@
 whole runs alternated (order rotated every round) so that the VM's drift hits every
 framework alike; medians over the rounds. Writes JSON and one PNG.
 
-    bash bench/peers/prepare.sh            # once: builds chorus, Horovod, DeepSpeed (cached)
-    /usr/bin/python3 bench/peers/run.py --json bench/results/current/peers.json --png docs/img/peers.png
+    bash bench/peers/run.sh --rounds 3     # all of it: prepare.sh, both halves, report.py
+    bash bench/peers/prepare.sh            # or by hand: Horovod and DeepSpeed, cached
+    /usr/bin/python3 bench/peers/run.py --json peers.json --png peers.png
 
 Training: chorus (chorusrun), Horovod over gloo and over Open MPI (horovodrun), DDP
 (gloo, one process per rank) on Debian's torch, 2 and 4 ranks, three model shapes; and
