@@ -282,6 +282,15 @@ def main():
         args.zero_offload, args.zero_dtypes = [0], ["fp32"]
 
     launcher = Launcher(args)
+    needs = []  # (what must exist, the frameworks that need it), for the halves that run
+    if args.only != "zero":
+        needs.append((os.path.join(launcher.hvd, "horovodrun"), [f for f in args.frameworks if "horovod" in f]))
+    if args.only != "training":
+        needs.append((launcher.torch2, [f for f in args.zero_frameworks if f in ("deepspeed", "chorus_torch2")]))
+    for path, who in needs:
+        if who and not os.path.exists(path):
+            sys.exit(f"run.py: {path} is missing for {', '.join(who)}: run `bash bench/peers/prepare.sh` first, "
+                     "or leave those frameworks out (--frameworks / --zero-frameworks)")
     log = lambda s: print(s, flush=True)  # noqa: E731
     result = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": {"cpus": os.cpu_count(),
               "processor": platform.processor() or platform.machine()}, "versions": versions(launcher),
