@@ -51,31 +51,29 @@ class Launcher:
         self.torch2 = os.path.join(os.path.realpath(args.torch2_venv), "bin", "python")
         self.timeout = args.timeout
 
-    def env(self, **extra):
-        env = dict(os.environ, PYTHONPATH=os.path.join(self.build, "python"), OMP_NUM_THREADS="1")
-        env.update(extra)
+    def env(self, chorus=False, **extra):
+        """The environment of one job: one torch thread, and chorus on the path only
+        for chorus's own runs (the peers import nothing of it)."""
+        env = dict(os.environ, OMP_NUM_THREADS="1", **extra)
+        env.pop("PYTHONPATH", None)
+        if chorus:
+            env["PYTHONPATH"] = os.path.join(self.build, "python")
         return env
 
     def chorusrun(self, n, python, script_args):
-        return [[os.path.join(self.build, "chorusrun"), "-np", str(n), python] + script_args], self.env()
+        return [[os.path.join(self.build, "chorusrun"), "-np", str(n), python] + script_args], [self.env(chorus=True)]
 
     def horovodrun(self, n, path, script_args):
         cmd = [os.path.join(self.hvd, "horovodrun"), "--" + path, "-np", str(n), "-H", f"localhost:{n}",
                os.path.join(self.hvd, "python")] + script_args
-        # Horovod's own package only: no chorus on its path.
-        env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-        env.pop("PYTHONPATH", None)
-        return [cmd], env
+        return [cmd], [self.env(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")]
 
     def per_rank(self, n, python, script_args, **extra):
         """One process per rank with torch.distributed's env:// variables (what torchrun
         sets; Debian's torch 1.13 torchrun fails on Python 3.11)."""
-        port = free_port()
-        env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n), **extra)
-        env.pop("PYTHONPATH", None)
-        cmds = [[python] + script_args for _ in range(n)]
-        return cmds, [dict(env, RANK=str(r), LOCAL_RANK=str(r)) for r in range(n)]
+        env = self.env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(n),
+                       LOCAL_WORLD_SIZE=str(n), **extra)
+        return [[python] + script_args] * n, [dict(env, RANK=str(r), LOCAL_RANK=str(r)) for r in range(n)]
 
     def command(self, framework, n, script_args):
         if framework == "chorus":
@@ -93,8 +91,6 @@ class Launcher:
     def run(self, framework, n, script_args):
         """Runs one whole job; returns every rank's PEERS_RESULT, or raises with its output."""
         cmds, envs = self.command(framework, n, script_args)
-        if isinstance(envs, dict):
-            envs = [envs] * len(cmds)
         where = tempfile.mkdtemp(prefix="chorus-peers-")
         envs = [dict(e, PEERS_RESULT_DIR=where) for e in envs]
         procs = [subprocess.Popen(c, env=e, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -190,8 +186,9 @@ def zero(launcher, args, log):
                 got = rows_of(runs, errors, {"kind": "zero", "stage": stage, "offload": offload, "dtype": dtype,
                                              "ranks": args.zero_ranks, "unit": "ms/step"},
                               lambda r: r[0]["ms_per_step"])
-                for row, fw in zip(got, args.zero_frameworks):
-                    row["losses"] = runs[fw][0][0]["losses"] if runs[fw] else None
+                for row in got:  # rank 0's, from the first run
+                    fw_runs = runs[row["framework"]]
+                    row["losses"] = fw_runs[0][0]["losses"] if fw_runs else None
                 log(f"zero stage {stage} {dtype}{' offload' if offload else ''}: " +
                     ", ".join(f"{r['framework']} {r['median']:.1f} ms {r['median_peak_rss_bytes'] / 2**20:.0f} MiB"
                               for r in got if "median" in r))

@@ -20,27 +20,30 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from models import MODELS, report  # noqa: E402
 
 
+def sgd(model, size):
+    # The learning rate scaled by the ranks, as Horovod's examples do.
+    return torch.optim.SGD(model.parameters(), lr=0.001 * size, momentum=0.9)
+
+
 def setup(framework, model):
-    """Returns (rank, size, wrapped optimizer step's model, optimizer, barrier)."""
+    """Returns (rank, size, the model to train, its optimizer, a barrier)."""
     if framework in ("chorus", "horovod"):
         if framework == "chorus":
             import chorus.torch as hvd
         else:
             import horovod.torch as hvd
         hvd.init()
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.001 * hvd.size(), momentum=0.9)
-        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+        optimizer = hvd.DistributedOptimizer(sgd(model, hvd.size()), named_parameters=model.named_parameters())
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
         return hvd.rank(), hvd.size(), model, optimizer, lambda: hvd.allreduce(torch.zeros(1), name="barrier")
     if framework == "local":  # no exchange at all: the compute-bound ceiling
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.001 * int(os.environ["WORLD_SIZE"]), momentum=0.9)
-        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), model, optimizer, lambda: None
+        size = int(os.environ["WORLD_SIZE"])
+        return int(os.environ["RANK"]), size, model, sgd(model, size), lambda: None
     import torch.distributed as dist
     dist.init_process_group("gloo")
     model = torch.nn.parallel.DistributedDataParallel(model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.001 * dist.get_world_size(), momentum=0.9)
-    return dist.get_rank(), dist.get_world_size(), model, optimizer, dist.barrier
+    return dist.get_rank(), dist.get_world_size(), model, sgd(model, dist.get_world_size()), dist.barrier
 
 
 def main():
@@ -74,8 +77,6 @@ def main():
     start = time.perf_counter()
     for _ in range(args.steps):
         loss = step()
-        if os.environ.get("PEERS_PRINT_LOSS"):
-            print(rank, loss, flush=True)
     barrier()
     seconds = time.perf_counter() - start
     report({
