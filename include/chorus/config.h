@@ -9,6 +9,7 @@
 namespace chorus {
 
 class Store;
+class DeviceBackend;
 
 enum class LogLevel : int { kTrace = 0, kDebug, kInfo, kWarning, kError, kFatal };
 
@@ -39,7 +40,12 @@ struct Config {
   std::string shmPeerPath = "auto";  // large collectives pass data through: auto, cache, memory
   // Sets spanning hosts: -1 auto (when a host has several of the set's ranks), 0 off, 1 on.
   int hierarchicalAllreduce = -1;
-  int hierarchicalAllgather = -1;  // bytes per rank per round of a shared-memory collective
+  int hierarchicalAllgather = -1;
+  // CUDA tensors (CHORUS_GPU_OPERATIONS): auto, nccl or host (staged).
+  std::string gpuOperations = "auto";
+  int64_t gpuStageChunkBytes = 4 << 20;
+  // Tests: the device backend (the host stand-in); null: CUDA, opened on first use.
+  std::shared_ptr<DeviceBackend> device;  // bytes per rank per round of a shared-memory collective
   std::string jobId;               // names shared-memory segments so chorusrun can clean them up
 
   int64_t fusionThresholdBytes = 128ll << 20;

@@ -28,6 +28,10 @@ struct OpOptions {
   std::string name;  // empty: an automatic name, the same on every rank in call order
   int32_t processSet = kGlobalProcessSetId;
   int32_t priority = 0;  // higher runs first among ops ready in the same cycle
+  // CUDA tensors: the stream they are ready on (the framework's current stream,
+  // as a cudaStream_t); null: the default stream. chorus's own stream waits for
+  // it on the GPU; the host is not held.
+  void* stream = nullptr;
 };
 
 struct AllreduceOptions : OpOptions {
@@ -73,12 +77,22 @@ struct ProcessSetStats {
   int64_t shmSlotBytes = 0;        // bytes per pipelined round; 0: no shared memory
   int hierarchicalAllreduce = -1;  // 1 by hosts, 0 flat; -1: the set has no hierarchy
   int hierarchicalAllgather = -1;
+  // CUDA tensors: "NCCL" or "STAGED" once the set has run an op on them, else "".
+  std::string gpuPath;
+  std::string gpuPathReason;  // why that path
 };
 
 class RuntimeImpl;
 
 // Whether this build has the MPI backend (jobs under mpirun, MPI communicators).
 bool mpiBuilt();
+// Whether chorus's CUDA backend was built and can be opened (no GPU needed).
+bool cudaBuilt();
+// NCCL's version (e.g. 22809) where it can be opened, else 0 (Horovod's nccl_built()).
+int ncclBuilt();
+// Folders to look for libnccl.so.2 in after CHORUS_NCCL_LIBRARY (frontends pass
+// torch's nvidia/nccl/lib folders).
+void setNcclSearchPath(std::vector<std::string> folders);
 
 class Runtime {
  public:

@@ -43,19 +43,27 @@ using Shape = std::vector<int64_t>;
 int64_t numElements(const Shape& shape);
 std::string shapeString(const Shape& shape);
 
-// A non-owning view of a dense, contiguous tensor in host memory.
+// Where a tensor's memory is: kHostDevice, else a CUDA device ordinal.
+inline constexpr int32_t kHostDevice = -1;
+
+// A non-owning view of a dense, contiguous tensor, in host memory or, with
+// device >= 0, in that CUDA device's memory.
 struct Tensor {
   void* data = nullptr;
   DataType dtype = DataType::kFloat32;
   Shape shape;
+  int32_t device = kHostDevice;
 
   int64_t numel() const { return numElements(shape); }
   size_t bytes() const { return static_cast<size_t>(numel()) * dtypeSize(dtype); }
 };
 
 template <typename T>
-Tensor makeTensor(T* data, Shape shape, DataType dtype) {
-  return Tensor{static_cast<void*>(data), dtype, std::move(shape)};
+Tensor makeTensor(T* data, Shape shape, DataType dtype, int32_t device = kHostDevice) {
+  return Tensor{static_cast<void*>(data), dtype, std::move(shape), device};
 }
+
+// "cpu" or "cuda:N", for messages.
+std::string deviceName(int32_t device);
 
 }  // namespace chorus

@@ -48,6 +48,12 @@ class Work {
   // join: the last rank to join.
   int joinResult() const;
   std::exception_ptr error() const;
+  // CUDA tensors: once the op is done on the host (wait(), poll()), its device
+  // work may still run; work queued on stream after this call sees its results
+  // (a GPU-side wait; the host is not held). No-op for host tensors.
+  void streamWait(void* stream) const;
+  // The host waits for the op's device work too (C++ callers with no stream).
+  void synchronizeDevice() const;
 
   const std::shared_ptr<WorkState>& state() const { return state_; }
 

@@ -58,6 +58,14 @@ const std::vector<SettingInfo>& settingsTable() {
        "auto: hierarchical when a host holds several ranks of the set."},
       {"CHORUS_HIERARCHICAL_ALLGATHER", "HOROVOD_HIERARCHICAL_ALLGATHER", "auto",
        "The same choice for allgather."},
+      {"CHORUS_GPU_OPERATIONS", "HOROVOD_GPU_OPERATIONS", "auto",
+       "CUDA tensors: auto (NCCL when every rank of a set has a GPU of its own, else staged through pinned "
+       "host memory), nccl, or host (staged; Horovod's MPI and GLOO read as host)."},
+      {"CHORUS_GPU_STAGE_CHUNK_BYTES", "", "4194304",
+       "Staged CUDA allreduce: bytes per pipelined chunk (copy down, reduce, copy up overlap)."},
+      {"CHORUS_NCCL_LIBRARY", "", "(search)",
+       "Path of libnccl.so.2; else torch's nvidia/nccl/lib on sys.path, else the loader's path."},
+      {"CHORUS_CUDA_BACKEND", "", "(beside libchorus)", "Path of libchorus_cuda.so, chorus's CUDA backend."},
       {"CHORUS_JOB_ID", "", "(set by chorusrun)", "Job identity; names shared-memory segments."},
       {"CHORUS_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD", "134217728",
        "Bytes of the fusion buffer; 0 disables tensor fusion."},
@@ -193,6 +201,8 @@ void Config::applyEnv() {
   if (readSetting("CHORUS_SHM_PEER_PATH", &v)) shmPeerPath = v;  // checked by the backend (checkCommOptions)
   readNumber("CHORUS_HIERARCHICAL_ALLREDUCE", &hierarchicalAllreduce);
   readNumber("CHORUS_HIERARCHICAL_ALLGATHER", &hierarchicalAllgather);
+  if (gpuOperations == "auto" && readSetting("CHORUS_GPU_OPERATIONS", &v)) gpuOperations = v;
+  readNumber("CHORUS_GPU_STAGE_CHUNK_BYTES", &gpuStageChunkBytes);
   if (jobId.empty() && readSetting("CHORUS_JOB_ID", &v)) jobId = v;
   if (jobId.empty()) jobId = "nojob";
   readNumber("CHORUS_FUSION_THRESHOLD", &fusionThresholdBytes);
@@ -229,6 +239,7 @@ void Config::applyEnv() {
                           "the noise > 0, the sample seconds >= 0");
   }
   if (timeoutSeconds <= 0) throw InvalidArgument("CHORUS_TIMEOUT_SECONDS must be > 0");
+  if (gpuStageChunkBytes < 4096) throw InvalidArgument("CHORUS_GPU_STAGE_CHUNK_BYTES must be at least 4096");
 }
 
 Config Config::fromEnv() {

@@ -6,6 +6,7 @@
 
 #include "chorus/error.h"
 #include "core/logging.h"
+#include "device/loader.h"
 
 namespace chorus {
 
@@ -53,6 +54,7 @@ size_t payloadBytes(const Response& r, const Entry& e, int me) {
     case OpType::kAlltoall: break;
     default: return SIZE_MAX;
   }
+  if (e.input.device >= 0) return SIZE_MAX;  // (CUDA memory: the host cannot read it)
   return e.input.bytes();
 }
 
@@ -87,6 +89,13 @@ Controller::Controller(int32_t setId, std::vector<int> globalRanks, int globalRa
   applied_ = comm_->tuning();
   cacheApplied_ = cache_.enabled();
   executor_.setProgressHook([this] { wakeIdleWaiters(); });
+  DeviceSettings dev;
+  dev.backend = [device = config_.device]() { return device ? device : openCudaBackend(); };
+  dev.path.gpuOperations = config_.gpuOperations;
+  dev.path.stageChunkBytes = config_.gpuStageChunkBytes;
+  dev.path.timeoutSeconds = config_.timeoutSeconds;
+  dev.host = config_.hostname;
+  executor_.setDevice(std::move(dev));
   executor_.setChunkBytes(config_.preemptChunkBytes >= 0 ? config_.preemptChunkBytes
                                                          : static_cast<int64_t>(comm_->traits().preemptChunkBytes));
   if (config_.autotune && comm_->rank() == 0) {
@@ -181,6 +190,8 @@ ProcessSetStats Controller::stats() const {
   s.shmSlotBytes = applied_.slotBytes;
   s.hierarchicalAllreduce = applied_.hierarchicalAllreduce;
   s.hierarchicalAllgather = applied_.hierarchicalAllgather;
+  s.gpuPath = executor_.gpuPath();
+  s.gpuPathReason = executor_.gpuPathReason();
   return s;
 }
 
@@ -328,6 +339,7 @@ void Controller::failAll(std::exception_ptr err) {
   while (!entries_.empty()) finishEntry(entries_, entries_.begin(), release, err);
   cachedPending_.clear();
   executor_.drop();
+  executor_.abortDevice();
 }
 
 void Controller::cycle() {

@@ -233,6 +233,7 @@ Response Coordinator::build(const std::string& name, const Pending& p) {
   r.postscale = first->postscale;
   r.priority = first->priority;
   r.shape = first->shape;
+  r.onDevice = first->device >= 0;
 
   // Fields that must agree, checked in order; the first disagreement is reported.
   // A field agrees where its values are equal, or else where their text is (the
@@ -261,7 +262,10 @@ Response Coordinator::build(const std::string& name, const Pending& p) {
   bool ok = agrees("operation", [](const Request& a, const Request& b) { return a.type == b.type; },
                    [](const Request& q) { return std::string(opTypeName(q.type)); }) &&
             agrees("dtype", [](const Request& a, const Request& b) { return a.dtype == b.dtype; },
-                   [](const Request& q) { return std::string(dtypeName(q.dtype)); });
+                   [](const Request& q) { return std::string(dtypeName(q.dtype)); }) &&
+            // (CUDA ordinals may differ between ranks; host against CUDA may not)
+            agrees("device", [](const Request& a, const Request& b) { return (a.device >= 0) == (b.device >= 0); },
+                   [](const Request& q) { return deviceName(q.device); });
   switch (first->type) {
     case OpType::kAllreduce:
     case OpType::kReducescatter:

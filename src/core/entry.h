@@ -8,6 +8,7 @@
 #include "chorus/runtime.h"
 #include "core/message.h"
 #include "core/work_state.h"
+#include "device/device_handles.h"
 
 namespace chorus {
 
@@ -18,6 +19,8 @@ struct Entry {
   Allocator alloc;  // null: chorus allocates and the Work owns the storage
   std::shared_ptr<WorkState> work;
   size_t part = 0;  // index of this tensor within its Work
+  // CUDA tensors: recorded on the caller's stream at enqueue; chorus's stream waits for it.
+  std::shared_ptr<DeviceEvent> ready;
   std::chrono::steady_clock::time_point enqueued;
 };
 

@@ -4,11 +4,13 @@
 #include <atomic>
 #include <climits>
 #include <functional>
+#include <mutex>
 #include <optional>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "core/entry.h"
+#include "core/executor_device.h"
 #include "core/timeline.h"
 
 namespace chorus {
@@ -60,6 +62,15 @@ class Executor {
   // Forgets the queued work (its entries were failed by the caller).
   void drop();
 
+  // CUDA tensors: how to reach the device (set before the first cycle).
+  void setDevice(DeviceSettings s) { deviceSettings_ = std::move(s); }
+  // The set's path for CUDA tensors ("NCCL", "STAGED"; "" before its first device
+  // op) and why it was chosen.
+  std::string gpuPath() const;
+  std::string gpuPathReason() const;
+  // A failure ends the set: makes peers waiting in the device path fail now.
+  void abortDevice();
+
   int64_t allreduceBatches() const { return batches_; }
   int64_t allreduceTensors() const { return tensors_; }
 
@@ -99,6 +110,10 @@ class Executor {
   void fail(const Response& r, EntryTable& entries);
 
   Communicator& comm_;
+  DeviceRunner& device(const Response& r, EntryTable& entries);  // made at the set's first device op
+  DeviceSettings deviceSettings_;
+  std::unique_ptr<DeviceRunner> device_;
+  mutable std::mutex deviceMu_;  // device_'s creation against gpuPath()
   std::atomic<int64_t> threshold_;  // changed between cycles by autotune; read by stats()
   const char* transportOf(bool fromPayload) const;
   Release release_;

@@ -8,7 +8,7 @@ namespace chorus {
 // Allreduces that may travel in one fused collective.
 inline bool fusible(const Response& a, const Response& b) {
   return a.type == OpType::kAllreduce && b.type == OpType::kAllreduce &&
-         a.errorKind == ErrorKind::kNone && b.errorKind == ErrorKind::kNone && a.dtype == b.dtype &&
+         a.errorKind == ErrorKind::kNone && b.errorKind == ErrorKind::kNone && a.dtype == b.dtype && a.onDevice == b.onDevice &&
          a.op == b.op && a.prescale == b.prescale && a.postscale == b.postscale;
 }
 

@@ -130,6 +130,30 @@ size_t Executor::runSome(const Response* src, size_t count, EntryTable& entries,
       ++i;
       continue;
     }
+    if (r.onDevice) {  // CUDA tensors: whole, on the set's device path
+      DeviceRunner& dev = device(r, entries);
+      const size_t j = r.type == OpType::kAllreduce ? groupAt(src, count, i) : i + 1;
+      std::vector<const Response*>& group = group_;
+      group.clear();
+      size_t bytes = 0;
+      for (size_t k = i; k < j; ++k) {
+        group.push_back(&src[k]);
+        bytes += src[k].bytes();
+      }
+      OpSpans spans(timeline_, group.data(), group.size(), dev.transport(), setId_);
+      if (r.type == OpType::kAllreduce) {
+        ++batches_;
+        tensors_ += static_cast<int64_t>(group.size());
+        dev.allreduce(group.data(), group.size(), entries, release_);
+      } else if (r.type == OpType::kBarrier || r.type == OpType::kJoin) {
+        runSimple(r, entries);
+      } else {
+        dev.run(r, entries, release_);
+      }
+      *spent += bytes;
+      i = j;
+      continue;
+    }
     if (r.type == OpType::kAllreduce) {
       const size_t j = groupAt(src, count, i);
       std::vector<const Response*>& group = group_;
@@ -167,6 +191,33 @@ size_t Executor::runSome(const Response* src, size_t count, EntryTable& entries,
     ++i;
   }
   return i;
+}
+
+DeviceRunner& Executor::device(const Response& r, EntryTable& entries) {
+  if (device_) return *device_;
+  if (!deviceSettings_.backend) throw Error("CUDA tensors reached a process set with no device settings");
+  // This rank's device for the set: its tensor's (a rank that joined: the current one).
+  auto it = entries.find(r.name);
+  const int ordinal = it != entries.end() ? it->second.input.device : -1;
+  auto runner = std::make_unique<DeviceRunner>(deviceSettings_, ordinal, comm_, timeline_, setId_);
+  std::lock_guard<std::mutex> lock(deviceMu_);
+  device_ = std::move(runner);
+  return *device_;
+}
+
+std::string Executor::gpuPath() const {
+  std::lock_guard<std::mutex> lock(deviceMu_);
+  return device_ ? device_->transport() : "";
+}
+
+std::string Executor::gpuPathReason() const {
+  std::lock_guard<std::mutex> lock(deviceMu_);
+  return device_ ? device_->reason() : "";
+}
+
+void Executor::abortDevice() {
+  std::lock_guard<std::mutex> lock(deviceMu_);
+  if (device_) device_->abort();
 }
 
 void Executor::startChunked(const Response* group, size_t n, EntryTable& entries) {

@@ -19,7 +19,7 @@ bool Request::sameParams(const Request& o) const {
   return type == o.type && name == o.name && dtype == o.dtype && shape == o.shape && op == o.op &&
          root == o.root && prescale == o.prescale && postscale == o.postscale &&
          priority == o.priority && group == o.group && groupSize == o.groupSize &&
-         splits == o.splits;
+         splits == o.splits && device == o.device;
 }
 
 void writeRequests(const std::vector<Request>& reqs, ByteWriter& w) {
@@ -39,6 +39,7 @@ void writeRequests(const std::vector<Request>& reqs, ByteWriter& w) {
     w.putVector(q.splits);
     w.put<int64_t>(q.ageMs);
     w.put<int32_t>(q.conflictSet);
+    w.put<int32_t>(q.device);
   }
 }
 
@@ -59,6 +60,7 @@ std::vector<Request> readRequests(ByteReader& r) {
     q.splits = r.getVector<int64_t>();
     q.ageMs = r.get<int64_t>();
     q.conflictSet = r.get<int32_t>();
+    q.device = r.get<int32_t>();
   }
   return reqs;
 }

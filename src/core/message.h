@@ -37,6 +37,7 @@ struct Request {
   // A conflict marker (not a collective): the sender has this name in flight on
   // process set conflictSet while the set it is sent on waits for it.
   int32_t conflictSet = -1;
+  int32_t device = kHostDevice;  // the tensor's (kHostDevice or a CUDA ordinal)
 
   // Same collective with the same parameters (what a cache hit requires).
   bool sameParams(const Request& o) const;
@@ -65,6 +66,7 @@ struct Response {
   std::string error;
   std::vector<int32_t> conflictSets;  // sets the name was also in flight on (a conflict error)
   std::vector<int> markedRanks;       // set ranks whose part in a conflict was a marker
+  bool onDevice = false;              // the tensors are CUDA tensors (on every rank)
 
   size_t bytes() const { return static_cast<size_t>(numElements(shape)) * dtypeSize(dtype); }
 };

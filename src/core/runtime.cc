@@ -10,6 +10,7 @@
 #include "chorus/error.h"
 #include "core/logging.h"
 #include "core/runtime_impl.h"
+#include "device/loader.h"
 #include "rendezvous/net_address.h"
 #include "rendezvous/wire.h"
 
@@ -436,5 +437,13 @@ ProcessSetStats Runtime::stats(int32_t processSet) const {
 void Runtime::synchronize() { impl_->synchronize(); }
 std::pair<int64_t, bool> Runtime::elasticHostUpdates() { return impl_->elasticHostUpdates(); }
 std::pair<int, int> Runtime::elasticJoinNextRound() { return impl_->elasticJoinNextRound(); }
+
+}  // namespace chorus
+
+namespace chorus {
+
+std::shared_ptr<DeviceBackend> RuntimeImpl::deviceBackend() {
+  return config.device ? config.device : openCudaBackend();
+}
 
 }  // namespace chorus

@@ -55,6 +55,9 @@ class RuntimeImpl {
   // Point-to-point, for the whole job; waiters drive it through p2pDriver.
   std::unique_ptr<PointToPoint> p2p;
   std::shared_ptr<CycleDriver> p2pDriver;
+  // The device backend for CUDA tensors: config.device, else CUDA (opened on
+  // first use; throws chorus::Error saying what is missing).
+  std::shared_ptr<DeviceBackend> deviceBackend();
 
  private:
   void exchangeHosts();

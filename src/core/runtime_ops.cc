@@ -91,6 +91,27 @@ Work submitGroup(RuntimeImpl& impl, OpType type, const char* kind, const char* g
   }
   const bool grouped = inputs.size() > 1;
   std::string base = impl.resolveName(opts, grouped ? groupedKind : kind);
+  // CUDA tensors: one ready event, recorded now on the caller's stream.
+  std::shared_ptr<DeviceEvent> ready;
+  const int32_t dev = inputs.size() ? inputs[0].device : kHostDevice;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const bool outDiffers = outputs && (*outputs)[i].device != inputs[i].device;
+    if (inputs[i].device != dev || outDiffers)
+      throw InvalidArgument(std::string(groupedKind) + " '" + base + "': tensor " + std::to_string(i) + " is on " +
+                            deviceName(outDiffers ? (*outputs)[i].device : inputs[i].device) + ", tensor 0's input on " +
+                            deviceName(dev) + ": one call's tensors must share a device");
+  }
+  if (dev >= 0) {
+    if (type == OpType::kAllreduce) {
+      Request q;
+      fill(q);
+      if (q.op == ReduceOp::kAdasum)
+        throw InvalidArgument(std::string(kind) + " '" + base + "': Adasum is not supported on CUDA tensors");
+    }
+    auto backend = impl.deviceBackend();  // (throws saying what is missing)
+    ready = std::make_shared<DeviceEvent>(backend, dev);
+    backend->record(ready->get(), opts.stream);
+  }
   auto work = std::make_shared<WorkState>(inputs.size());
   std::vector<Entry> entries;
   entries.reserve(inputs.size());
@@ -113,8 +134,10 @@ Work submitGroup(RuntimeImpl& impl, OpType type, const char* kind, const char* g
       q.groupSize = static_cast<int32_t>(inputs.size());
     }
     fill(q);
+    q.device = dev;
     static const Tensor kNoOutput;  // (an lvalue on both sides of ?: : no copy of the output)
     entries.push_back(makeEntry(std::move(q), inputs[i], outputs ? (*outputs)[i] : kNoOutput, work, i, alloc));
+    entries.back().ready = ready;
   }
   if (entries.empty()) {
     work->complete(nullptr);

@@ -176,6 +176,14 @@ void Timeline::opEnd(const std::string& name) {
   write(nlohmann::json{{"ph", "E"}, {"ts", micros()}, {"pid", pidOf(name)}}.dump());
 }
 
+void Timeline::activityStart(const std::string& name, const char* activity) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!active_) return;
+  write(nlohmann::json{{"ph", "B"}, {"name", activity}, {"ts", micros()}, {"pid", pidOf(name)}}.dump());
+}
+
+void Timeline::activityEnd(const std::string& name) { opEnd(name); }
+
 void Timeline::cycleStart() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!active_ || !markCycles_) return;

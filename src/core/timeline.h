@@ -50,6 +50,9 @@ class Timeline {
   void negotiateEnd(const std::string& name);
   void opStart(const std::string& name, OpType type, const OpSpanArgs& args = {});
   void opEnd(const std::string& name);
+  // A step inside an op's span (MEMCPY_IN_FUSION_BUFFER, WAIT_FOR_DATA...).
+  void activityStart(const std::string& name, const char* activity);
+  void activityEnd(const std::string& name);
   void cycleStart();
 
  private:

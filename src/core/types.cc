@@ -9,6 +9,8 @@
 
 namespace chorus {
 
+std::string deviceName(int32_t device) { return device < 0 ? "cpu" : "cuda:" + std::to_string(device); }
+
 size_t dtypeSize(DataType t) {
   switch (t) {
     case DataType::kUInt8:

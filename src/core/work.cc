@@ -109,3 +109,15 @@ int Work::joinResult() const { return state_->joinResult; }
 std::exception_ptr Work::error() const { return state_->error(); }
 
 }  // namespace chorus
+
+namespace chorus {
+
+void Work::streamWait(void* stream) const {
+  if (const auto& e = state_->deviceDone) e->backend().streamWait(stream, e->get());
+}
+
+void Work::synchronizeDevice() const {
+  if (const auto& e = state_->deviceDone) e->backend().synchronize(e->get());
+}
+
+}  // namespace chorus

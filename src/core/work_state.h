@@ -10,6 +10,7 @@
 
 #include "chorus/types.h"
 #include "core/cycle_driver.h"
+#include "device/device_handles.h"
 
 namespace chorus {
 
@@ -36,6 +37,8 @@ class WorkState {
   std::vector<std::shared_ptr<void>> owned;  // storage chorus allocated
   std::vector<int64_t> receivedSplits;
   int joinResult = -1;
+  // CUDA tensors: recorded on chorus's stream after each part's device work.
+  std::shared_ptr<DeviceEvent> deviceDone;
   std::shared_ptr<CycleDriver> driver;  // set before the op is enqueued
   mutable std::atomic<bool> driverEntered{false};  // the submitter entered the driver for wait()
 

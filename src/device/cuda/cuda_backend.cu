@@ -1,0 +1,320 @@
+// The device interface on CUDA: libchorus_cuda, opened by device/loader.cc at
+// run time. The CUDA runtime is linked statically: handles of torch's runtime
+// (its streams) are the driver's and work here unchanged.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "chorus/error.h"
+#include "device/device_backend.h"
+
+namespace chorus {
+namespace {
+
+void check(cudaError_t rc, const char* what) {
+  if (rc != cudaSuccess) {
+    cudaGetLastError();  // (clears a non-sticky error)
+    throw Error(std::string("CUDA error in ") + what + ": " + cudaGetErrorString(rc));
+  }
+}
+
+// Makes ordinal current for a scope (CUDA's current device is per thread).
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int ordinal) {
+    check(cudaGetDevice(&prev_), "cudaGetDevice");
+    if (ordinal >= 0 && ordinal != prev_) check(cudaSetDevice(ordinal), "cudaSetDevice");
+    else prev_ = -1;
+  }
+  ~DeviceGuard() {
+    if (prev_ >= 0) cudaSetDevice(prev_);
+  }
+
+ private:
+  int prev_ = -1;
+};
+
+constexpr int kThreads = 256;
+constexpr int kItemsPerLaunch = 64;  // CopyItems passed by value (1.5 KiB of parameters)
+
+struct CopyBatch {
+  CopyItem items[kItemsPerLaunch];
+};
+
+// One block row per item; 16-byte moves where both ends and the size allow.
+__global__ void batchedCopyKernel(CopyBatch batch) {
+  const CopyItem c = batch.items[blockIdx.y];
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  const size_t first = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const bool wide = ((reinterpret_cast<uintptr_t>(c.dst) | reinterpret_cast<uintptr_t>(c.src) | c.bytes) & 15) == 0;
+  if (wide) {
+    uint4* d = static_cast<uint4*>(c.dst);
+    const uint4* s = static_cast<const uint4*>(c.src);
+    for (size_t i = first; i < c.bytes / 16; i += stride) d[i] = s[i];
+  } else {
+    char* d = static_cast<char*>(c.dst);
+    const char* s = static_cast<const char*>(c.src);
+    for (size_t i = first; i < c.bytes; i += stride) d[i] = s[i];
+  }
+}
+
+// Compute type: float for 16-bit floats, double for double and integers
+// (integers truncate toward zero, as the CPU kernels do).
+template <typename T> struct Acc { using type = double; };
+template <> struct Acc<float> { using type = float; };
+template <> struct Acc<__half> { using type = float; };
+template <> struct Acc<__nv_bfloat16> { using type = float; };
+
+template <typename T> __device__ inline typename Acc<T>::type load(T v) { return static_cast<typename Acc<T>::type>(v); }
+template <> __device__ inline float load(__half v) { return __half2float(v); }
+template <> __device__ inline float load(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T> __device__ inline T store(typename Acc<T>::type v) { return static_cast<T>(v); }
+template <> __device__ inline __half store<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ inline __nv_bfloat16 store<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <> __device__ inline bool store<bool>(double v) { return v != 0; }
+
+template <typename T>
+__global__ void scaleKernel(T* dst, const T* src, size_t n, double factor) {
+  const auto f = static_cast<typename Acc<T>::type>(factor);
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    dst[i] = store<T>(load(src[i]) * f);
+}
+
+template <typename T>
+__global__ void divideKernel(T* buf, size_t n, int64_t divisor) {
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    buf[i] = static_cast<T>(static_cast<int64_t>(buf[i]) / divisor);
+}
+
+template <typename From, typename To>
+__global__ void castKernel(To* dst, const From* src, size_t n) {
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    dst[i] = store<To>(static_cast<typename Acc<To>::type>(load(src[i])));
+}
+
+template <typename T>
+__global__ void reduceKernel(T* dst, const T* src, size_t n, int op) {
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const auto a = load(dst[i]), b = load(src[i]);
+    typename Acc<T>::type r;
+    switch (op) {
+      case 2: r = a < b ? a : b; break;
+      case 3: r = a > b ? a : b; break;
+      case 4: r = a * b; break;
+      default: r = a + b; break;
+    }
+    // NaN propagates through Min and Max, as torch's do.
+    if ((op == 2 || op == 3) && (a != a || b != b)) r = a != a ? a : b;
+    dst[i] = store<T>(r);
+  }
+}
+
+unsigned blocksFor(size_t n) {
+  const size_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(std::max<size_t>(1, std::min<size_t>(b, 4096)));
+}
+
+// Calls fn with a null pointer of dtype's device type.
+template <typename Fn>
+void byType(DataType t, const char* what, Fn&& fn) {
+  switch (t) {
+    case DataType::kUInt8: return fn(static_cast<uint8_t*>(nullptr));
+    case DataType::kInt8: return fn(static_cast<int8_t*>(nullptr));
+    case DataType::kInt16: return fn(static_cast<int16_t*>(nullptr));
+    case DataType::kUInt16: return fn(static_cast<uint16_t*>(nullptr));
+    case DataType::kInt32: return fn(static_cast<int32_t*>(nullptr));
+    case DataType::kInt64: return fn(static_cast<int64_t*>(nullptr));
+    case DataType::kFloat16: return fn(static_cast<__half*>(nullptr));
+    case DataType::kBFloat16: return fn(static_cast<__nv_bfloat16*>(nullptr));
+    case DataType::kFloat32: return fn(static_cast<float*>(nullptr));
+    case DataType::kFloat64: return fn(static_cast<double*>(nullptr));
+    case DataType::kBool: return fn(static_cast<bool*>(nullptr));
+  }
+  throw InvalidArgument(std::string(what) + ": unknown dtype");
+}
+
+template <typename Fn>
+void byFloatType(DataType t, const char* what, Fn&& fn) {
+  switch (t) {
+    case DataType::kFloat16: return fn(static_cast<__half*>(nullptr));
+    case DataType::kBFloat16: return fn(static_cast<__nv_bfloat16*>(nullptr));
+    case DataType::kFloat32: return fn(static_cast<float*>(nullptr));
+    case DataType::kFloat64: return fn(static_cast<double*>(nullptr));
+    default: throw InvalidArgument(std::string(what) + ": " + dtypeName(t) + " is not a floating dtype");
+  }
+}
+
+cudaStream_t S(void* s) { return static_cast<cudaStream_t>(s); }
+
+class CudaBackend final : public DeviceBackend {
+ public:
+  const char* name() const override { return "cuda"; }
+  std::string version() const override {
+    int rt = 0, drv = 0;
+    cudaRuntimeGetVersion(&rt);
+    cudaDriverGetVersion(&drv);
+    return "CUDA runtime " + std::to_string(rt / 1000) + "." + std::to_string(rt % 1000 / 10) + ", driver " +
+           std::to_string(drv / 1000) + "." + std::to_string(drv % 1000 / 10);
+  }
+  int count() const override {
+    int n = 0;
+    check(cudaGetDeviceCount(&n), "cudaGetDeviceCount");
+    return n;
+  }
+  int current() const override {
+    int d = 0;
+    check(cudaGetDevice(&d), "cudaGetDevice");
+    return d;
+  }
+  void setCurrent(int ordinal) override { check(cudaSetDevice(ordinal), "cudaSetDevice"); }
+  std::string identity(int ordinal) const override {
+    char bus[64] = {0};
+    check(cudaDeviceGetPCIBusId(bus, sizeof bus, ordinal), "cudaDeviceGetPCIBusId");
+    return bus;
+  }
+  int deviceOf(const void* p) const override {
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+      cudaGetLastError();
+      return -1;
+    }
+    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged ? a.device : -1;
+  }
+  void* allocDevice(int ordinal, size_t bytes) override {
+    DeviceGuard g(ordinal);
+    void* p = nullptr;
+    check(cudaMalloc(&p, std::max<size_t>(bytes, 1)), "cudaMalloc");
+    return p;
+  }
+  void freeDevice(void* p) override { check(cudaFree(p), "cudaFree"); }
+  void* allocPinned(size_t bytes) override {
+    void* p = nullptr;
+    check(cudaHostAlloc(&p, std::max<size_t>(bytes, 1), cudaHostAllocPortable), "cudaHostAlloc");
+    return p;
+  }
+  void freePinned(void* p) override { check(cudaFreeHost(p), "cudaFreeHost"); }
+  void* createStream(int ordinal) override {
+    DeviceGuard g(ordinal);
+    cudaStream_t s;
+    check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    return s;
+  }
+  void destroyStream(void* s) override { check(cudaStreamDestroy(S(s)), "cudaStreamDestroy"); }
+  void* createEvent(int ordinal) override {
+    DeviceGuard g(ordinal);
+    cudaEvent_t e;
+    check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    return e;
+  }
+  void destroyEvent(void* e) override { check(cudaEventDestroy(static_cast<cudaEvent_t>(e)), "cudaEventDestroy"); }
+  void record(void* event, void* stream) override {
+    check(cudaEventRecord(static_cast<cudaEvent_t>(event), S(stream)), "cudaEventRecord");
+  }
+  void streamWait(void* stream, void* event) override {
+    check(cudaStreamWaitEvent(S(stream), static_cast<cudaEvent_t>(event), 0), "cudaStreamWaitEvent");
+  }
+  bool query(void* event) override {
+    const cudaError_t rc = cudaEventQuery(static_cast<cudaEvent_t>(event));
+    if (rc == cudaErrorNotReady) return false;
+    check(rc, "cudaEventQuery");
+    return true;
+  }
+  void synchronize(void* event) override {
+    check(cudaEventSynchronize(static_cast<cudaEvent_t>(event)), "cudaEventSynchronize");
+  }
+  void synchronizeStream(void* stream) override { check(cudaStreamSynchronize(S(stream)), "cudaStreamSynchronize"); }
+  void copy(void* dst, const void* src, size_t bytes, void* stream) override {
+    if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, S(stream)), "cudaMemcpyAsync");
+  }
+  void batchedCopy(const CopyItem* items, size_t n, void* stream) override {
+    for (size_t at = 0; at < n; at += kItemsPerLaunch) {
+      CopyBatch b{};
+      const size_t k = std::min<size_t>(kItemsPerLaunch, n - at);
+      size_t largest = 0;
+      for (size_t i = 0; i < k; ++i) {
+        b.items[i] = items[at + i];
+        largest = std::max(largest, items[at + i].bytes);
+      }
+      if (!largest) continue;
+      dim3 grid(std::min<unsigned>(blocksFor(largest / 16 + 1), 1024), static_cast<unsigned>(k));
+      batchedCopyKernel<<<grid, kThreads, 0, S(stream)>>>(b);
+      check(cudaGetLastError(), "batched copy kernel");
+    }
+  }
+  void scale(DataType dtype, void* dst, const void* src, size_t n, double factor, void* stream) override {
+    if (!n) return;
+    byType(dtype, "scale", [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      scaleKernel<T><<<blocksFor(n), kThreads, 0, S(stream)>>>(static_cast<T*>(dst), static_cast<const T*>(src), n,
+                                                                 factor);
+    });
+    check(cudaGetLastError(), "scale kernel");
+  }
+  void divide(DataType dtype, void* buf, size_t n, int64_t divisor, void* stream) override {
+    if (!n) return;
+    auto launch = [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      divideKernel<T><<<blocksFor(n), kThreads, 0, S(stream)>>>(static_cast<T*>(buf), n, divisor);
+    };
+    switch (dtype) {
+      case DataType::kUInt8: launch(static_cast<uint8_t*>(nullptr)); break;
+      case DataType::kInt8: launch(static_cast<int8_t*>(nullptr)); break;
+      case DataType::kInt16: launch(static_cast<int16_t*>(nullptr)); break;
+      case DataType::kUInt16: launch(static_cast<uint16_t*>(nullptr)); break;
+      case DataType::kInt32: launch(static_cast<int32_t*>(nullptr)); break;
+      case DataType::kInt64: launch(static_cast<int64_t*>(nullptr)); break;
+      default: return scale(dtype, buf, buf, n, 1.0 / static_cast<double>(divisor), stream);
+    }
+    check(cudaGetLastError(), "divide kernel");
+  }
+  void cast(DataType to, void* dst, DataType from, const void* src, size_t n, void* stream) override {
+    if (!n) return;
+    byFloatType(from, "cast", [&](auto* f) {
+      using F = std::remove_pointer_t<decltype(f)>;
+      byFloatType(to, "cast", [&](auto* t) {
+        using T = std::remove_pointer_t<decltype(t)>;
+        castKernel<F, T><<<blocksFor(n), kThreads, 0, S(stream)>>>(static_cast<T*>(dst), static_cast<const F*>(src), n);
+      });
+    });
+    check(cudaGetLastError(), "cast kernel");
+  }
+  void reduce(DataType dtype, ReduceOp op, void* dst, const void* src, size_t n, void* stream) override {
+    if (!n) return;
+    if (op == ReduceOp::kAdasum) throw InvalidArgument("device reduce: Adasum is not element-wise");
+    byType(dtype, "reduce", [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      reduceKernel<T><<<blocksFor(n), kThreads, 0, S(stream)>>>(static_cast<T*>(dst), static_cast<const T*>(src), n,
+                                                                  static_cast<int>(op));
+    });
+    check(cudaGetLastError(), "reduce kernel");
+  }
+};
+
+}  // namespace
+}  // namespace chorus
+
+// The loader's one entry point. Returns null and fills err when no GPU can be used.
+extern "C" __attribute__((visibility("default"))) chorus::DeviceBackend* chorus_device_backend_create(
+    int abi, char* err, size_t errBytes) {
+  auto fail = [&](const std::string& m) -> chorus::DeviceBackend* {
+    std::snprintf(err, errBytes, "%s", m.c_str());
+    return nullptr;
+  };
+  if (abi != chorus::kDeviceBackendAbi)
+    return fail("libchorus_cuda was built for device interface " + std::to_string(chorus::kDeviceBackendAbi) +
+                ", libchorus asks for " + std::to_string(abi));
+  int n = 0;
+  const cudaError_t rc = cudaGetDeviceCount(&n);
+  if (rc != cudaSuccess) return fail(std::string("no usable CUDA device: ") + cudaGetErrorString(rc));
+  if (n == 0) return fail("no CUDA device is visible (CUDA_VISIBLE_DEVICES?)");
+  return new chorus::CudaBackend();
+}

@@ -1,0 +1,85 @@
+#pragma once
+// Owning handles of a backend's streams, events and buffers.
+#include <memory>
+#include <utility>
+
+#include "device/device_backend.h"
+
+namespace chorus {
+
+class DeviceEvent {
+ public:
+  DeviceEvent(std::shared_ptr<DeviceBackend> b, int ordinal) : b_(std::move(b)), e_(b_->createEvent(ordinal)) {}
+  ~DeviceEvent() {
+    try {
+      b_->destroyEvent(e_);
+    } catch (...) {
+    }
+  }
+  DeviceEvent(const DeviceEvent&) = delete;
+  DeviceEvent& operator=(const DeviceEvent&) = delete;
+  void* get() const { return e_; }
+  DeviceBackend& backend() const { return *b_; }
+
+ private:
+  std::shared_ptr<DeviceBackend> b_;
+  void* e_;
+};
+
+class DeviceStream {
+ public:
+  DeviceStream(std::shared_ptr<DeviceBackend> b, int ordinal) : b_(std::move(b)), s_(b_->createStream(ordinal)) {}
+  ~DeviceStream() {
+    try {
+      b_->synchronizeStream(s_);
+      b_->destroyStream(s_);
+    } catch (...) {
+    }
+  }
+  DeviceStream(const DeviceStream&) = delete;
+  DeviceStream& operator=(const DeviceStream&) = delete;
+  void* get() const { return s_; }
+
+ private:
+  std::shared_ptr<DeviceBackend> b_;
+  void* s_;
+};
+
+// A buffer that grows (device or pinned host memory), freed with the backend.
+class DeviceBuffer {
+ public:
+  DeviceBuffer(std::shared_ptr<DeviceBackend> b, int ordinal) : b_(std::move(b)), ordinal_(ordinal) {}
+  ~DeviceBuffer() { release(); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  // At least bytes; contents are lost when it grows (the caller ordered any
+  // work using the old memory before this call).
+  void* reserve(size_t bytes) {
+    if (bytes > size_ || !p_) {
+      release();
+      p_ = ordinal_ >= 0 ? b_->allocDevice(ordinal_, bytes) : b_->allocPinned(bytes);
+      size_ = bytes;
+    }
+    return p_;
+  }
+  void* get() const { return p_; }
+  size_t size() const { return size_; }
+
+ private:
+  void release() {
+    if (!p_) return;
+    try {
+      if (ordinal_ >= 0) b_->freeDevice(p_);
+      else b_->freePinned(p_);
+    } catch (...) {
+    }
+    p_ = nullptr;
+    size_ = 0;
+  }
+  std::shared_ptr<DeviceBackend> b_;
+  int ordinal_;  // -1: pinned host memory
+  void* p_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace chorus

@@ -1,0 +1,249 @@
+#include "device/host_stand_in.h"
+
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "chorus/error.h"
+#include "reduce/half.h"
+#include "reduce/reduce.h"
+
+namespace chorus {
+
+namespace {
+
+// A stream: a thread running its queue in order.
+class Stream {
+ public:
+  Stream() : thread_([this] { loop(); }) {}
+  ~Stream() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void push(std::function<void()> fn) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(fn));
+      ++queued_;
+    }
+    cv_.notify_all();
+  }
+  void drain() {
+    std::unique_lock<std::mutex> lock(mu_);
+    const uint64_t target = queued_;
+    cv_.wait(lock, [&] { return ran_ >= target; });
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      std::function<void()> fn = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      fn();
+      lock.lock();
+      ++ran_;
+      cv_.notify_all();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  uint64_t queued_ = 0, ran_ = 0;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+// An event: the generation of its last record, and the latest one completed.
+struct Event {
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t recorded = 0, completed = 0;
+  void waitFor(uint64_t gen) {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return completed >= gen; });
+  }
+};
+
+void castElements(DataType to, void* dst, DataType from, const void* src, size_t n) {
+  auto load = [&](size_t i) -> double {
+    switch (from) {
+      case DataType::kFloat16: return halfToFloat(static_cast<const uint16_t*>(src)[i]);
+      case DataType::kBFloat16: return bf16ToFloat(static_cast<const uint16_t*>(src)[i]);
+      case DataType::kFloat32: return static_cast<const float*>(src)[i];
+      case DataType::kFloat64: return static_cast<const double*>(src)[i];
+      default: throw InvalidArgument(std::string("cast: unsupported source dtype ") + dtypeName(from));
+    }
+  };
+  for (size_t i = 0; i < n; ++i) {
+    const double v = load(i);
+    switch (to) {
+      case DataType::kFloat16: static_cast<uint16_t*>(dst)[i] = floatToHalf(static_cast<float>(v)); break;
+      case DataType::kBFloat16: static_cast<uint16_t*>(dst)[i] = floatToBf16(static_cast<float>(v)); break;
+      case DataType::kFloat32: static_cast<float*>(dst)[i] = static_cast<float>(v); break;
+      case DataType::kFloat64: static_cast<double*>(dst)[i] = v; break;
+      default: throw InvalidArgument(std::string("cast: unsupported target dtype ") + dtypeName(to));
+    }
+  }
+}
+
+class HostStandIn final : public DeviceBackend {
+ public:
+  explicit HostStandIn(HostStandInOptions opts) : opts_(std::move(opts)) {}
+  ~HostStandIn() override {
+    default_.drain();
+    for (auto& [p, a] : device_) std::free(reinterpret_cast<void*>(p));
+  }
+  const char* name() const override { return "host stand-in"; }
+  std::string version() const override { return "host stand-in (no GPU)"; }
+  int count() const override { return opts_.devices; }
+  int current() const override { return current_; }
+  void setCurrent(int ordinal) override {
+    checkOrdinal(ordinal);
+    current_ = ordinal;
+  }
+  std::string identity(int ordinal) const override {
+    checkOrdinal(ordinal);
+    return opts_.identityPrefix + std::to_string(ordinal);
+  }
+  int deviceOf(const void* p) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto addr = reinterpret_cast<uintptr_t>(p);
+    auto it = device_.upper_bound(addr);
+    if (it == device_.begin()) return -1;
+    --it;
+    return addr < it->first + std::max<size_t>(it->second.bytes, 1) ? it->second.ordinal : -1;
+  }
+  void* allocDevice(int ordinal, size_t bytes) override {
+    checkOrdinal(ordinal);
+    void* p = std::malloc(std::max<size_t>(bytes, 1));
+    if (!p) throw Error("host stand-in: out of memory allocating " + std::to_string(bytes) + " bytes");
+    std::lock_guard<std::mutex> lock(mu_);
+    device_[reinterpret_cast<uintptr_t>(p)] = {bytes, ordinal};
+    return p;
+  }
+  void freeDevice(void* p) override {
+    if (!p) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!device_.erase(reinterpret_cast<uintptr_t>(p))) throw InvalidArgument("host stand-in: freeDevice of unknown pointer");
+    std::free(p);
+  }
+  void* allocPinned(size_t bytes) override { return std::malloc(std::max<size_t>(bytes, 1)); }
+  void freePinned(void* p) override { std::free(p); }
+
+  void* createStream(int ordinal) override {
+    checkOrdinal(ordinal);
+    return new Stream();
+  }
+  void destroyStream(void* s) override { delete static_cast<Stream*>(s); }
+  void* createEvent(int) override { return new Event(); }
+  void destroyEvent(void* e) override { delete static_cast<Event*>(e); }
+  void record(void* event, void* stream) override {
+    auto* e = static_cast<Event*>(event);
+    uint64_t gen;
+    {
+      std::lock_guard<std::mutex> lock(e->mu);
+      gen = ++e->recorded;
+    }
+    on(stream)->push([e, gen] {
+      {
+        std::lock_guard<std::mutex> lock(e->mu);
+        e->completed = std::max(e->completed, gen);
+      }
+      e->cv.notify_all();
+    });
+  }
+  void streamWait(void* stream, void* event) override {
+    auto* e = static_cast<Event*>(event);
+    uint64_t gen;
+    {
+      std::lock_guard<std::mutex> lock(e->mu);
+      gen = e->recorded;
+    }
+    on(stream)->push([e, gen] { e->waitFor(gen); });
+  }
+  bool query(void* event) override {
+    auto* e = static_cast<Event*>(event);
+    std::lock_guard<std::mutex> lock(e->mu);
+    return e->completed >= e->recorded;
+  }
+  void synchronize(void* event) override {
+    auto* e = static_cast<Event*>(event);
+    uint64_t gen;
+    {
+      std::lock_guard<std::mutex> lock(e->mu);
+      gen = e->recorded;
+    }
+    e->waitFor(gen);
+  }
+  void synchronizeStream(void* stream) override { on(stream)->drain(); }
+
+  void copy(void* dst, const void* src, size_t bytes, void* stream) override {
+    if (bytes) on(stream)->push([=] { std::memcpy(dst, src, bytes); });
+  }
+  void batchedCopy(const CopyItem* items, size_t n, void* stream) override {
+    std::vector<CopyItem> copy(items, items + n);
+    on(stream)->push([copy = std::move(copy)] {
+      for (const CopyItem& c : copy)
+        if (c.bytes) std::memcpy(c.dst, c.src, c.bytes);
+    });
+  }
+  void scale(DataType dtype, void* dst, const void* src, size_t n, double factor, void* stream) override {
+    on(stream)->push([=] { scaleCopy(dtype, dst, src, n, factor); });
+  }
+  void divide(DataType dtype, void* buf, size_t n, int64_t divisor, void* stream) override {
+    on(stream)->push([=] { divideBuffer(dtype, buf, n, divisor); });
+  }
+  void cast(DataType to, void* dst, DataType from, const void* src, size_t n, void* stream) override {
+    on(stream)->push([=] { castElements(to, dst, from, src, n); });
+  }
+  void reduce(DataType dtype, ReduceOp op, void* dst, const void* src, size_t n, void* stream) override {
+    on(stream)->push([=] { reduceBuffers(dtype, op == ReduceOp::kAverage ? ReduceOp::kSum : op, dst, dst, src, n); });
+  }
+
+  void enqueue(void* stream, std::function<void()> fn) { on(stream)->push(std::move(fn)); }
+
+ private:
+  struct Alloc {
+    size_t bytes;
+    int ordinal;
+  };
+  void checkOrdinal(int ordinal) const {
+    if (ordinal < 0 || ordinal >= opts_.devices)
+      throw InvalidArgument("host stand-in: device " + std::to_string(ordinal) + " does not exist (" +
+                            std::to_string(opts_.devices) + " devices)");
+  }
+  Stream* on(void* stream) { return stream ? static_cast<Stream*>(stream) : &default_; }
+
+  HostStandInOptions opts_;
+  mutable std::mutex mu_;
+  std::map<uintptr_t, Alloc> device_;
+  static thread_local int current_;
+  Stream default_;
+};
+
+thread_local int HostStandIn::current_ = 0;
+
+}  // namespace
+
+std::shared_ptr<DeviceBackend> makeHostStandIn(HostStandInOptions opts) {
+  return std::make_shared<HostStandIn>(std::move(opts));
+}
+
+void standInEnqueue(DeviceBackend& standIn, void* stream, std::function<void()> fn) {
+  auto* s = dynamic_cast<HostStandIn*>(&standIn);
+  if (!s) throw InvalidArgument("standInEnqueue: not the host stand-in");
+  s->enqueue(stream, std::move(fn));
+}
+
+}  // namespace chorus
