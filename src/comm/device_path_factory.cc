@@ -53,7 +53,9 @@ std::unique_ptr<DevicePath> makeDevicePath(const std::shared_ptr<DeviceBackend>&
   const std::string want = mode(opts.gpuOperations);
   std::string ncclError;
   int nccl = 0;
-  if (want != "host") {
+  const bool cuda = std::string(backend->name()) == "cuda";  // (NCCL runs on CUDA streams only)
+  if (!cuda) ncclError = std::string("the device backend is the ") + backend->name() + ", not CUDA";
+  if (want != "host" && cuda) {
     try {
       nccl = ncclApi().version;
     } catch (const Error& e) {

@@ -42,6 +42,7 @@ void forEachPosition(const uint64_t* notHit, const uint64_t* invalid, int words,
 // (its whole input; of a broadcast, the root's alone), or SIZE_MAX where r
 // cannot go that way: a scaled input would have to be scaled first.
 size_t payloadBytes(const Response& r, const Entry& e, int me) {
+  if (r.onDevice) return SIZE_MAX;  // (CUDA memory: the host cannot read or write it)
   switch (r.type) {
     case OpType::kAllreduce:
     case OpType::kReducescatter:
@@ -54,7 +55,6 @@ size_t payloadBytes(const Response& r, const Entry& e, int me) {
     case OpType::kAlltoall: break;
     default: return SIZE_MAX;
   }
-  if (e.input.device >= 0) return SIZE_MAX;  // (CUDA memory: the host cannot read it)
   return e.input.bytes();
 }
 

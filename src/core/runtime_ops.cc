@@ -78,6 +78,25 @@ struct TensorList {
   size_t count;
 };
 
+// CUDA tensors: checks that a call's tensors share a device and records one
+// ready event on the caller's stream (null for host tensors).
+std::shared_ptr<DeviceEvent> readyEvent(RuntimeImpl& impl, TensorList inputs, const TensorList* outputs,
+                                        const OpOptions& opts, const char* kind, const std::string& name) {
+  const int32_t dev = inputs.size() ? inputs[0].device : kHostDevice;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const bool outDiffers = outputs && (*outputs)[i].device != inputs[i].device;
+    if (inputs[i].device != dev || outDiffers)
+      throw InvalidArgument(std::string(kind) + " '" + name + "': tensor " + std::to_string(i) + " is on " +
+                            deviceName(outDiffers ? (*outputs)[i].device : inputs[i].device) + ", tensor 0's input on " +
+                            deviceName(dev) + ": one call's tensors must share a device");
+  }
+  if (dev < 0) return nullptr;
+  auto backend = impl.deviceBackend();  // (throws saying what is missing)
+  auto ready = std::make_shared<DeviceEvent>(backend, dev);
+  backend->record(ready->get(), opts.stream);
+  return ready;
+}
+
 // One request per tensor of a (possibly grouped) call, submitted together.
 // fill() sets the op-specific fields of each request.
 Work submitGroup(RuntimeImpl& impl, OpType type, const char* kind, const char* groupedKind,
@@ -91,27 +110,14 @@ Work submitGroup(RuntimeImpl& impl, OpType type, const char* kind, const char* g
   }
   const bool grouped = inputs.size() > 1;
   std::string base = impl.resolveName(opts, grouped ? groupedKind : kind);
-  // CUDA tensors: one ready event, recorded now on the caller's stream.
-  std::shared_ptr<DeviceEvent> ready;
   const int32_t dev = inputs.size() ? inputs[0].device : kHostDevice;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const bool outDiffers = outputs && (*outputs)[i].device != inputs[i].device;
-    if (inputs[i].device != dev || outDiffers)
-      throw InvalidArgument(std::string(groupedKind) + " '" + base + "': tensor " + std::to_string(i) + " is on " +
-                            deviceName(outDiffers ? (*outputs)[i].device : inputs[i].device) + ", tensor 0's input on " +
-                            deviceName(dev) + ": one call's tensors must share a device");
+  if (dev >= 0 && type == OpType::kAllreduce) {
+    Request q;
+    fill(q);
+    if (q.op == ReduceOp::kAdasum)
+      throw InvalidArgument(std::string(kind) + " '" + base + "': Adasum is not supported on CUDA tensors");
   }
-  if (dev >= 0) {
-    if (type == OpType::kAllreduce) {
-      Request q;
-      fill(q);
-      if (q.op == ReduceOp::kAdasum)
-        throw InvalidArgument(std::string(kind) + " '" + base + "': Adasum is not supported on CUDA tensors");
-    }
-    auto backend = impl.deviceBackend();  // (throws saying what is missing)
-    ready = std::make_shared<DeviceEvent>(backend, dev);
-    backend->record(ready->get(), opts.stream);
-  }
+  std::shared_ptr<DeviceEvent> ready = readyEvent(impl, inputs, outputs, opts, grouped ? groupedKind : kind, base);
   auto work = std::make_shared<WorkState>(inputs.size());
   std::vector<Entry> entries;
   entries.reserve(inputs.size());
@@ -290,9 +296,13 @@ Work Runtime::broadcastAsync(const Tensor& input, const Tensor& output, int root
   q.shape = input.shape;
   q.root = static_cast<int32_t>(it - ps.ranks().begin());
   q.priority = opts.priority;
+  q.device = input.device;
+  const TensorList out(output);
+  auto ready = readyEvent(*impl_, input, &out, opts, "broadcast", name);
   auto work = std::make_shared<WorkState>(1);
   std::vector<Entry> entries;
   entries.push_back(makeEntry(std::move(q), input, output, work, 0));
+  entries.back().ready = std::move(ready);
   return impl_->submit(opts.processSet, std::move(entries), work);
 }
 
@@ -332,9 +342,12 @@ Work Runtime::alltoallAsync(const Tensor& input, const std::vector<int64_t>& spl
   q.shape = input.shape;
   q.splits = s;
   q.priority = opts.priority;
+  q.device = input.device;
+  auto ready = readyEvent(*impl_, input, nullptr, opts, "alltoall", name);
   auto work = std::make_shared<WorkState>(1);
   std::vector<Entry> entries;
   entries.push_back(makeEntry(std::move(q), input, Tensor{}, work, 0, std::move(alloc)));
+  entries.back().ready = std::move(ready);
   return impl_->submit(opts.processSet, std::move(entries), work);
 }
 
@@ -396,22 +409,30 @@ Work Runtime::submitAndWait(const std::function<Work()>& submit) { return submit
 Work Runtime::submitAndWaitUnless(const std::function<Work()>& submit, const std::function<bool()>& interrupted) {
   return submitThenWait(submit, &interrupted);
 }
+namespace {
+// The blocking forms on CUDA tensors return with opts.stream ordered after the
+// op's device work (a GPU-side wait), so work the caller queues there sees it.
+Work orderedOn(Work w, void* stream) {
+  w.streamWait(stream);
+  return w;
+}
+}  // namespace
 
 void Runtime::allreduce(const Tensor& input, const Tensor& output, const AllreduceOptions& opts) {
-  submitThenWait([&] { return allreduceAsync(input, output, opts); });
+  orderedOn(submitThenWait([&] { return allreduceAsync(input, output, opts); }), opts.stream);
 }
 void Runtime::broadcast(const Tensor& inout, int rootRank, const OpOptions& opts) {
-  submitThenWait([&] { return broadcastAsync(inout, inout, rootRank, opts); });
+  orderedOn(submitThenWait([&] { return broadcastAsync(inout, inout, rootRank, opts); }), opts.stream);
 }
 Work Runtime::allgather(const Tensor& input, const OpOptions& opts, Allocator alloc) {
-  return submitThenWait([&] { return allgatherAsync(input, opts, std::move(alloc)); });
+  return orderedOn(submitThenWait([&] { return allgatherAsync(input, opts, std::move(alloc)); }), opts.stream);
 }
 Work Runtime::alltoall(const Tensor& input, const std::vector<int64_t>& splits, const OpOptions& opts,
                        Allocator alloc) {
-  return submitThenWait([&] { return alltoallAsync(input, splits, opts, std::move(alloc)); });
+  return orderedOn(submitThenWait([&] { return alltoallAsync(input, splits, opts, std::move(alloc)); }), opts.stream);
 }
 Work Runtime::reducescatter(const Tensor& input, const ReducescatterOptions& opts, Allocator alloc) {
-  return submitThenWait([&] { return reducescatterAsync(input, opts, std::move(alloc)); });
+  return orderedOn(submitThenWait([&] { return reducescatterAsync(input, opts, std::move(alloc)); }), opts.stream);
 }
 void Runtime::barrier(int32_t processSet) {
   submitThenWait([&] { return barrierAsync(processSet); });

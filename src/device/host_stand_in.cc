@@ -146,10 +146,12 @@ class HostStandIn final : public DeviceBackend {
     return new Stream();
   }
   void destroyStream(void* s) override { delete static_cast<Stream*>(s); }
-  void* createEvent(int) override { return new Event(); }
-  void destroyEvent(void* e) override { delete static_cast<Event*>(e); }
+  // An event outlives its handle while work queued on a stream refers to it
+  // (as cudaEventDestroy allows).
+  void* createEvent(int) override { return new std::shared_ptr<Event>(std::make_shared<Event>()); }
+  void destroyEvent(void* e) override { delete static_cast<std::shared_ptr<Event>*>(e); }
   void record(void* event, void* stream) override {
-    auto* e = static_cast<Event*>(event);
+    std::shared_ptr<Event> e = ev(event);
     uint64_t gen;
     {
       std::lock_guard<std::mutex> lock(e->mu);
@@ -164,7 +166,7 @@ class HostStandIn final : public DeviceBackend {
     });
   }
   void streamWait(void* stream, void* event) override {
-    auto* e = static_cast<Event*>(event);
+    std::shared_ptr<Event> e = ev(event);
     uint64_t gen;
     {
       std::lock_guard<std::mutex> lock(e->mu);
@@ -173,12 +175,12 @@ class HostStandIn final : public DeviceBackend {
     on(stream)->push([e, gen] { e->waitFor(gen); });
   }
   bool query(void* event) override {
-    auto* e = static_cast<Event*>(event);
+    Event* e = ev(event).get();
     std::lock_guard<std::mutex> lock(e->mu);
     return e->completed >= e->recorded;
   }
   void synchronize(void* event) override {
-    auto* e = static_cast<Event*>(event);
+    Event* e = ev(event).get();
     uint64_t gen;
     {
       std::lock_guard<std::mutex> lock(e->mu);
@@ -223,6 +225,7 @@ class HostStandIn final : public DeviceBackend {
       throw InvalidArgument("host stand-in: device " + std::to_string(ordinal) + " does not exist (" +
                             std::to_string(opts_.devices) + " devices)");
   }
+  static const std::shared_ptr<Event>& ev(void* handle) { return *static_cast<std::shared_ptr<Event>*>(handle); }
   Stream* on(void* stream) { return stream ? static_cast<Stream*>(stream) : &default_; }
 
   HostStandInOptions opts_;

@@ -1,0 +1,415 @@
+// chorus's device logic through the device interface's host stand-in: ready
+// events, staging, fusion of device tensors, completion, errors and the choice
+// of path. The stand-in's streams are threads, so ordering bugs show up as
+// wrong values. These are not GPU tests (tests/gpu runs the same on a GPU).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "chorus/error.h"
+#include "device/host_stand_in.h"
+#include "harness.h"
+
+namespace chorus::testing {
+namespace {
+
+// A "GPU" buffer of the stand-in, filled from and read back into host values.
+class DevBuf {
+ public:
+  DevBuf(DeviceBackend& b, DataType dtype, Shape shape, int device = 0)
+      : b_(b), host_(dtype, shape), dtype_(dtype), shape_(std::move(shape)), device_(device) {
+    p_ = b_.allocDevice(device, host_.numel() * dtypeSize(dtype));
+  }
+  ~DevBuf() { b_.freeDevice(p_); }
+  Tensor tensor() { return Tensor{p_, dtype_, shape_, device_}; }
+  HostBuffer& host() { return host_; }
+  // Uploads host() on stream (after `delay`, as a late kernel of the framework would).
+  void upload(void* stream, std::chrono::milliseconds delay = std::chrono::milliseconds(0)) {
+    void* dst = p_;
+    const void* src = host_.tensor().data;
+    const size_t bytes = host_.numel() * dtypeSize(dtype_);
+    standInEnqueue(b_, stream, [=] {
+      std::this_thread::sleep_for(delay);
+      std::memcpy(dst, src, bytes);
+    });
+  }
+  double read(int64_t i) {  // (after the stream that wrote it was synchronized)
+    return readAs(p_, dtype_, i);
+  }
+
+ private:
+  DeviceBackend& b_;
+  HostBuffer host_;
+  DataType dtype_;
+  Shape shape_;
+  int device_;
+  void* p_;
+};
+
+// As a framework reads results: its stream (the default one, where the test's
+// uploads ran) waits for the op, and the host synchronizes that stream.
+void hostSees(const Work& w, DeviceBackend& dev) {
+  w.wait();
+  w.streamWait(nullptr);
+  dev.synchronizeStream(nullptr);
+}
+
+// Ranks share one stand-in, as ranks share one GPU (the staged path), unless
+// ownGpu gives each rank a GPU identity of its own.
+ConfigTweak withDevice(const std::shared_ptr<DeviceBackend>& dev, const std::string& ops = "auto",
+                       int64_t chunk = 4096) {
+  return [=](Config& c) {
+    c.device = dev;
+    c.gpuOperations = ops;
+    c.gpuStageChunkBytes = chunk;
+  };
+}
+
+const std::vector<ReduceOp> kOps = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin, ReduceOp::kMax,
+                                    ReduceOp::kProduct};
+
+TEST(DeviceStandIn, KernelsMatchTheCpuReference) {
+  auto b = makeHostStandIn();
+  void* s = b->createStream(0);
+  const size_t n = 1000;
+  std::vector<float> a(n), c(n);
+  for (size_t i = 0; i < n; ++i) {
+    a[i] = static_cast<float>(i % 17) - 8.0f;
+    c[i] = static_cast<float>(i % 5) * 0.5f;
+  }
+  float* da = static_cast<float*>(b->allocDevice(0, n * 4));
+  float* dc = static_cast<float*>(b->allocDevice(0, n * 4));
+  b->copy(da, a.data(), n * 4, s);
+  b->copy(dc, c.data(), n * 4, s);
+  b->reduce(DataType::kFloat32, ReduceOp::kMax, da, dc, n, s);
+  b->scale(DataType::kFloat32, da, da, n, 0.25, s);
+  std::vector<float> out(n);
+  b->copy(out.data(), da, n * 4, s);
+  b->synchronizeStream(s);
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(out[i], std::max(a[i], c[i]) * 0.25f) << i;
+  int32_t ints[3] = {7, -7, 9};
+  void* di = b->allocDevice(0, sizeof ints);
+  b->copy(di, ints, sizeof ints, s);
+  b->divide(DataType::kInt32, di, 3, 2, s);
+  b->copy(ints, di, sizeof ints, s);
+  b->synchronizeStream(s);
+  EXPECT_EQ(ints[0], 3);
+  EXPECT_EQ(ints[1], -3);  // truncates toward zero, as C++ and torch's trunc
+  EXPECT_EQ(ints[2], 4);
+  EXPECT_EQ(b->deviceOf(da + 10), 0);
+  EXPECT_EQ(b->deviceOf(a.data()), -1);
+  b->freeDevice(da);
+  b->freeDevice(dc);
+  b->freeDevice(di);
+  b->destroyStream(s);
+}
+
+TEST(DeviceStandIn, AStreamWaitsForAnEventRecordedElsewhere) {
+  auto b = makeHostStandIn();
+  void* producer = b->createStream(0);
+  void* consumer = b->createStream(0);
+  void* e = b->createEvent(0);
+  std::atomic<int> value{0};
+  int seen = -1;
+  standInEnqueue(*b, producer, [&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    value = 42;
+  });
+  b->record(e, producer);
+  b->streamWait(consumer, e);
+  standInEnqueue(*b, consumer, [&] { seen = value; });
+  b->synchronizeStream(consumer);
+  EXPECT_EQ(seen, 42);
+  b->destroyEvent(e);
+  b->destroyStream(producer);
+  b->destroyStream(consumer);
+}
+
+// Every dtype and op on 1-4 ranks sharing a "GPU": staged through host memory
+// in 4 KiB chunks (several per op), fused, each input written late on a stream
+// of the caller's (the ready event is what makes chorus read the right data).
+class DeviceCollectives : public ::testing::TestWithParam<int> {};
+
+TEST_P(DeviceCollectives, AllreduceEveryDtypeAndOpWaitsForReadyData) {
+  const int n = GetParam();
+  auto dev = makeHostStandIn();
+  runRanksOk(n, [&](RankContext& c) {
+    void* stream = dev->createStream(0);
+    for (DataType dt : kAllDtypes) {
+      for (ReduceOp op : kOps) {
+        const std::vector<int64_t> counts = {1, 7, 3001};
+        std::vector<std::unique_ptr<DevBuf>> in, out;
+        std::vector<Tensor> ins, outs;
+        for (int64_t count : counts) {
+          in.push_back(std::make_unique<DevBuf>(*dev, dt, Shape{count}));
+          out.push_back(std::make_unique<DevBuf>(*dev, dt, Shape{count}));
+          for (int64_t i = 0; i < count; ++i) in.back()->host().set(i, testValue(c.rank, i, dt, op));
+          in.back()->upload(stream, std::chrono::milliseconds(2));
+          ins.push_back(in.back()->tensor());
+          outs.push_back(out.back()->tensor());
+        }
+        AllreduceOptions o;
+        o.op = op;
+        o.stream = stream;
+        Work w = c.rt.groupedAllreduceAsync(ins, outs, o);
+        w.wait();
+        w.streamWait(stream);
+        dev->synchronizeStream(stream);
+        for (size_t k = 0; k < counts.size(); ++k)
+          for (int64_t i = 0; i < counts[k]; ++i) {
+            const double want = reference(op, dt, n, i);
+            ASSERT_NEAR(out[k]->read(i), want, tolerance(dt, want))
+                << dtypeName(dt) << " " << reduceOpName(op) << " tensor " << k << " element " << i;
+          }
+      }
+    }
+    EXPECT_EQ(c.rt.stats().gpuPath, "STAGED");
+    dev->destroyStream(stream);
+  }, withDevice(dev));
+}
+
+TEST_P(DeviceCollectives, ScaledAllreduceInPlaceAndOneTensor) {
+  const int n = GetParam();
+  auto dev = makeHostStandIn();
+  runRanksOk(n, [&](RankContext& c) {
+    for (DataType dt : {DataType::kFloat32, DataType::kBFloat16, DataType::kInt32}) {
+      DevBuf buf(*dev, dt, Shape{5000});
+      for (int64_t i = 0; i < 5000; ++i) buf.host().set(i, testValue(c.rank, i, dt, ReduceOp::kSum));
+      buf.upload(nullptr);
+      AllreduceOptions o;
+      o.op = ReduceOp::kAverage;
+      o.prescaleFactor = 2.0;
+      o.postscaleFactor = 1.5;
+      Work w = c.rt.allreduceAsync(buf.tensor(), buf.tensor(), o);
+      w.wait();
+      w.synchronizeDevice();  // (the host waits for chorus's device work itself)
+      for (int64_t i = 0; i < 5000; ++i) {
+        double sum = 0;
+        for (int r = 0; r < n; ++r) sum += testValue(r, i, dt, ReduceOp::kSum) * 2.0;
+        // Integers: the postscale truncates, then Average's division does.
+        const double want = dt == DataType::kInt32 ? std::trunc(std::trunc(sum * 1.5) / n) : sum * 1.5 / n;
+        ASSERT_NEAR(buf.read(i), want, tolerance(dt, want) + (dt == DataType::kBFloat16 ? 0.05 : 0))
+            << dtypeName(dt) << " element " << i;
+      }
+    }
+  }, withDevice(dev));
+}
+
+TEST_P(DeviceCollectives, AllgatherBroadcastAlltoallReducescatter) {
+  const int n = GetParam();
+  auto dev = makeHostStandIn();
+  runRanksOk(n, [&](RankContext& c) {
+    const DataType dt = DataType::kFloat64;
+    // allgather: rank r gives r + 1 rows of 3.
+    DevBuf mine(*dev, dt, Shape{c.rank + 1, 3});
+    for (int64_t i = 0; i < (c.rank + 1) * 3; ++i) mine.host().set(i, c.rank * 100 + i);
+    mine.upload(nullptr, std::chrono::milliseconds(5));
+    Work g = c.rt.allgather(mine.tensor());
+    hostSees(g, *dev);
+    const Tensor& all = g.output();
+    ASSERT_EQ(all.device, 0);
+    int64_t at = 0;
+    for (int r = 0; r < n; ++r)
+      for (int64_t i = 0; i < (r + 1) * 3; ++i, ++at) ASSERT_EQ(readAs(all.data, dt, at), r * 100 + i);
+    // broadcast from the last rank.
+    DevBuf b(*dev, dt, Shape{777});
+    for (int64_t i = 0; i < 777; ++i) b.host().set(i, c.rank == n - 1 ? i * 0.5 : -1);
+    b.upload(nullptr);
+    Work bw = c.rt.broadcastAsync(b.tensor(), b.tensor(), n - 1);
+    hostSees(bw, *dev);
+    for (int64_t i = 0; i < 777; ++i) ASSERT_EQ(b.read(i), i * 0.5) << "rank " << c.rank << " element " << i;
+    // alltoall: rank r sends j + 1 rows to rank j, valued 1000 r + j.
+    int64_t rows = 0;
+    std::vector<int64_t> splits;
+    for (int j = 0; j < n; ++j) {
+      splits.push_back(j + 1);
+      rows += j + 1;
+    }
+    DevBuf a(*dev, dt, Shape{rows, 2});
+    int64_t k = 0;
+    for (int j = 0; j < n; ++j)
+      for (int64_t q = 0; q < (j + 1) * 2; ++q) a.host().set(k++, 1000 * c.rank + j);
+    a.upload(nullptr);
+    Work aw = c.rt.alltoall(a.tensor(), splits);
+    hostSees(aw, *dev);
+    ASSERT_EQ(aw.output().shape[0], static_cast<int64_t>(n) * (c.rank + 1));
+    for (int r = 0; r < n; ++r)
+      for (int64_t q = 0; q < (c.rank + 1) * 2; ++q)
+        ASSERT_EQ(readAs(aw.output().data, dt, r * (c.rank + 1) * 2 + q), 1000 * r + c.rank);
+    // reducescatter of 2n + 1 rows (uneven: the first rank gets one more).
+    const int64_t total = 2 * n + 1;
+    DevBuf rs(*dev, DataType::kFloat32, Shape{total, 4});
+    for (int64_t i = 0; i < total * 4; ++i) rs.host().set(i, c.rank + i);
+    rs.upload(nullptr);
+    ReducescatterOptions ro;
+    ro.op = ReduceOp::kSum;
+    Work rw = c.rt.reducescatter(rs.tensor(), ro);
+    hostSees(rw, *dev);
+    const int64_t myRows = total / n + (c.rank < total % n ? 1 : 0);
+    int64_t first = 0;
+    for (int r = 0; r < c.rank; ++r) first += total / n + (r < total % n ? 1 : 0);
+    ASSERT_EQ(rw.output().shape[0], myRows);
+    for (int64_t i = 0; i < myRows * 4; ++i) {
+      double want = 0;
+      for (int r = 0; r < n; ++r) want += r + first * 4 + i;
+      ASSERT_EQ(readAs(rw.output().data, DataType::kFloat32, i), want);
+    }
+  }, withDevice(dev));
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, DeviceCollectives, ::testing::Values(1, 2, 3, 4));
+
+TEST(DeviceCollectives, HostTensorOnOneRankAndDeviceOnAnotherIsAMismatch) {
+  auto dev = makeHostStandIn();
+  auto errors = runRanks(2, [&](RankContext& c) {
+    std::vector<float> host(16, 1.0f);
+    DevBuf d(*dev, DataType::kFloat32, Shape{16});
+    Tensor t = c.rank == 0 ? Tensor{host.data(), DataType::kFloat32, {16}} : d.tensor();
+    AllreduceOptions o;
+    o.name = "grad";
+    try {
+      c.rt.allreduce(t, t, o);
+      FAIL() << "no error";
+    } catch (const Mismatch& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("device"), std::string::npos) << m;
+      EXPECT_NE(m.find("cpu on ranks [0]"), std::string::npos) << m;
+      EXPECT_NE(m.find("cuda:0 on ranks [1]"), std::string::npos) << m;
+    }
+    // The runtime stays usable.
+    std::vector<float> ok(4, static_cast<float>(c.rank));
+    c.rt.allreduce(Tensor{ok.data(), DataType::kFloat32, {4}}, Tensor{ok.data(), DataType::kFloat32, {4}});
+    EXPECT_EQ(ok[0], 0.5f);
+  }, withDevice(dev));
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+}
+
+TEST(DeviceCollectives, JoinedRankTakesPartWithZeros) {
+  auto dev = makeHostStandIn();
+  runRanksOk(3, [&](RankContext& c) {
+    if (c.rank == 2) {
+      c.rt.join();
+      return;
+    }
+    DevBuf d(*dev, DataType::kFloat32, Shape{9000});
+    for (int64_t i = 0; i < 9000; ++i) d.host().set(i, c.rank + 1);
+    d.upload(nullptr);
+    AllreduceOptions o;
+    o.op = ReduceOp::kSum;
+    Work w = c.rt.allreduceAsync(d.tensor(), d.tensor(), o);
+    hostSees(w, *dev);
+    for (int64_t i = 0; i < 9000; ++i) ASSERT_EQ(d.read(i), 3.0) << i;  // 1 + 2 + 0
+    c.rt.join();
+  }, withDevice(dev));
+}
+
+TEST(DeviceCollectives, ProcessSetsEachChooseTheirPath) {
+  auto dev = makeHostStandIn();
+  runRanksOk(4, [&](RankContext& c) {
+    ProcessSet odd = c.rt.addProcessSet({1, 3});
+    if (odd.included()) {
+      DevBuf d(*dev, DataType::kFloat32, Shape{100});
+      for (int64_t i = 0; i < 100; ++i) d.host().set(i, c.rank * i);
+      d.upload(nullptr);
+      AllreduceOptions o;
+      o.op = ReduceOp::kSum;
+      o.processSet = odd.id();
+      Work w = c.rt.allreduceAsync(d.tensor(), d.tensor(), o);
+      hostSees(w, *dev);
+      for (int64_t i = 0; i < 100; ++i) ASSERT_EQ(d.read(i), 4.0 * i);
+      EXPECT_EQ(c.rt.stats(odd.id()).gpuPath, "STAGED");
+      EXPECT_NE(c.rt.stats(odd.id()).gpuPathReason.find("share GPU"), std::string::npos)
+          << c.rt.stats(odd.id()).gpuPathReason;
+    }
+    EXPECT_EQ(c.rt.stats().gpuPath, "");  // the global set ran no device op
+    c.rt.barrier();
+    c.rt.removeProcessSet(odd.id());
+  }, [&](Config& c) {
+    withDevice(dev)(c);
+    c.dynamicProcessSets = true;
+  });
+}
+
+TEST(DeviceCollectives, NcclAskedForOnASharedGpuIsAClearError) {
+  auto dev = makeHostStandIn();
+  auto errors = runRanks(2, [&](RankContext& c) {
+    DevBuf d(*dev, DataType::kFloat32, Shape{8});
+    c.rt.allreduce(d.tensor(), d.tensor());
+  }, withDevice(dev, "nccl"));
+  for (const auto& e : errors) {
+    EXPECT_NE(e.find("CHORUS_GPU_OPERATIONS=nccl cannot be met"), std::string::npos) << e;
+    EXPECT_NE(e.find("share GPU standin:0"), std::string::npos) << e;
+  }
+}
+
+TEST(DeviceCollectives, HostStagingWhenAskedEvenWithGpusOfTheirOwn) {
+  runRanksOk(2, [&](RankContext& c) {
+    DevBuf d(*c.rt.config().device, DataType::kFloat32, Shape{8});
+    for (int64_t i = 0; i < 8; ++i) d.host().set(i, 1);
+    d.upload(nullptr);
+    AllreduceOptions o;
+    o.op = ReduceOp::kSum;
+    c.rt.allreduce(d.tensor(), d.tensor(), o);
+    c.rt.config().device->synchronizeStream(nullptr);
+    EXPECT_EQ(c.rt.stats().gpuPath, "STAGED");
+    EXPECT_NE(c.rt.stats().gpuPathReason.find("asks for host staging"), std::string::npos);
+  }, [](Config& c) {
+    HostStandInOptions o;
+    o.identityPrefix = "gpu-of-rank-" + std::to_string(c.rank) + ":";
+    withDevice(makeHostStandIn(o), "host")(c);
+  });
+}
+
+TEST(DeviceCollectives, OneCallsTensorsMustShareADeviceAndAdasumIsRefused) {
+  auto dev = makeHostStandIn();
+  runRanksOk(1, [&](RankContext& c) {
+    DevBuf d(*dev, DataType::kFloat32, Shape{8});
+    std::vector<float> h(8);
+    Tensor ht{h.data(), DataType::kFloat32, {8}};
+    EXPECT_THROW(c.rt.groupedAllreduceAsync({d.tensor(), ht}, {d.tensor(), ht}), InvalidArgument);
+    AllreduceOptions o;
+    o.op = ReduceOp::kAdasum;
+    EXPECT_THROW(c.rt.allreduceAsync(d.tensor(), d.tensor(), o), InvalidArgument);
+  }, withDevice(dev));
+}
+
+TEST(DeviceCollectives, TimelineNamesTheStagedPathAndFusionCopies) {
+  auto dev = makeHostStandIn();
+  const std::string path = ::testing::TempDir() + "/device_timeline.json";
+  runRanksOk(2, [&](RankContext& c) {
+    if (c.rank == 0) c.rt.startTimeline(path);
+    c.rt.barrier();
+    DevBuf a(*dev, DataType::kFloat32, Shape{64}), b(*dev, DataType::kFloat32, Shape{64});
+    Work w = c.rt.groupedAllreduceAsync({a.tensor(), b.tensor()}, {a.tensor(), b.tensor()});
+    w.wait();
+    c.rt.barrier();
+    if (c.rank == 0) c.rt.stopTimeline();
+  }, withDevice(dev));
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string trace = ss.str();
+  for (const char* name : {"STAGED_ALLREDUCE", "WAIT_FOR_DATA", "MEMCPY_IN_FUSION_BUFFER", "MEMCPY_OUT_FUSION_BUFFER"})
+    EXPECT_NE(trace.find(name), std::string::npos) << name;
+}
+
+TEST(DeviceCollectives, CudaTensorWithNoGpuSaysWhatIsMissing) {
+  // No device given: chorus opens its CUDA backend, which finds no GPU here
+  // (on a GPU machine this test has nothing to check).
+  auto errors = runRanks(1, [&](RankContext& c) {
+    float dummy = 0;
+    Tensor t{&dummy, DataType::kFloat32, {1}, 0};
+    c.rt.allreduce(t, t);
+  });
+  if (errors[0].empty()) GTEST_SKIP() << "a usable GPU is present";
+  EXPECT_NE(errors[0].find("CUDA"), std::string::npos) << errors[0];
+}
+
+}  // namespace
+}  // namespace chorus::testing
