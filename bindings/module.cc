@@ -18,8 +18,9 @@ void bindZero(py::module_& m);
 
 namespace {
 
-Tensor view(uintptr_t ptr, int dtype, const std::vector<int64_t>& shape) {
-  return Tensor{reinterpret_cast<void*>(ptr), static_cast<DataType>(dtype), shape};
+// device: -1 host memory, else the CUDA ordinal (the pointer is device memory).
+Tensor view(uintptr_t ptr, int dtype, const std::vector<int64_t>& shape, int device = kHostDevice) {
+  return Tensor{reinterpret_cast<void*>(ptr), static_cast<DataType>(dtype), shape, device};
 }
 
 // Asked while a call waits with the interpreter lock released: runs Python's
@@ -56,6 +57,11 @@ struct PyWork {
     return py::array_t<uint8_t>({static_cast<py::ssize_t>(t.bytes())}, {1},
                                 static_cast<uint8_t*>(t.data), base);
   }
+  // A CUDA output: its device pointer (chorus's memory, alive while the Work is).
+  uintptr_t outputPtr(size_t i) const { return reinterpret_cast<uintptr_t>(work.outputs().at(i).data); }
+  int outputDevice(size_t i) const { return work.outputs().at(i).device; }
+  // CUDA tensors: work queued on stream (a cudaStream_t) after this sees the results.
+  void streamWait(uintptr_t stream) const { work.streamWait(reinterpret_cast<void*>(stream)); }
   std::vector<int64_t> receivedSplits() const { return work.receivedSplits(); }
   int joinResult() const { return work.joinResult(); }
 };
@@ -77,19 +83,20 @@ PyWork start(bool wait, Submit submit) {
 }
 
 template <typename O = OpOptions>
-O opOptions(const std::string& name, int32_t processSet, int32_t priority) {
+O opOptions(const std::string& name, int32_t processSet, int32_t priority, uintptr_t stream = 0) {
   O o;
   o.name = name;
   o.processSet = processSet;
   o.priority = priority;
+  o.stream = reinterpret_cast<void*>(stream);
   return o;
 }
 
 // Allreduce and reducescatter options share these fields.
 template <typename O>
 O reduceOptions(const std::string& name, int op, double prescale, double postscale, int32_t processSet,
-                int32_t priority) {
-  O o = opOptions<O>(name, processSet, priority);
+                int32_t priority, uintptr_t stream = 0) {
+  O o = opOptions<O>(name, processSet, priority, stream);
   o.op = static_cast<ReduceOp>(op);
   o.prescaleFactor = prescale;
   o.postscaleFactor = postscale;
@@ -97,11 +104,15 @@ O reduceOptions(const std::string& name, int op, double prescale, double postsca
 }
 
 std::vector<Tensor> views(const std::vector<uintptr_t>& ptrs, const std::vector<int>& dtypes,
-                          const std::vector<std::vector<int64_t>>& shapes) {
+                          const std::vector<std::vector<int64_t>>& shapes, int device = kHostDevice) {
   std::vector<Tensor> out;
-  for (size_t i = 0; i < ptrs.size(); ++i) out.push_back(view(ptrs[i], dtypes.at(i), shapes.at(i)));
+  for (size_t i = 0; i < ptrs.size(); ++i) out.push_back(view(ptrs[i], dtypes.at(i), shapes.at(i), device));
   return out;
 }
+
+// Every collective binding ends with these: the tensors' CUDA device (-1: host
+// memory) and the stream they are ready on (0: the default stream).
+#define CHORUS_DEVICE_ARGS py::arg("device") = -1, py::arg("stream") = 0
 
 }  // namespace
 
@@ -144,6 +155,9 @@ PYBIND11_MODULE(_core, m) {
       .def("output_shape", &PyWork::outputShape)
       .def("output_bytes", &PyWork::outputBytes)
       .def("received_splits", &PyWork::receivedSplits)
+      .def("output_ptr", &PyWork::outputPtr)
+      .def("output_device", &PyWork::outputDevice)
+      .def("stream_wait", &PyWork::streamWait)
       .def("join_result", &PyWork::joinResult);
 
   // Memory that the other ranks on this host can write into (hvd.allreduce's new tensors).
@@ -168,6 +182,9 @@ PYBIND11_MODULE(_core, m) {
   });
   m.def("is_initialized", [] { return rt().isInitialized(); });
   m.def("mpi_built", [] { return mpiBuilt(); });
+  m.def("cuda_built", [] { return cudaBuilt(); });
+  m.def("nccl_built", [] { return ncclBuilt(); });
+  m.def("set_nccl_search_path", [](std::vector<std::string> folders) { setNcclSearchPath(std::move(folders)); });
   m.def("mpi_enabled", [] { return rt().mpiEnabled(); });
   m.def("mpi_threads_supported", [] { return rt().mpiThreadsSupported(); });
   m.def("gloo_enabled", [] { return rt().glooEnabled(); });
@@ -197,12 +214,15 @@ PYBIND11_MODULE(_core, m) {
   m.def("grouped_allreduce_async",
         [](const std::vector<uintptr_t>& in, const std::vector<uintptr_t>& out, const std::vector<int>& dtypes,
            const std::vector<std::vector<int64_t>>& shapes, const std::string& name, int op, double prescale,
-           double postscale, int32_t processSet, int32_t priority, bool wait) {
-          auto o = reduceOptions<AllreduceOptions>(name, op, prescale, postscale, processSet, priority);
+           double postscale, int32_t processSet, int32_t priority, bool wait, int device, uintptr_t stream) {
+          auto o = reduceOptions<AllreduceOptions>(name, op, prescale, postscale, processSet, priority, stream);
           return start(wait, [&] {
-            return rt().groupedAllreduceAsync(views(in, dtypes, shapes), views(out, dtypes, shapes), o);
+            return rt().groupedAllreduceAsync(views(in, dtypes, shapes, device), views(out, dtypes, shapes, device), o);
           });
-        });
+        },
+        py::arg("inputs"), py::arg("outputs"), py::arg("dtypes"), py::arg("shapes"), py::arg("name"), py::arg("op"),
+        py::arg("prescale"), py::arg("postscale"), py::arg("process_set"), py::arg("priority"), py::arg("wait"),
+        CHORUS_DEVICE_ARGS);
   // One tensor, waited for in the call (hvd.allreduce and allreduce_ with no
   // autograd or compression): no Work, lists or handle crossing into Python.
   m.def("allreduce_now",
@@ -214,51 +234,76 @@ PYBIND11_MODULE(_core, m) {
   m.def("grouped_allgather_async",
         [](const std::vector<uintptr_t>& in, const std::vector<int>& dtypes,
            const std::vector<std::vector<int64_t>>& shapes, const std::string& name, int32_t processSet,
-           int32_t priority, bool wait) {
-          auto o = opOptions(name, processSet, priority);
-          return start(wait, [&] { return rt().groupedAllgatherAsync(views(in, dtypes, shapes), o); });
-        });
+           int32_t priority, bool wait, int device, uintptr_t stream) {
+          auto o = opOptions(name, processSet, priority, stream);
+          return start(wait, [&] { return rt().groupedAllgatherAsync(views(in, dtypes, shapes, device), o); });
+        },
+        py::arg("inputs"), py::arg("dtypes"), py::arg("shapes"), py::arg("name"), py::arg("process_set"),
+        py::arg("priority"), py::arg("wait"), CHORUS_DEVICE_ARGS);
   m.def("broadcast_async",
         [](uintptr_t in, uintptr_t out, int dtype, const std::vector<int64_t>& shape, int root,
-           const std::string& name, int32_t processSet, int32_t priority, bool wait) {
-          auto o = opOptions(name, processSet, priority);
-          return start(wait, [&] { return rt().broadcastAsync(view(in, dtype, shape), view(out, dtype, shape), root, o); });
-        });
+           const std::string& name, int32_t processSet, int32_t priority, bool wait, int device, uintptr_t stream) {
+          auto o = opOptions(name, processSet, priority, stream);
+          return start(wait, [&] {
+            return rt().broadcastAsync(view(in, dtype, shape, device), view(out, dtype, shape, device), root, o);
+          });
+        },
+        py::arg("input"), py::arg("output"), py::arg("dtype"), py::arg("shape"), py::arg("root"), py::arg("name"),
+        py::arg("process_set"), py::arg("priority"), py::arg("wait"), CHORUS_DEVICE_ARGS);
   m.def("alltoall_async",
         [](uintptr_t in, int dtype, const std::vector<int64_t>& shape, const std::vector<int64_t>& splits,
-           const std::string& name, int32_t processSet, int32_t priority, bool wait) {
-          auto o = opOptions(name, processSet, priority);
-          return start(wait, [&] { return rt().alltoallAsync(view(in, dtype, shape), splits, o); });
-        });
+           const std::string& name, int32_t processSet, int32_t priority, bool wait, int device, uintptr_t stream) {
+          auto o = opOptions(name, processSet, priority, stream);
+          return start(wait, [&] { return rt().alltoallAsync(view(in, dtype, shape, device), splits, o); });
+        },
+        py::arg("input"), py::arg("dtype"), py::arg("shape"), py::arg("splits"), py::arg("name"),
+        py::arg("process_set"), py::arg("priority"), py::arg("wait"), CHORUS_DEVICE_ARGS);
   m.def("grouped_reducescatter_async",
         [](const std::vector<uintptr_t>& in, const std::vector<int>& dtypes,
            const std::vector<std::vector<int64_t>>& shapes, const std::string& name, int op, double prescale,
-           double postscale, int32_t processSet, int32_t priority, bool wait) {
-          auto o = reduceOptions<ReducescatterOptions>(name, op, prescale, postscale, processSet, priority);
-          return start(wait, [&] { return rt().groupedReducescatterAsync(views(in, dtypes, shapes), o); });
-        });
+           double postscale, int32_t processSet, int32_t priority, bool wait, int device, uintptr_t stream) {
+          auto o = reduceOptions<ReducescatterOptions>(name, op, prescale, postscale, processSet, priority, stream);
+          return start(wait, [&] { return rt().groupedReducescatterAsync(views(in, dtypes, shapes, device), o); });
+        },
+        py::arg("inputs"), py::arg("dtypes"), py::arg("shapes"), py::arg("name"), py::arg("op"), py::arg("prescale"),
+        py::arg("postscale"), py::arg("process_set"), py::arg("priority"), py::arg("wait"), CHORUS_DEVICE_ARGS);
   m.def("barrier_async", [](int32_t processSet, bool wait) {
     return start(wait, [&] { return rt().barrierAsync(processSet); });
   });
   // Point-to-point: peers are global ranks; wait: done inside the call.
-  m.def("send_async", [](uintptr_t ptr, int dtype, const std::vector<int64_t>& shape, int dst, int32_t tag,
-                         int32_t processSet, bool wait) {
-    return start(wait, [&] { return rt().sendAsync(view(ptr, dtype, shape), dst, {processSet, tag}); });
-  });
-  m.def("recv_async", [](uintptr_t ptr, int dtype, const std::vector<int64_t>& shape, int src, int32_t tag,
-                         int32_t processSet, bool wait) {
-    return start(wait, [&] { return rt().recvAsync(view(ptr, dtype, shape), src, {processSet, tag}); });
-  });
-  m.def("batch_send_recv", [](const std::vector<bool>& sends, const std::vector<uintptr_t>& ptrs,
-                              const std::vector<int>& dtypes, const std::vector<std::vector<int64_t>>& shapes,
-                              const std::vector<int>& peers, const std::vector<int32_t>& tags, int32_t processSet) {
-    std::vector<P2pOp> ops;
-    for (size_t i = 0; i < ptrs.size(); ++i)
-      ops.push_back(P2pOp{sends.at(i), view(ptrs[i], dtypes.at(i), shapes.at(i)), peers.at(i), tags.at(i)});
-    std::vector<PyWork> out;
-    for (auto& w : rt().batchSendRecvAsync(ops, processSet)) out.push_back(PyWork{std::move(w)});
-    return out;
-  });
+  m.def(
+      "send_async",
+      [](uintptr_t ptr, int dtype, const std::vector<int64_t>& shape, int dst, int32_t tag, int32_t processSet,
+         bool wait, int device, uintptr_t stream) {
+        SendRecvOptions o{processSet, tag, reinterpret_cast<void*>(stream)};
+        return start(wait, [&] { return rt().sendAsync(view(ptr, dtype, shape, device), dst, o); });
+      },
+      py::arg("ptr"), py::arg("dtype"), py::arg("shape"), py::arg("dst"), py::arg("tag"), py::arg("process_set"),
+      py::arg("wait"), CHORUS_DEVICE_ARGS);
+  m.def(
+      "recv_async",
+      [](uintptr_t ptr, int dtype, const std::vector<int64_t>& shape, int src, int32_t tag, int32_t processSet,
+         bool wait, int device, uintptr_t stream) {
+        SendRecvOptions o{processSet, tag, reinterpret_cast<void*>(stream)};
+        return start(wait, [&] { return rt().recvAsync(view(ptr, dtype, shape, device), src, o); });
+      },
+      py::arg("ptr"), py::arg("dtype"), py::arg("shape"), py::arg("src"), py::arg("tag"), py::arg("process_set"),
+      py::arg("wait"), CHORUS_DEVICE_ARGS);
+  m.def(
+      "batch_send_recv",
+      [](const std::vector<bool>& sends, const std::vector<uintptr_t>& ptrs, const std::vector<int>& dtypes,
+         const std::vector<std::vector<int64_t>>& shapes, const std::vector<int>& peers,
+         const std::vector<int32_t>& tags, int32_t processSet, int device, uintptr_t stream) {
+        std::vector<P2pOp> ops;
+        for (size_t i = 0; i < ptrs.size(); ++i)
+          ops.push_back(P2pOp{sends.at(i), view(ptrs[i], dtypes.at(i), shapes.at(i), device), peers.at(i), tags.at(i)});
+        std::vector<PyWork> out;
+        for (auto& w : rt().batchSendRecvAsync(ops, processSet, reinterpret_cast<void*>(stream)))
+          out.push_back(PyWork{std::move(w)});
+        return out;
+      },
+      py::arg("sends"), py::arg("ptrs"), py::arg("dtypes"), py::arg("shapes"), py::arg("peers"), py::arg("tags"),
+      py::arg("process_set"), CHORUS_DEVICE_ARGS);
   m.def("join_async", [](int32_t processSet, bool wait) {
     return start(wait, [&] { return rt().joinAsync(processSet); });
   });

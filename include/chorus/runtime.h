@@ -52,6 +52,7 @@ struct ReducescatterOptions : OpOptions {
 struct SendRecvOptions {
   int32_t processSet = kGlobalProcessSetId;
   int32_t tag = 0;
+  void* stream = nullptr;  // CUDA tensors: the stream they are ready on (see OpOptions::stream)
 };
 
 // One op of a batch (batchSendRecvAsync), as torch.distributed's P2POp.
@@ -175,7 +176,8 @@ class Runtime {
   Work recvAsync(const Tensor& tensor, int src, const SendRecvOptions& opts = {});
   // Posts every op at once, so that sends and receives in any order cannot
   // deadlock on each other (a pipeline's exchange between neighbours).
-  std::vector<Work> batchSendRecvAsync(const std::vector<P2pOp>& ops, int32_t processSet = kGlobalProcessSetId);
+  std::vector<Work> batchSendRecvAsync(const std::vector<P2pOp>& ops, int32_t processSet = kGlobalProcessSetId,
+                                       void* stream = nullptr);
   void send(const Tensor& tensor, int dst, const SendRecvOptions& opts = {});
   void recv(const Tensor& tensor, int src, const SendRecvOptions& opts = {});
 

@@ -13,7 +13,7 @@ def check_extension(ext_name, ext_env_var, pkg_path, *args):
 
 
 def gpu_available(ext_base_name, verbose=False):
-    """Whether the framework sees a GPU (chorus stages device tensors through host memory)."""
+    """Whether the framework sees a GPU."""
     if ext_base_name == "torch":
         import torch
         return torch.cuda.is_available()

@@ -35,7 +35,9 @@ class RuntimeImpl {
   std::string autoName(int32_t setId, const char* kind);
   std::string resolveName(const OpOptions& opts, const char* kind);
   void synchronize();
-  std::vector<Work> postP2p(const std::vector<P2pOp>& ops, int32_t setId);
+  // CUDA tensors travel through pinned host memory: a send is copied down on
+  // the caller's stream first; a receive is copied up on a side stream.
+  std::vector<Work> postP2p(const std::vector<P2pOp>& ops, int32_t setId, void* stream = nullptr);
   // The elastic driver's count of host-set changes, and whether they only removed hosts.
   std::pair<int64_t, bool> elasticHostUpdates();
   std::pair<int, int> elasticJoinNextRound();
@@ -58,6 +60,7 @@ class RuntimeImpl {
   // The device backend for CUDA tensors: config.device, else CUDA (opened on
   // first use; throws chorus::Error saying what is missing).
   std::shared_ptr<DeviceBackend> deviceBackend();
+  std::shared_ptr<DeviceStream> p2pStream;  // receives' copies up (made on first use)
 
  private:
   void exchangeHosts();

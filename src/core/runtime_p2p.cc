@@ -32,7 +32,7 @@ void RuntimeImpl::stopP2p() {
   p2pDriver.reset();
 }
 
-std::vector<Work> RuntimeImpl::postP2p(const std::vector<P2pOp>& ops, int32_t setId) {
+std::vector<Work> RuntimeImpl::postP2p(const std::vector<P2pOp>& ops, int32_t setId, void* stream) {
   requireInit();
   const ProcessSet ps = sets.get(setId);
   auto where = [&] { return "process set " + std::to_string(setId) + " (ranks " + listString(ps.ranks()) + ")"; };
@@ -65,12 +65,48 @@ std::vector<Work> RuntimeImpl::postP2p(const std::vector<P2pOp>& ops, int32_t se
     P2pRequest r;
     r.send = op.send;
     r.data = op.tensor.data;
+    std::function<void()> landed;  // a CUDA receive: its copy up
+    if (op.tensor.device >= 0) {
+      auto b = deviceBackend();
+      const size_t bytes = op.tensor.bytes();
+      std::shared_ptr<void> pinned(b->allocPinned(bytes), [b](void* p) {
+        try {
+          b->freePinned(p);
+        } catch (...) {
+        }
+      });
+      work->owned.push_back(pinned);
+      r.data = pinned.get();
+      work->deviceDone = std::make_shared<DeviceEvent>(b, op.tensor.device);
+      if (op.send) {  // (host-synchronous: the bytes must be down before they go)
+        b->copy(pinned.get(), op.tensor.data, bytes, stream);
+        b->record(work->deviceDone->get(), stream);
+        b->synchronize(work->deviceDone->get());
+      } else {
+        if (!p2pStream) p2pStream = std::make_shared<DeviceStream>(b, op.tensor.device);
+        auto side = p2pStream;
+        void* dst = op.tensor.data;
+        landed = [b, side, dst, pinned, bytes, work] {
+          b->copy(dst, pinned.get(), bytes, side->get());
+          b->record(work->deviceDone->get(), side->get());
+        };
+      }
+    }
     r.bytes = op.tensor.bytes();
     r.dtype = op.tensor.dtype;
     r.peer = op.peer;
     r.processSet = setId;
     r.tag = op.tag;
-    r.done = [work](std::exception_ptr err) { work->complete(err); };
+    r.done = [work, landed](std::exception_ptr err) {
+      if (!err && landed) {
+        try {
+          landed();
+        } catch (...) {
+          err = std::current_exception();
+        }
+      }
+      work->complete(err);
+    };
     reqs.push_back(std::move(r));
     works.emplace_back(work);
     track(work);
@@ -80,19 +116,23 @@ std::vector<Work> RuntimeImpl::postP2p(const std::vector<P2pOp>& ops, int32_t se
 }
 
 Work Runtime::sendAsync(const Tensor& tensor, int dst, const SendRecvOptions& opts) {
-  return impl_->postP2p({P2pOp{true, tensor, dst, opts.tag}}, opts.processSet).front();
+  return impl_->postP2p({P2pOp{true, tensor, dst, opts.tag}}, opts.processSet, opts.stream).front();
 }
 
 Work Runtime::recvAsync(const Tensor& tensor, int src, const SendRecvOptions& opts) {
-  return impl_->postP2p({P2pOp{false, tensor, src, opts.tag}}, opts.processSet).front();
+  return impl_->postP2p({P2pOp{false, tensor, src, opts.tag}}, opts.processSet, opts.stream).front();
 }
 
-std::vector<Work> Runtime::batchSendRecvAsync(const std::vector<P2pOp>& ops, int32_t processSet) {
-  return impl_->postP2p(ops, processSet);
+std::vector<Work> Runtime::batchSendRecvAsync(const std::vector<P2pOp>& ops, int32_t processSet, void* stream) {
+  return impl_->postP2p(ops, processSet, stream);
 }
 
 void Runtime::send(const Tensor& tensor, int dst, const SendRecvOptions& opts) { sendAsync(tensor, dst, opts).wait(); }
 
-void Runtime::recv(const Tensor& tensor, int src, const SendRecvOptions& opts) { recvAsync(tensor, src, opts).wait(); }
+void Runtime::recv(const Tensor& tensor, int src, const SendRecvOptions& opts) {
+  Work w = recvAsync(tensor, src, opts);
+  w.wait();
+  w.streamWait(opts.stream);  // (CUDA: the caller's stream sees the data)
+}
 
 }  // namespace chorus

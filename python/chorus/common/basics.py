@@ -1,6 +1,23 @@
 """init, ranks and process sets, with Horovod's names (horovod.common.basics and
 process_sets): every frontend re-exports these."""
+import os
+import sys
+
 from chorus import _core
+
+
+def _nccl_folders():
+    """torch's bundled NCCL (site-packages/nvidia/nccl/lib) on sys.path, where chorus
+    looks for libnccl.so.2 after CHORUS_NCCL_LIBRARY."""
+    found = []
+    for p in sys.path:
+        lib = os.path.join(p or ".", "nvidia", "nccl", "lib")
+        if os.path.isfile(os.path.join(lib, "libnccl.so.2")) and lib not in found:
+            found.append(lib)
+    return found
+
+
+_core.set_nccl_search_path(_nccl_folders())
 
 _initialized_sets = []  # ProcessSet objects registered at init or added later
 _init_comm = None  # the mpi4py communicator init() was given, if any
@@ -186,8 +203,8 @@ def gloo_enabled():
     return _core.gloo_enabled()
 
 
-# What this build has. chorus carries host tensors only (no NCCL, CUDA, ROCm,
-# DDL or oneCCL backend); Gloo's TCP transport and MPI are its wire backends.
+# What this build has: its wire backends (chorus's TCP transport in Gloo's
+# place, MPI), its CUDA backend and NCCL (opened at run time); no ROCm, DDL or oneCCL.
 def mpi_built(verbose=False):
     return _core.mpi_built()
 
@@ -197,7 +214,8 @@ def gloo_built(verbose=False):
 
 
 def nccl_built(verbose=False):
-    return 0  # Horovod returns NCCL's version code, 0 when built without it
+    """NCCL's version code (e.g. 22809) when chorus can open NCCL, else 0, as Horovod's."""
+    return _core.nccl_built()
 
 
 def ddl_built(verbose=False):
@@ -209,7 +227,8 @@ def ccl_built(verbose=False):
 
 
 def cuda_built(verbose=False):
-    return False
+    """Whether chorus's CUDA backend (libchorus_cuda) was built and opens."""
+    return _core.cuda_built()
 
 
 def rocm_built(verbose=False):

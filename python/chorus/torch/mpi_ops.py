@@ -1,8 +1,11 @@
 """Collectives on torch tensors, with horovod.torch's names, arguments and semantics.
 
-CPU tensors are handed to the C++ runtime by pointer (no copies); tensors on
-other devices, or not contiguous, are staged through a contiguous CPU copy.
-Every input and output is kept alive until its op completes.
+CPU and CUDA tensors are handed to the C++ runtime by pointer (no copies): for
+a CUDA tensor chorus's stream waits for the current stream on the GPU, and
+synchronize() makes the current stream wait for chorus's results (the host is
+not held). Tensors on other devices are staged through a CPU copy; tensors
+that are not contiguous through a contiguous copy on their device. Every input
+and output is kept alive until its op completes.
 """
 import itertools
 import threading
@@ -35,15 +38,46 @@ def _dtype_code(tensor, where):
 
 
 def _stage(tensor):
-    """A contiguous CPU tensor holding tensor's data (tensor itself when it is one)."""
-    if tensor.is_cpu and tensor.is_contiguous():
+    """A contiguous CPU or CUDA tensor holding tensor's data (tensor itself when it is one)."""
+    if (tensor.is_cpu or tensor.is_cuda) and tensor.is_contiguous():
         return tensor  # only its memory is handed over
     t = tensor.detach()
-    if t.device.type != "cpu":
+    if t.device.type not in ("cpu", "cuda"):
         t = t.cpu()
     if not t.is_contiguous():
         t = t.contiguous()
     return t
+
+
+def _device_args(tensors, where):
+    """The core's device arguments for a call's (staged) tensors: the CUDA device
+    index and the current stream there, or (-1, 0) for host tensors."""
+    first = tensors[0] if tensors else None
+    if first is None or not first.is_cuda:
+        return {}
+    index = first.device.index if first.device.index is not None else torch.cuda.current_device()
+    for t in tensors:
+        if t.device != first.device:
+            raise ValueError(f"{where}: tensors on {first.device} and {t.device} in one call; "
+                             "one call's tensors must share a device")
+    return {"device": index, "stream": torch.cuda.current_stream(first.device).cuda_stream}
+
+
+def _ordered(work, tensors):
+    """Makes the current stream wait for a CUDA op's results (a GPU-side wait)."""
+    if tensors and tensors[0].is_cuda:
+        work.stream_wait(torch.cuda.current_stream(tensors[0].device).cuda_stream)
+
+
+class _CudaOutput:
+    """A CUDA output chorus allocated, seen by torch through the CUDA array
+    interface; torch keeps this object, and so the op's memory, alive."""
+
+    def __init__(self, work, i, nbytes):
+        self.work = work
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "version": 3,
+                                         "data": (work.output_ptr(i), False), "strides": None,
+                                         "stream": None}
 
 
 def _is_copy(staged, tensor):
@@ -130,6 +164,12 @@ def _first_result(h):
 
 def _output(work, i, dtype, device):
     shape = work.output_shape(i)
+    if device.type == "cuda":
+        nbytes = int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
+        if nbytes == 0:
+            return torch.empty(shape, dtype=dtype, device=device)
+        raw = torch.as_tensor(_CudaOutput(work, i, nbytes), device=device)
+        return raw.view(dtype).reshape(shape)
     raw = torch.from_numpy(work.output_bytes(i))  # shares the op's storage
     out = raw.view(dtype).reshape(shape) if raw.numel() else torch.empty(shape, dtype=dtype)
     return out.to(device) if device.type != "cpu" else out
@@ -193,7 +233,7 @@ def _name(name, kind):
 def _new_output(like):
     """A tensor like `like`; large ones in memory the other local ranks write into directly."""
     nbytes = like.numel() * like.element_size()
-    if nbytes < _core.SHARED_MIN_BYTES:
+    if nbytes < _core.SHARED_MIN_BYTES or like.is_cuda:
         return torch.empty_like(like)
     raw = torch.from_numpy(_core.shared_buffer(nbytes))  # keeps the buffer alive
     return raw.view(like.dtype).reshape(like.shape)
@@ -207,9 +247,11 @@ def _grouped_allreduce_async(tensors, name, op, prescale_factor, postscale_facto
     work = _start((staged, outs), _core.grouped_allreduce_async,
         [t.data_ptr() for t in staged], [o.data_ptr() for o in outs], codes,
         [list(t.shape) for t in staged], _name(name, "allreduce"), op, float(prescale_factor),
-        float(postscale_factor), _set_id(process_set), int(priority), _waits_now())
+        float(postscale_factor), _set_id(process_set), int(priority), _waits_now(),
+        **_device_args(staged, "allreduce"))
 
     def finish():
+        _ordered(work, staged)
         results = []
         for t, s, o in zip(tensors, staged, outs):
             if inplace:
@@ -356,9 +398,10 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set, 
     codes = [_dtype_code(t, "allgather") for t in staged]
     work = _start(staged, _core.grouped_allgather_async, [t.data_ptr() for t in staged], codes,
                   [list(t.shape) for t in staged], _name(name, "allgather"),
-                  _set_id(process_set), int(priority), _waits_now())
+                  _set_id(process_set), int(priority), _waits_now(), **_device_args(staged, "allgather"))
 
     def finish():
+        _ordered(work, staged)
         return [_output(work, i, t.dtype, t.device) for i, t in enumerate(tensors)]
     return _register(work, (tensors, staged), finish)
 
@@ -436,9 +479,10 @@ def _broadcast_async(tensor, root_rank, name, process_set, priority, inplace):
     code = _dtype_code(staged, "broadcast")
     work = _start((staged, out), _core.broadcast_async, staged.data_ptr(), out.data_ptr(), code, list(staged.shape),
                   int(root_rank), _name(name, "broadcast"), _set_id(process_set), int(priority),
-                  _waits_now())
+                  _waits_now(), **_device_args([staged], "broadcast"))
 
     def finish():
+        _ordered(work, [staged])
         if inplace:
             if _is_copy(staged, tensor):
                 tensor.data.copy_(staged)
@@ -498,9 +542,11 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     staged = _stage(tensor)
     code = _dtype_code(staged, "alltoall")
     work = _start(staged, _core.alltoall_async, staged.data_ptr(), code, list(staged.shape), _splits_list(splits),
-                  _name(name, "alltoall"), _set_id(process_set), int(priority), _waits_now())
+                  _name(name, "alltoall"), _set_id(process_set), int(priority), _waits_now(),
+                  **_device_args([staged], "alltoall"))
 
     def finish():
+        _ordered(work, [staged])
         out = _output(work, 0, tensor.dtype, tensor.device)
         return out, torch.tensor(work.received_splits(), dtype=torch.int32)
     return _register(work, (tensor, staged), finish)
@@ -544,9 +590,10 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
     work = _start(staged, _core.grouped_reducescatter_async, [t.data_ptr() for t in staged], codes,
                   [list(t.shape) for t in staged], _name(name, "reducescatter"), op,
                   float(prescale_factor), float(postscale_factor),
-                  _set_id(process_set), int(priority), _waits_now())
+                  _set_id(process_set), int(priority), _waits_now(), **_device_args(staged, "reducescatter"))
 
     def finish():
+        _ordered(work, staged)
         return [_output(work, i, t.dtype, t.device) for i, t in enumerate(tensors)]
     return _register(work, (tensors, staged), finish)
 

@@ -9,7 +9,8 @@ import torch
 
 from chorus import _core
 from chorus.common.basics import _set_id, global_process_set
-from chorus.torch.mpi_ops import _dtype_code, _is_copy, _register, _run_now, _stage, _start, _waits_now, poll, synchronize
+from chorus.torch.mpi_ops import (_device_args, _dtype_code, _is_copy, _ordered, _register, _run_now, _stage, _start,
+                                  _waits_now, poll, synchronize)
 
 
 class P2PWork:
@@ -34,16 +35,17 @@ class P2PWork:
 def _send_async(tensor, dst, tag, process_set):
     staged = _stage(tensor)
     work = _start((staged,), _core.send_async, staged.data_ptr(), _dtype_code(staged, "send"), list(staged.shape),
-                  int(dst), int(tag), _set_id(process_set), _waits_now())
+                  int(dst), int(tag), _set_id(process_set), _waits_now(), **_device_args([staged], "send"))
     return _register(work, (tensor, staged), lambda: None)
 
 
 def _recv_async(tensor, src, tag, process_set):
     staged = _stage(tensor)
     work = _start((staged,), _core.recv_async, staged.data_ptr(), _dtype_code(staged, "recv"), list(staged.shape),
-                  int(src), int(tag), _set_id(process_set), _waits_now())
+                  int(src), int(tag), _set_id(process_set), _waits_now(), **_device_args([staged], "recv"))
 
     def finish():
+        _ordered(work, [staged])
         if _is_copy(staged, tensor):
             tensor.data.copy_(staged)
         return tensor
@@ -126,10 +128,12 @@ def batch_isend_irecv(p2p_op_list, process_set=global_process_set):
     staged = [_stage(op.tensor) for op in p2p_op_list]
     works = _core.batch_send_recv([op.op is isend for op in p2p_op_list], [s.data_ptr() for s in staged],
                                   [_dtype_code(s, "batch_isend_irecv") for s in staged], [list(s.shape) for s in staged],
-                                  [op.peer for op in p2p_op_list], [op.tag for op in p2p_op_list], _set_id(process_set))
+                                  [op.peer for op in p2p_op_list], [op.tag for op in p2p_op_list], _set_id(process_set),
+                                  **_device_args(staged, "batch_isend_irecv"))
     out = []
     for op, s, work in zip(p2p_op_list, staged, works):
-        def finish(op=op, s=s):
+        def finish(op=op, s=s, work=work):
+            _ordered(work, [s])
             if op.op is irecv and _is_copy(s, op.tensor):
                 op.tensor.data.copy_(s)
             return op.tensor if op.op is irecv else None
