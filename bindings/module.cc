@@ -183,6 +183,21 @@ PYBIND11_MODULE(_core, m) {
   m.def("is_initialized", [] { return rt().isInitialized(); });
   m.def("mpi_built", [] { return mpiBuilt(); });
   m.def("cuda_built", [] { return cudaBuilt(); });
+  m.def("process_set_stats", [](int32_t id) {
+    const ProcessSetStats s = rt().stats(id);
+    py::dict d;
+    d["cycles"] = s.cycles;
+    d["negotiated_ops"] = s.negotiatedOps;
+    d["cached_ops"] = s.cachedOps;
+    d["allreduce_batches"] = s.allreduceBatches;
+    d["allreduce_tensors"] = s.allreduceTensors;
+    d["payload_ops"] = s.payloadOps;
+    d["fusion_threshold_bytes"] = s.fusionThresholdBytes;
+    d["cycle_time_ms"] = s.cycleTimeMs;
+    d["gpu_path"] = s.gpuPath;
+    d["gpu_path_reason"] = s.gpuPathReason;
+    return d;
+  });
   m.def("nccl_built", [] { return ncclBuilt(); });
   m.def("set_nccl_search_path", [](std::vector<std::string> folders) { setNcclSearchPath(std::move(folders)); });
   m.def("mpi_enabled", [] { return rt().mpiEnabled(); });

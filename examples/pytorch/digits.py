@@ -65,9 +65,14 @@ def main():
     parser.add_argument("--lr", type=float, default=0.05, help="learning rate for one rank")
     parser.add_argument("--checkpoint-dir", default=os.path.join(tempfile.gettempdir(), "chorus-digits"))
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--no-cuda", action="store_true", help="train on the CPU even where a GPU is present")
     args = parser.parse_args()
+    args.cuda = not args.no_cuda and torch.cuda.is_available()
 
     hvd.init()
+    if args.cuda:  # as Horovod's examples: one GPU per local rank (ranks may share one)
+        torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
+    device = torch.device("cuda" if args.cuda else "cpu")
     torch.manual_seed(args.seed + hvd.rank())  # different on purpose: the broadcast fixes it
     torch.set_num_threads(1)
 
@@ -79,7 +84,7 @@ def main():
     train_loader = DataLoader(train_set, batch_size=args.batch_size, sampler=train_sampler)
     test_loader = DataLoader(test_set, batch_size=256, sampler=test_sampler)
 
-    model = MLP()
+    model = MLP().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
@@ -92,6 +97,7 @@ def main():
         total, seen = 0.0, 0
         bar = tqdm(train_loader, desc=f"epoch {epoch:2d}", disable=hvd.rank() != 0, mininterval=0.5)
         for x, y in bar:
+            x, y = x.to(device), y.to(device)
             optimizer.zero_grad()
             loss = F.cross_entropy(model(x), y)
             loss.backward()
@@ -109,6 +115,7 @@ def main():
     correct, count = 0, 0
     with torch.no_grad():
         for x, y in test_loader:
+            x, y = x.to(device), y.to(device)
             correct += (model(x).argmax(dim=1) == y).sum().item()
             count += len(y)
     totals = hvd.allreduce(torch.tensor([correct, count], dtype=torch.float64), op=hvd.Sum,

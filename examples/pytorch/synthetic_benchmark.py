@@ -75,7 +75,7 @@ def make_model(name):
 
 def chorus_step(args, data, target):
     torch.manual_seed(0)
-    model = make_model(args.model)
+    model = make_model(args.model).to(data.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size())
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
@@ -101,7 +101,8 @@ def ddp_step(args, data, target):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=hvd.rank(),
                             world_size=hvd.size())
     torch.manual_seed(0)
-    model = nn.parallel.DistributedDataParallel(make_model(args.model))
+    model = make_model(args.model).to(data.device)
+    model = nn.parallel.DistributedDataParallel(model, device_ids=[data.device.index] if args.cuda else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size())
 
     def step():
@@ -109,6 +110,13 @@ def ddp_step(args, data, target):
         F.cross_entropy(model(data), target).backward()
         optimizer.step()
     return step
+
+
+def run(step, args):
+    for _ in range(args.num_batches_per_iter):
+        step()
+    if args.cuda:  # (the GPU's work is what is timed, not its queueing)
+        torch.cuda.synchronize()
 
 
 def measure(steps, args, log):
@@ -121,7 +129,7 @@ def measure(steps, args, log):
     for i in range(args.num_iters):
         for name, step in steps.items():
             hvd.barrier() if name == "chorus" else dist.barrier()
-            t = timeit.timeit(step, number=args.num_batches_per_iter)
+            t = timeit.timeit(lambda: run(step, args), number=1)
             rates[name].append(args.batch_size * args.num_batches_per_iter / t)
         log(f"Iter #{i}: " + ", ".join(f"{n} {r[-1]:.1f}" for n, r in rates.items()) +
             " img/sec per rank")
@@ -139,16 +147,21 @@ def main():
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     parser.add_argument("--skip-ddp", action="store_true")
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--no-cuda", action="store_true", help="run on the CPU even where a GPU is present")
     args = parser.parse_args()
+    args.cuda = not args.no_cuda and torch.cuda.is_available()
 
     hvd.init()
+    if args.cuda:  # as Horovod's benchmark: one GPU per local rank (ranks may share one)
+        torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
     torch.set_num_threads(args.threads)
     log = (lambda s: print(s, flush=True)) if hvd.rank() == 0 else (lambda s: None)
     torch.manual_seed(1 + hvd.rank())
     size = 224 if args.model not in ("mlp", "convnet") else 32
-    data = torch.randn(args.batch_size, 3, size, size)
-    target = torch.randint(0, 10, (args.batch_size,))
-    log(f"Model: {args.model}, batch size: {args.batch_size}, ranks: {hvd.size()}")
+    device = torch.device("cuda" if args.cuda else "cpu")
+    data = torch.randn(args.batch_size, 3, size, size).to(device)
+    target = torch.randint(0, 10, (args.batch_size,)).to(device)
+    log(f"Model: {args.model}, batch size: {args.batch_size}, ranks: {hvd.size()}, device: {device}")
 
     steps = {"chorus": chorus_step(args, data, target)}
     if not args.skip_ddp:
@@ -159,7 +172,7 @@ def main():
         total, total_ci = hvd.size() * mean, hvd.size() * ci
         log(f"{name}: img/sec per rank: {mean:.1f} +-{ci:.1f}; total on {hvd.size()} ranks: "
             f"{total:.1f} +-{total_ci:.1f}")
-        results.append({"framework": name, "ranks": hvd.size(), "model": args.model,
+        results.append({"framework": name, "ranks": hvd.size(), "model": args.model, "device": str(device),
                         "batch_size": args.batch_size, "img_per_sec_total": total, "ci": total_ci})
     if len(results) == 2:
         log(f"ratio chorus / ddp: {results[0]['img_per_sec_total'] / results[1]['img_per_sec_total']:.3f}")

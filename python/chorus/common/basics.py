@@ -296,3 +296,10 @@ def _set_of(set_id):
         if ps.process_set_id == set_id:
             return ps
     raise ValueError(f"process set {set_id} is not registered")
+
+
+def stats(process_set=None):
+    """This rank's counters of a process set (the global one by default): cycles,
+    ops negotiated and cached, fused allreduces, the fusion threshold and cycle
+    time in force, and for CUDA tensors the set's path ("NCCL" or "STAGED") and why."""
+    return _core.process_set_stats(_set_id(process_set))

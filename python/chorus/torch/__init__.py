@@ -3,7 +3,7 @@ from chorus.common.basics import (ProcessSet, add_process_set, ccl_built, cross_
                                  ddl_built, gloo_built, gloo_enabled, global_process_set, init,
                                  is_homogeneous, is_initialized, local_rank, local_size, mpi_built,
                                  mpi_enabled, mpi_threads_supported, nccl_built, rank, remove_process_set,
-                                 rocm_built, shutdown, size, start_timeline, stop_timeline)
+                                 rocm_built, shutdown, size, start_timeline, stats, stop_timeline)
 from chorus.torch.compression import Compression
 from chorus.util import check_extension, gpu_available, split_list
 from chorus.torch.functions import (allgather_object, broadcast_object, broadcast_optimizer_state,

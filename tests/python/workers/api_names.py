@@ -45,9 +45,20 @@ core = os.path.join(os.path.dirname(chorus.__file__), "_core" + next(
 linked = subprocess.run(["ldd", core], stdout=subprocess.PIPE, text=True, check=True).stdout
 assert hvd.mpi_built() == ("libmpi" in linked), linked
 assert hvd.gloo_built() and "libgloo" in linked
-assert hvd.nccl_built() == 0 and not any(hvd_q() for hvd_q in (hvd.ddl_built, hvd.ccl_built, hvd.cuda_built,
-                                                                 hvd.rocm_built))
-assert "libnccl" not in linked and "libcudart" not in linked
+assert not any(hvd_q() for hvd_q in (hvd.ddl_built, hvd.ccl_built, hvd.rocm_built))
+# NCCL and CUDA are reached at run time, never linked: nccl_built() is the version of
+# the libnccl.so.2 the loader finds (read here through ctypes), cuda_built() whether
+# the CUDA backend library sits beside the core.
+assert "libnccl" not in linked and "libcudart" not in linked and "libcuda" not in linked
+try:
+    import ctypes
+    version = ctypes.c_int(0)
+    ctypes.CDLL(os.environ.get("CHORUS_NCCL_LIBRARY") or "libnccl.so.2").ncclGetVersion(ctypes.byref(version))
+    nccl = version.value
+except OSError:
+    nccl = 0
+assert hvd.nccl_built() == nccl, (hvd.nccl_built(), nccl)
+assert hvd.cuda_built() == os.path.exists(os.path.join(os.path.dirname(core), "libchorus_cuda.so"))
 # chorusrun (no mpirun): chorus's own TCP controller, no MPI world.
 assert hvd.gloo_enabled() and not hvd.mpi_enabled() and not hvd.mpi_threads_supported()
 assert hvd.gpu_available("torch") == torch.cuda.is_available()

@@ -1,0 +1,166 @@
+// The CUDA backend on a real GPU (tests/gpu/run.sh; never in CI, which has
+// none): each kernel against a CPU reference, stream and event ordering, the
+// staged path's chunk pipeline, and NCCL opened and used with one rank.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "chorus/chorus.h"
+#include "comm/nccl/nccl_api.h"
+#include "device/loader.h"
+#include "reduce/half.h"
+#include "reduce/reduce.h"
+
+namespace chorus {
+namespace {
+
+std::shared_ptr<DeviceBackend> gpu() {
+  static std::shared_ptr<DeviceBackend> b = openCudaBackend();
+  return b;
+}
+
+// Device memory filled from host bytes, read back synchronously.
+struct Dev {
+  explicit Dev(size_t bytes) : n(bytes), p(gpu()->allocDevice(0, bytes)) {}
+  ~Dev() { gpu()->freeDevice(p); }
+  void put(const void* host) {
+    gpu()->copy(p, host, n, nullptr);
+    gpu()->synchronizeStream(nullptr);
+  }
+  template <typename T>
+  std::vector<T> get() {
+    std::vector<T> out(n / sizeof(T));
+    gpu()->copy(out.data(), p, n, nullptr);
+    gpu()->synchronizeStream(nullptr);
+    return out;
+  }
+  size_t n;
+  void* p;
+};
+
+TEST(CudaBackend, OpensAndNamesTheDevice) {
+  auto b = gpu();
+  EXPECT_STREQ(b->name(), "cuda");
+  EXPECT_GE(b->count(), 1);
+  EXPECT_FALSE(b->identity(0).empty());
+  Dev d(64);
+  EXPECT_EQ(b->deviceOf(d.p), 0);
+  int host = 0;
+  EXPECT_EQ(b->deviceOf(&host), -1);
+  std::printf("backend: %s, device 0: %s\n", b->version().c_str(), b->identity(0).c_str());
+}
+
+TEST(CudaBackend, ReduceScaleDivideMatchTheCpuKernels) {
+  const size_t n = (1 << 20) + 7;
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> u(-4, 4);
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct}) {
+    std::vector<float> a(n), c(n), want(n);
+    for (size_t i = 0; i < n; ++i) a[i] = u(rng), c[i] = u(rng);
+    reduceBuffers(DataType::kFloat32, op, want.data(), a.data(), c.data(), n);
+    Dev da(n * 4), dc(n * 4);
+    da.put(a.data());
+    dc.put(c.data());
+    gpu()->reduce(DataType::kFloat32, op, da.p, dc.p, n, nullptr);
+    auto got = da.get<float>();
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(got[i], want[i]) << reduceOpName(op) << " " << i;
+  }
+  std::vector<uint16_t> h(n);  // bfloat16, summed in float and rounded once
+  std::vector<uint16_t> h2(n);
+  for (size_t i = 0; i < n; ++i) h[i] = floatToBf16(u(rng)), h2[i] = floatToBf16(u(rng));
+  std::vector<uint16_t> want(n);
+  reduceBuffers(DataType::kBFloat16, ReduceOp::kSum, want.data(), h.data(), h2.data(), n);
+  Dev dh(n * 2), dh2(n * 2);
+  dh.put(h.data());
+  dh2.put(h2.data());
+  gpu()->reduce(DataType::kBFloat16, ReduceOp::kSum, dh.p, dh2.p, n, nullptr);
+  auto got = dh.get<uint16_t>();
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(got[i], want[i]) << i;
+  std::vector<int32_t> ints = {7, -7, 9, 100, -1};
+  Dev di(ints.size() * 4);
+  di.put(ints.data());
+  gpu()->divide(DataType::kInt32, di.p, ints.size(), 2, nullptr);
+  EXPECT_EQ(di.get<int32_t>(), (std::vector<int32_t>{3, -3, 4, 50, 0}));
+  std::vector<double> d = {1.5, -2.25, 1e10};
+  Dev dd(24);
+  dd.put(d.data());
+  gpu()->scale(DataType::kFloat64, dd.p, dd.p, 3, 0.5, nullptr);
+  EXPECT_EQ(dd.get<double>(), (std::vector<double>{0.75, -1.125, 5e9}));
+}
+
+TEST(CudaBackend, CastRoundsAsTheCpuDoes) {
+  const size_t n = 100001;
+  std::vector<float> f(n);
+  for (size_t i = 0; i < n; ++i) f[i] = static_cast<float>(std::sin(i * 0.37) * 1000.0);
+  Dev df(n * 4), dh(n * 2), db(n * 2);
+  df.put(f.data());
+  gpu()->cast(DataType::kFloat16, dh.p, DataType::kFloat32, df.p, n, nullptr);
+  gpu()->cast(DataType::kBFloat16, db.p, DataType::kFloat32, df.p, n, nullptr);
+  auto half = dh.get<uint16_t>();
+  auto bf = db.get<uint16_t>();
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(half[i], floatToHalf(f[i])) << i;
+    ASSERT_EQ(bf[i], floatToBf16(f[i])) << i;
+  }
+}
+
+TEST(CudaBackend, BatchedCopyPacksAndUnpacksOddSizes) {
+  std::vector<size_t> sizes = {1, 3, 16, 17, 4096, 100003, 7};
+  for (int i = 0; i < 70; ++i) sizes.push_back(33 + i);  // more items than one launch takes
+  size_t total = 0;
+  for (size_t s : sizes) total += s;
+  std::vector<char> src(total), back(total);
+  for (size_t i = 0; i < total; ++i) src[i] = static_cast<char>(i * 7 + 3);
+  Dev packed(total), out(total);
+  std::vector<std::unique_ptr<Dev>> pieces;
+  std::vector<CopyItem> in, outItems;
+  size_t at = 0;
+  for (size_t s : sizes) {
+    pieces.push_back(std::make_unique<Dev>(s));
+    pieces.back()->put(src.data() + at);
+    in.push_back({static_cast<char*>(packed.p) + at, pieces.back()->p, s});
+    outItems.push_back({static_cast<char*>(out.p) + at, static_cast<char*>(packed.p) + at, s});
+    at += s;
+  }
+  gpu()->batchedCopy(in.data(), in.size(), nullptr);
+  gpu()->batchedCopy(outItems.data(), outItems.size(), nullptr);
+  EXPECT_EQ(out.get<char>(), src);
+}
+
+TEST(CudaBackend, AStreamWaitsForAnEventRecordedOnAnother) {
+  auto b = gpu();
+  void* s1 = b->createStream(0);
+  void* s2 = b->createStream(0);
+  void* e = b->createEvent(0);
+  const size_t n = 64 << 20;
+  Dev big(n * 4), small(4);
+  std::vector<float> ones(n, 1.0f);
+  void* pinned = b->allocPinned(n * 4);
+  std::memcpy(pinned, ones.data(), n * 4);
+  // s1: a slow upload then a scale; s2 reads the last element only after the event.
+  b->copy(big.p, pinned, n * 4, s1);
+  b->scale(DataType::kFloat32, big.p, big.p, n, 3.0, s1);
+  b->record(e, s1);
+  b->streamWait(s2, e);
+  b->copy(small.p, static_cast<float*>(big.p) + n - 1, 4, s2);
+  b->synchronizeStream(s2);
+  EXPECT_EQ(small.get<float>()[0], 3.0f);
+  EXPECT_TRUE(b->query(e));
+  b->freePinned(pinned);
+  b->destroyEvent(e);
+  b->destroyStream(s1);
+  b->destroyStream(s2);
+}
+
+TEST(CudaBackend, NcclOpensWithItsVersion) {
+  const NcclApi& api = ncclApi();
+  std::printf("NCCL %s from %s\n", api.versionString().c_str(), api.path.c_str());
+  EXPECT_GE(api.version, kMinNcclVersion);
+  EXPECT_EQ(ncclBuilt(), api.version);
+}
+
+}  // namespace
+}  // namespace chorus

@@ -1,0 +1,31 @@
+"""The GPU suite's workers (tests/gpu/workers) run here on CPU tensors, so that
+the scripts the lent GPU machine runs stay correct between its loans. This is
+not a GPU test: tests/gpu/run.sh is, on a GPU."""
+import os
+
+from conftest import REPO, ok
+
+GPU_WORKERS = os.path.join(REPO, "tests", "gpu", "workers")
+CPU = {"CHORUS_TEST_DEVICE": "cpu"}
+
+
+def test_gpu_collectives_script_on_cpu(ranks):
+    for n in (1, 3):
+        assert f"collectives on cpu OK on {n} ranks" in ok(ranks(n, os.path.join(GPU_WORKERS, "collectives.py"),
+                                                               env=CPU))
+
+
+def test_gpu_optimizer_script_on_cpu(ranks):
+    assert "optimizer on cpu equals cpu" in ok(ranks(2, os.path.join(GPU_WORKERS, "optimizer_equal.py"), env=CPU))
+
+
+def test_gpu_peer_death_script_on_cpu(ranks):
+    proc = ranks(3, os.path.join(GPU_WORKERS, "peer_death.py"), env={**CPU, "CHORUS_TIMEOUT_SECONDS": "10"},
+                 keep_going=True)
+    assert proc.stdout.count("HorovodInternalError caught") == 2, proc.stdout
+
+
+def test_gpu_suite_scripts_parse():
+    import subprocess
+    for script in ("run.sh", "bundle.sh"):
+        subprocess.run(["bash", "-n", os.path.join(REPO, "tests", "gpu", script)], check=True)
