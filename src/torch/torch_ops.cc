@@ -1,3 +1,6 @@
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/version.h>
+
 #include <numeric>
 
 #include "chorus/torch.h"
@@ -6,28 +9,48 @@ namespace chorus::torch_api {
 
 namespace {
 
+// CPU and CUDA tensors go to the core by pointer; CUDA ones with their device.
 Tensor viewOf(const torch::Tensor& t) {
   Shape shape(t.sizes().begin(), t.sizes().end());
-  return Tensor{t.data_ptr(), toChorus(t.scalar_type()), shape};
+  return Tensor{t.data_ptr(), toChorus(t.scalar_type()), shape,
+                t.is_cuda() ? static_cast<int32_t>(t.get_device()) : kHostDevice};
 }
 
-// A contiguous CPU tensor with t's data (t itself when it already is one).
+// A contiguous CPU or CUDA tensor with t's data (t itself when it already is one).
 torch::Tensor staged(const torch::Tensor& t) {
   torch::Tensor s = t.detach();
-  if (!s.device().is_cpu()) s = s.cpu();
+  if (!s.device().is_cpu() && !s.is_cuda()) s = s.cpu();
   return s.contiguous();
 }
 
-// Outputs whose size is known only after negotiation are chorus's own (large
-// ones from its shared pool, which peers on this host write into directly),
-// seen by torch as a tensor that keeps the op's storage alive.
-torch::Tensor adopt(const Work& w, const torch::Tensor& like) {
-  const Tensor& o = w.output();
-  return torch::from_blob(o.data, o.shape, [w](void*) {}, like.options().device(torch::kCPU));
+// The current stream of a CUDA tensor's device, as a cudaStream_t (torch 2.1+
+// gives its native handle; before that, null: the default stream).
+void* currentStream(const torch::Tensor& t) {
+  if (!t.is_cuda()) return nullptr;
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+  return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(t.device()).native_handle();
+#else
+  return nullptr;
+#endif
 }
 
-torch::Tensor onDevice(const torch::Tensor& cpu, const torch::Tensor& like) {
-  return like.device().is_cpu() ? cpu : cpu.to(like.device());
+template <typename O>
+O onStreamOf(const torch::Tensor& t, O opts) {
+  opts.stream = currentStream(t);
+  return opts;
+}
+
+// Outputs whose size is known only after negotiation are chorus's own (large
+// ones from its shared pool, which peers on this host write into directly; on
+// CUDA, its device memory), seen by torch as a tensor that keeps the op's
+// storage alive.
+torch::Tensor adopt(const Work& w, const torch::Tensor& like) {
+  const Tensor& o = w.output();
+  return torch::from_blob(o.data, o.shape, [w](void*) {}, like.options());
+}
+
+torch::Tensor onDevice(const torch::Tensor& staged, const torch::Tensor& like) {
+  return staged.device() == like.device() ? staged : staged.to(like.device());
 }
 
 }  // namespace
@@ -54,7 +77,7 @@ namespace {
 // write into directly (chorus::allocateShared), as Python's hvd.allreduce.
 torch::Tensor newOutput(const torch::Tensor& like) {
   const size_t bytes = static_cast<size_t>(like.numel()) * like.element_size();
-  if (bytes < kSharedMinBytes) return torch::empty_like(like);
+  if (bytes < kSharedMinBytes || like.is_cuda()) return torch::empty_like(like);
   std::shared_ptr<void> buf = allocateShared(bytes);
   void* p = buf.get();
   return torch::from_blob(p, like.sizes(), [buf](void*) {}, like.options());
@@ -64,13 +87,13 @@ torch::Tensor newOutput(const torch::Tensor& like) {
 torch::Tensor allreduce(const torch::Tensor& t, const AllreduceOptions& opts) {
   torch::Tensor in = staged(t);
   torch::Tensor out = newOutput(in);
-  defaultRuntime().allreduce(viewOf(in), viewOf(out), opts);
+  defaultRuntime().allreduce(viewOf(in), viewOf(out), onStreamOf(in, opts));
   return onDevice(out, t);
 }
 
 void allreduce_(torch::Tensor& t, const AllreduceOptions& opts) {
   torch::Tensor s = staged(t);
-  defaultRuntime().allreduce(viewOf(s), viewOf(s), opts);
+  defaultRuntime().allreduce(viewOf(s), viewOf(s), onStreamOf(s, opts));
   if (!s.is_same(t)) t.copy_(s);
 }
 
@@ -83,39 +106,47 @@ std::vector<torch::Tensor> groupedAllreduce(const std::vector<torch::Tensor>& ts
     vin.push_back(viewOf(ins.back()));
     vout.push_back(viewOf(outs.back()));
   }
-  defaultRuntime().groupedAllreduceAsync(vin, vout, opts).wait();
+  if (!ins.empty()) {
+    const AllreduceOptions o = onStreamOf(ins[0], opts);
+    Work w = defaultRuntime().groupedAllreduceAsync(vin, vout, o);
+    w.wait();
+    w.streamWait(o.stream);
+  }
   for (size_t i = 0; i < ts.size(); ++i) outs[i] = onDevice(outs[i], ts[i]);
   return outs;
 }
 
 torch::Tensor allgather(const torch::Tensor& t, const OpOptions& opts) {
   torch::Tensor in = staged(t);
-  return onDevice(adopt(defaultRuntime().allgather(viewOf(in), opts), in), t);
+  return onDevice(adopt(defaultRuntime().allgather(viewOf(in), onStreamOf(in, opts)), in), t);
 }
 
 torch::Tensor broadcast(const torch::Tensor& t, int rootRank, const OpOptions& opts) {
   torch::Tensor in = staged(t);
   torch::Tensor out = torch::empty_like(in);
-  defaultRuntime().broadcastAsync(viewOf(in), viewOf(out), rootRank, opts).wait();
+  const OpOptions o = onStreamOf(in, opts);
+  Work w = defaultRuntime().broadcastAsync(viewOf(in), viewOf(out), rootRank, o);
+  w.wait();
+  w.streamWait(o.stream);
   return onDevice(out, t);
 }
 
 void broadcast_(torch::Tensor& t, int rootRank, const OpOptions& opts) {
   torch::Tensor s = staged(t);
-  defaultRuntime().broadcast(viewOf(s), rootRank, opts);
+  defaultRuntime().broadcast(viewOf(s), rootRank, onStreamOf(s, opts));
   if (!s.is_same(t)) t.copy_(s);
 }
 
 std::pair<torch::Tensor, std::vector<int64_t>> alltoall(const torch::Tensor& t, const std::vector<int64_t>& splits,
                                                         const OpOptions& opts) {
   torch::Tensor in = staged(t);
-  Work w = defaultRuntime().alltoall(viewOf(in), splits, opts);
+  Work w = defaultRuntime().alltoall(viewOf(in), splits, onStreamOf(in, opts));
   return {onDevice(adopt(w, in), t), w.receivedSplits()};
 }
 
 torch::Tensor reducescatter(const torch::Tensor& t, const ReducescatterOptions& opts) {
   torch::Tensor in = staged(t);
-  return onDevice(adopt(defaultRuntime().reducescatter(viewOf(in), opts), in), t);
+  return onDevice(adopt(defaultRuntime().reducescatter(viewOf(in), onStreamOf(in, opts)), in), t);
 }
 
 void broadcastParameters(const std::vector<std::pair<std::string, torch::Tensor>>& named, int rootRank) {
@@ -126,10 +157,14 @@ void broadcastParameters(const std::vector<std::pair<std::string, torch::Tensor>
     torch::Tensor s = staged(p);
     OpOptions o;
     o.name = "broadcast.parameter." + name;
+    o.stream = currentStream(s);
     works.push_back(defaultRuntime().broadcastAsync(viewOf(s), viewOf(s), rootRank, o));
     copyBack.emplace_back(p, s);
   }
-  for (auto& w : works) w.wait();
+  for (size_t i = 0; i < works.size(); ++i) {
+    works[i].wait();
+    works[i].streamWait(currentStream(copyBack[i].second));
+  }
   for (auto& [p, s] : copyBack)
     if (!s.is_same(p)) p.copy_(s);
 }
@@ -156,7 +191,12 @@ void DistributedOptimizer::synchronize() {
   o.op = op_;
   o.name = "distributed_optimizer.grads";
   o.processSet = processSet_;
-  if (!views.empty()) defaultRuntime().groupedAllreduceAsync(views, views, o).wait();
+  if (!views.empty()) {
+    o.stream = currentStream(grads[0]);
+    Work w = defaultRuntime().groupedAllreduceAsync(views, views, o);
+    w.wait();
+    w.streamWait(o.stream);
+  }
   size_t i = 0;
   for (auto& [name, p] : params_) {
     if (!p.grad().defined()) continue;
