@@ -13,18 +13,9 @@ out=$build/device-bundle
 for f in chorusrun chorus-bench; do
   [[ -x $build/$f ]] || { echo "device_bundle.sh: $build/$f missing: run scripts/build.sh first" >&2; exit 1; }
 done
-rm -rf "$out.tmp" && mkdir -p "$out.tmp/bin" "$out.tmp/lib" "$out.tmp/fallback"
+rm -rf "$out.tmp" && mkdir -p "$out.tmp/bin"
 cp "$build/chorusrun" "$build/chorus-bench" "$out.tmp/bin/"
-# lib/: never on that machine (or with another soname there). fallback/: used
-# only for what its loader cannot find (sixteen_ranks.sh checks with ldd).
-ldd "$build/chorusrun" "$build/chorus-bench" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u |
-  while read -r name path; do
-    case $name in
-      libc.so*|libm.so*|libstdc++*|libgcc_s*|ld-linux*|libmpi*|libopen-pal*|libopen-rte*) ;;
-      libchorus*|libgloo*|libhiredis*) cp -L "$path" "$out.tmp/lib/$name" ;;
-      *) cp -L "$path" "$out.tmp/fallback/$name" ;;
-    esac
-  done
+bash scripts/pack-libs.sh "$out.tmp" "$build/chorusrun" "$build/chorus-bench"  # (sixteen_ranks.sh checks with ldd)
 git rev-parse HEAD > "$out.tmp/COMMIT" 2>/dev/null || true
 rm -rf "$out" && mv "$out.tmp" "$out"
 du -sh "$out"

@@ -19,7 +19,8 @@ size_t rowBytes(const Response& r) {
 
 }  // namespace
 
-void* allocateOutput(Entry& e, const Shape& shape, std::exception_ptr* err) {
+void* allocateOutput(Entry& e, const Shape& shape, std::exception_ptr* err, const OwnStorage& own,
+                     int32_t device) {
   const size_t bytes = static_cast<size_t>(numElements(shape)) * dtypeSize(e.req.dtype);
   void* p = nullptr;
   if (e.alloc) {
@@ -32,11 +33,11 @@ void* allocateOutput(Entry& e, const Shape& shape, std::exception_ptr* err) {
     }
   }
   if (!p) {
-    std::shared_ptr<void> buf = allocateShared(bytes);
+    std::shared_ptr<void> buf = own ? own(bytes) : allocateShared(bytes);
     p = buf.get();
     e.work->owned.push_back(std::move(buf));
   }
-  e.output = Tensor{p, e.req.dtype, shape};
+  e.output = Tensor{p, e.req.dtype, shape, device};
   return p;
 }
 

@@ -89,6 +89,7 @@ class Executor {
   size_t runSome(const Response* src, size_t count, EntryTable& entries, bool fromPayload, size_t* spent,
                  size_t budget);
   size_t groupAt(const Response* src, size_t count, size_t i);  // end of the fused group from i
+  size_t takeGroup(const Response* src, size_t i, size_t j);    // src[i, j) into group_; their bytes
   void startChunked(const Response* group, size_t n, EntryTable& entries);
   void runChunk(EntryTable& entries, size_t* spent);
   void mergeQueue(const Response* responses, size_t count);
@@ -145,7 +146,11 @@ class Executor {
 // Allocates an output through the entry's allocator, or in storage the Work owns.
 // If the allocator fails, the rank still takes part (in chorus's own storage, so
 // the others are not left waiting) and *err is set to fail the entry afterwards.
-void* allocateOutput(Entry& e, const Shape& shape, std::exception_ptr* err);
+// own: where chorus's storage comes from (null: host memory from its pool);
+// device: what the output tensor says of where it is.
+using OwnStorage = std::function<std::shared_ptr<void>(size_t bytes)>;
+void* allocateOutput(Entry& e, const Shape& shape, std::exception_ptr* err, const OwnStorage& own = nullptr,
+                     int32_t device = kHostDevice);
 // Marks the entry done with `output` as its result and removes it from the table.
 void finishEntry(EntryTable& entries, EntryTable::iterator it, const Executor::Release& release,
                  std::exception_ptr err = nullptr);

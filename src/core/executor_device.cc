@@ -27,6 +27,23 @@ class Activity {
   const std::string& name_;
 };
 
+// Makes the set's device current on the thread that runs an op (chorus's, or a
+// caller's driving the cycle), as kernel launches need, and restores it after.
+class OnDevice {
+ public:
+  OnDevice(DeviceBackend& b, int ordinal) : b_(b), prev_(b.current()) {
+    if (prev_ != ordinal) b_.setCurrent(ordinal);
+    else prev_ = -1;
+  }
+  ~OnDevice() {
+    if (prev_ >= 0) b_.setCurrent(prev_);
+  }
+
+ private:
+  DeviceBackend& b_;
+  int prev_;
+};
+
 // Postscale, then Average's division, on the device (what the path did not fold in).
 void postProcessOn(DeviceBackend& b, const Response& r, void* buf, size_t n, int size, void* stream) {
   if (r.postscale != 1.0) b.scale(r.dtype, buf, buf, n, r.postscale, stream);
@@ -51,30 +68,19 @@ void DeviceRunner::waitReady(const Entry& e) {
 }
 
 void* DeviceRunner::output(Entry& e, const Shape& shape, std::exception_ptr* err) {
-  const size_t bytes = static_cast<size_t>(numElements(shape)) * dtypeSize(e.req.dtype);
-  void* p = nullptr;
-  if (e.alloc) {
-    try {
-      p = e.alloc(shape, e.req.dtype);
-      if (!p && bytes > 0) throw InvalidArgument("output allocator returned null for '" + e.req.name + "'");
-    } catch (...) {
-      *err = std::current_exception();
-      p = nullptr;
-    }
-  }
-  if (!p) {  // chorus's own device memory, freed with the Work
-    auto b = b_;
-    std::shared_ptr<void> buf(b->allocDevice(ordinal_, bytes), [b](void* q) {
-      try {
-        b->freeDevice(q);
-      } catch (...) {
-      }
-    });
-    p = buf.get();
-    e.work->owned.push_back(std::move(buf));
-  }
-  e.output = Tensor{p, e.req.dtype, shape, ordinal_};
-  return p;
+  auto b = b_;
+  const int ordinal = ordinal_;
+  return allocateOutput(  // chorus's own storage is device memory, freed with the Work
+      e, shape, err,
+      [b, ordinal](size_t bytes) {
+        return std::shared_ptr<void>(b->allocDevice(ordinal, bytes), [b](void* q) {
+          try {
+            b->freeDevice(q);
+          } catch (...) {
+          }
+        });
+      },
+      ordinal_);
 }
 
 void DeviceRunner::finish(EntryTable& entries, EntryTable::iterator it, const Release& release,
@@ -105,6 +111,7 @@ void DeviceRunner::allreduce(const Response* const* group, size_t n, EntryTable&
     present += entries.count(group[i]->name);
   }
   void* s = stream_.get();
+  OnDevice on(*b_, ordinal_);
   if (present == 0) {  // joined: zeros, in the same calls as the others
     path_->allreduceJoined(total, head.dtype, head.op, fold ? fold : 1.0, s);
     return;
@@ -163,6 +170,7 @@ void DeviceRunner::run(const Response& r, EntryTable& entries, const Release& re
   const int n = cpu_.size(), me = cpu_.rank();
   const size_t rb = static_cast<size_t>(numElements(tailOf(r.shape))) * dtypeSize(r.dtype);
   void* s = stream_.get();
+  OnDevice on(*b_, ordinal_);
   std::exception_ptr allocErr;
   switch (r.type) {
     case OpType::kAllgather: {

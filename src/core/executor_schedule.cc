@@ -119,6 +119,16 @@ size_t Executor::groupAt(const Response* src, size_t count, size_t i) {
   return j;
 }
 
+size_t Executor::takeGroup(const Response* src, size_t i, size_t j) {
+  group_.clear();
+  size_t bytes = 0;
+  for (size_t k = i; k < j; ++k) {
+    group_.push_back(&src[k]);
+    bytes += src[k].bytes();
+  }
+  return bytes;
+}
+
 size_t Executor::runSome(const Response* src, size_t count, EntryTable& entries, bool fromPayload, size_t* spent,
                          size_t budget) {
   size_t i = 0;
@@ -130,23 +140,15 @@ size_t Executor::runSome(const Response* src, size_t count, EntryTable& entries,
       ++i;
       continue;
     }
-    if (r.onDevice) {  // CUDA tensors: whole, on the set's device path
+    if (r.onDevice) {  // CUDA tensors (no barrier or join has any): whole, on the set's device path
       DeviceRunner& dev = device(r, entries);
       const size_t j = r.type == OpType::kAllreduce ? groupAt(src, count, i) : i + 1;
-      std::vector<const Response*>& group = group_;
-      group.clear();
-      size_t bytes = 0;
-      for (size_t k = i; k < j; ++k) {
-        group.push_back(&src[k]);
-        bytes += src[k].bytes();
-      }
-      OpSpans spans(timeline_, group.data(), group.size(), dev.transport(), setId_);
+      const size_t bytes = takeGroup(src, i, j);
+      OpSpans spans(timeline_, group_.data(), group_.size(), dev.transport(), setId_);
       if (r.type == OpType::kAllreduce) {
         ++batches_;
-        tensors_ += static_cast<int64_t>(group.size());
-        dev.allreduce(group.data(), group.size(), entries, release_);
-      } else if (r.type == OpType::kBarrier || r.type == OpType::kJoin) {
-        runSimple(r, entries);
+        tensors_ += static_cast<int64_t>(group_.size());
+        dev.allreduce(group_.data(), group_.size(), entries, release_);
       } else {
         dev.run(r, entries, release_);
       }
@@ -156,13 +158,8 @@ size_t Executor::runSome(const Response* src, size_t count, EntryTable& entries,
     }
     if (r.type == OpType::kAllreduce) {
       const size_t j = groupAt(src, count, i);
+      const size_t bytes = takeGroup(src, i, j);
       std::vector<const Response*>& group = group_;
-      group.clear();
-      size_t bytes = 0;
-      for (size_t k = i; k < j; ++k) {
-        group.push_back(&src[k]);
-        bytes += src[k].bytes();
-      }
       if (!fromPayload && chunkBytes_ > 0 && r.op != ReduceOp::kAdasum && bytes > static_cast<size_t>(chunkBytes_)) {
         startChunked(src + i, j - i, entries);
         runChunk(entries, spent);

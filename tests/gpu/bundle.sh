@@ -10,20 +10,10 @@ cd "$(dirname "$0")/../.."
 build=${BUILD_DIR:-build}
 out=$build/gpu-bundle
 cmake --build "$build" -j"${JOBS:-2}" --target chorusrun chorus chorus_cuda chorus_gpu_tests >/dev/null
-rm -rf "$out.tmp" && mkdir -p "$out.tmp/bin" "$out.tmp/lib" "$out.tmp/fallback"
+rm -rf "$out.tmp" && mkdir -p "$out.tmp/bin" "$out.tmp/lib"
 cp "$build/chorusrun" "$build/tests/chorus_gpu_tests" "$out.tmp/bin/"
 cp -L "$build/libchorus_cuda.so" "$out.tmp/lib/"
-# lib/: never on that machine. fallback/: only for what its loader cannot find
-# (run.sh checks with ldd). Its Open MPI is used, not ours (same 4.x ABI).
-ldd "$build/chorusrun" "$build/tests/chorus_gpu_tests" "$build/libchorus_cuda.so" |
-  awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u |
-  while read -r name path; do
-    case $name in
-      libc.so*|libm.so*|libstdc++*|libgcc_s*|ld-linux*|libmpi*|libopen-pal*|libopen-rte*) ;;
-      libchorus*|libgloo*|libhiredis*) cp -L "$path" "$out.tmp/lib/$name" ;;
-      *) cp -L "$path" "$out.tmp/fallback/$name" ;;
-    esac
-  done
+bash scripts/pack-libs.sh "$out.tmp" "$build/chorusrun" "$build/tests/chorus_gpu_tests" "$build/libchorus_cuda.so"
 git rev-parse HEAD > "$out.tmp/COMMIT" 2>/dev/null || true
 rm -rf "$out" && mv "$out.tmp" "$out"
 du -sh "$out"

@@ -66,13 +66,13 @@ class _Send(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, dst, tag, process_set):
         ctx.dst, ctx.tag, ctx.process_set = dst, tag, process_set
-        ctx.shape, ctx.dtype = tensor.shape, tensor.dtype
+        ctx.shape, ctx.dtype, ctx.device = tensor.shape, tensor.dtype, tensor.device
         _run_now(_send_async, tensor.detach(), dst, tag, process_set)
         return tensor.new_zeros(())
 
     @staticmethod
     def backward(ctx, _):
-        grad = torch.empty(ctx.shape, dtype=ctx.dtype)
+        grad = torch.empty(ctx.shape, dtype=ctx.dtype, device=ctx.device)
         _run_now(_recv_async, grad, ctx.dst, ctx.tag, ctx.process_set)
         return grad, None, None, None
 
@@ -81,7 +81,7 @@ class _Recv(torch.autograd.Function):
     @staticmethod
     def forward(ctx, anchor, like, src, tag, process_set):
         ctx.src, ctx.tag, ctx.process_set = src, tag, process_set
-        out = torch.empty(like.shape, dtype=like.dtype)
+        out = torch.empty(like.shape, dtype=like.dtype, device=like.device)
         _run_now(_recv_async, out, src, tag, process_set)
         return out
 

@@ -37,7 +37,7 @@ class SyncBatchNorm(_BatchNorm):
         x = input if input.dtype in (torch.float32, torch.float64) else input.float()
         dims = [0] + list(range(2, x.dim()))
         shape = [1, x.shape[1]] + [1] * (x.dim() - 2)
-        count = torch.tensor([x.numel() // x.shape[1]], dtype=x.dtype)
+        count = torch.tensor([x.numel() // x.shape[1]], dtype=x.dtype, device=x.device)
         totals = allreduce(torch.cat([x.sum(dims), count]), op=Sum, process_set=self.process_set)
         n = totals[-1]
         if n.item() <= 1:
