@@ -232,15 +232,8 @@ void Executor::runAlltoall(const Response& r, EntryTable& entries, bool fromPayl
   const int n = comm_.size();
   const int me = comm_.rank();
   const size_t rb = rowBytes(r);
-  std::vector<size_t> sendBytes(n), recvBytes(n);
-  std::vector<int64_t> received(n);
-  int64_t rows = 0;
-  for (int j = 0; j < n; ++j) {
-    sendBytes[j] = static_cast<size_t>(r.splits[me][j]) * rb;
-    received[j] = r.splits[j][me];
-    recvBytes[j] = static_cast<size_t>(received[j]) * rb;
-    rows += received[j];
-  }
+  AlltoallPlan plan = alltoallPlan(r, n, me, rb);
+  const auto& [sendBytes, recvBytes, received, rows] = plan;
   size_t largest = 0;  // every rank computes it from the same splits
   for (int j = 0; j < n; ++j)
     for (int k = 0; k < n; ++k)

@@ -197,15 +197,8 @@ void DeviceRunner::run(const Response& r, EntryTable& entries, const Release& re
       break;
     }
     case OpType::kAlltoall: {
-      std::vector<size_t> sendBytes(n), recvBytes(n);
-      std::vector<int64_t> received(n);
-      int64_t rows = 0;
-      for (int j = 0; j < n; ++j) {
-        sendBytes[j] = static_cast<size_t>(r.splits[me][j]) * rb;
-        received[j] = r.splits[j][me];
-        recvBytes[j] = static_cast<size_t>(received[j]) * rb;
-        rows += received[j];
-      }
+      const AlltoallPlan plan = alltoallPlan(r, n, me, rb);
+      const auto& [sendBytes, recvBytes, received, rows] = plan;
       if (joined) {
         void* z = scratch(static_cast<size_t>(rows) * rb);
         path_->alltoallv(z, sendBytes, z, recvBytes, s);

@@ -1,5 +1,7 @@
 #pragma once
 // Helpers shared by the executor's op runners and its scheduler.
+#include <vector>
+
 #include "core/message.h"
 #include "reduce/reduce.h"
 
@@ -15,6 +17,27 @@ inline bool fusible(const Response& a, const Response& b) {
 inline bool isInteger(DataType t) {
   return t == DataType::kUInt8 || t == DataType::kInt8 || t == DataType::kInt16 || t == DataType::kUInt16 ||
          t == DataType::kInt32 || t == DataType::kInt64;
+}
+
+// What rank `me` of n sends to and receives from each rank in an alltoall
+// (bytes), the rows it receives from each, and their total.
+struct AlltoallPlan {
+  std::vector<size_t> sendBytes, recvBytes;
+  std::vector<int64_t> received;
+  int64_t rows = 0;
+};
+inline AlltoallPlan alltoallPlan(const Response& r, int n, int me, size_t rowBytes) {
+  AlltoallPlan p;
+  p.sendBytes.resize(n);
+  p.recvBytes.resize(n);
+  p.received.resize(n);
+  for (int j = 0; j < n; ++j) {
+    p.sendBytes[j] = static_cast<size_t>(r.splits[me][j]) * rowBytes;
+    p.received[j] = r.splits[j][me];
+    p.recvBytes[j] = static_cast<size_t>(p.received[j]) * rowBytes;
+    p.rows += p.received[j];
+  }
+  return p;
 }
 
 // Postscale, then Average's division by the set size (exact for integers:
