@@ -20,7 +20,7 @@ bash scripts/install-deps.sh
 dir="build-$kind"
 cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS="$flags" \
   -DCMAKE_EXE_LINKER_FLAGS="${flags%% *}" -DCMAKE_SHARED_LINKER_FLAGS="${flags%% *}" \
-  -DCHORUS_BUILD_PYTHON=OFF -DCHORUS_BUILD_TORCH=OFF > /dev/null
+  -DCHORUS_BUILD_PYTHON=OFF -DCHORUS_BUILD_TORCH=OFF -DCHORUS_WITH_CUDA=OFF > /dev/null
 cmake --build "$dir" -j2
 supp="$PWD/tests/sanitizers"
 export ASAN_OPTIONS="detect_leaks=1"

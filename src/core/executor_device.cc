@@ -63,6 +63,13 @@ DeviceRunner::DeviceRunner(const DeviceSettings& s, int ordinal, Communicator& c
       fusion_(b_, ordinal_),
       joined_(b_, ordinal_) {}
 
+DeviceRunner::~DeviceRunner() {
+  try {
+    b_->synchronizeStream(stream_.get());
+  } catch (...) {
+  }
+}
+
 void DeviceRunner::waitReady(const Entry& e) {
   if (e.ready) b_->streamWait(stream_.get(), e.ready->get());
 }

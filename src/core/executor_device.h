@@ -27,6 +27,7 @@ class DeviceRunner {
   // Collective over the set (the path's choice): every member makes it at the
   // same response. ordinal: this rank's device for the set's CUDA tensors.
   DeviceRunner(const DeviceSettings& s, int ordinal, Communicator& cpu, Timeline* timeline, int32_t setId);
+  ~DeviceRunner();  // after the work queued on its stream (it uses the buffers)
   const char* transport() const { return path_->transport(); }
   const std::string& reason() const { return why_; }
 

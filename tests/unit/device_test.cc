@@ -387,7 +387,7 @@ TEST(DeviceCollectives, TimelineNamesTheStagedPathAndFusionCopies) {
     c.rt.barrier();
     DevBuf a(*dev, DataType::kFloat32, Shape{64}), b(*dev, DataType::kFloat32, Shape{64});
     Work w = c.rt.groupedAllreduceAsync({a.tensor(), b.tensor()}, {a.tensor(), b.tensor()});
-    w.wait();
+    hostSees(w, *dev);  // (before a and b are freed: chorus's copies into them may still be queued)
     c.rt.barrier();
     if (c.rank == 0) c.rt.stopTimeline();
   }, withDevice(dev));

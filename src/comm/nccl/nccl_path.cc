@@ -56,6 +56,8 @@ class NcclPath final : public DevicePath {
     api_.check(rc, "ncclCommInitRank");
     watchdog_ = std::thread([this] { watch(); });
   }
+  // Waits for queued work up to the timeout; what does not finish (a dead peer)
+  // is aborted rather than waited for.
   ~NcclPath() override {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -63,10 +65,14 @@ class NcclPath final : public DevicePath {
     }
     cv_.notify_all();
     watchdog_.join();
-    if (!aborted_) {
-      for (auto& w : queued_) b_->synchronize(w.event->get());
-      api_.commDestroy(comm_);
+    if (aborted_) return;
+    const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_);
+    while (!queued_.empty() && Clock::now() < deadline) {
+      if (b_->query(queued_.front().event->get())) queued_.pop_front();
+      else std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
+    if (queued_.empty()) api_.commDestroy(comm_);
+    else api_.commAbort(comm_);
   }
 
   const char* transport() const override { return "NCCL"; }
