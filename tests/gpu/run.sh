@@ -61,6 +61,7 @@ check cuda_backend 120 "$bundle/bin/chorus_gpu_tests"
 for n in 1 2 4; do  # ranks sharing the one GPU: staged (1 rank: NCCL)
   check collectives_${n}ranks 150 "$chorusrun" -np $n "$py" tests/gpu/workers/collectives.py
 done
+check collectives_4ranks_static_sets 150 env CHORUS_TEST_STATIC_SETS=1 "$chorusrun" -np 4 "$py" tests/gpu/workers/collectives.py
 check collectives_2ranks_host_asked 120 env CHORUS_GPU_OPERATIONS=host "$chorusrun" -np 2 "$py" tests/gpu/workers/collectives.py
 check nccl_one_rank 90 env CHORUS_GPU_OPERATIONS=nccl "$chorusrun" -np 1 "$py" tests/gpu/workers/nccl_checks.py
 check nccl_one_rank_collectives 120 env CHORUS_GPU_OPERATIONS=nccl "$chorusrun" -np 1 "$py" tests/gpu/workers/collectives.py

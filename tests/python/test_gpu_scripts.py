@@ -15,6 +15,11 @@ def test_gpu_collectives_script_on_cpu(ranks):
                                                                env=CPU))
 
 
+def test_gpu_collectives_script_with_static_sets_on_cpu(ranks):
+    out = ok(ranks(3, os.path.join(GPU_WORKERS, "collectives.py"), env={**CPU, "CHORUS_TEST_STATIC_SETS": "1"}))
+    assert "collectives on cpu OK on 3 ranks" in out
+
+
 def test_gpu_optimizer_script_on_cpu(ranks):
     assert "optimizer on cpu equals cpu" in ok(ranks(2, os.path.join(GPU_WORKERS, "optimizer_equal.py"), env=CPU))
 

@@ -114,7 +114,12 @@ def check_p2p(dev, size, rank):
 
 
 def main():
-    hvd.init(process_sets="dynamic")
+    # CHORUS_TEST_STATIC_SETS=1: the even ranks' set is given to init (static);
+    # otherwise it is added at run time (dynamic).
+    static = os.environ.get("CHORUS_TEST_STATIC_SETS") == "1"
+    n = int(os.environ.get("CHORUS_SIZE", "1"))
+    given = hvd.ProcessSet(list(range(0, n, 2))) if static and n >= 2 else None
+    hvd.init(process_sets=[given] if given is not None else "dynamic")
     if DEVICE == "cuda":
         torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
     dev = torch.device(DEVICE)
@@ -138,14 +143,15 @@ def main():
         print(f"rank {rank}: path {hvd.stats()['gpu_path']} ({hvd.stats()['gpu_path_reason']})", flush=True)
     # Process sets: a static-style set of the even ranks and a dynamic one added now.
     if size >= 2:
-        evens = hvd.add_process_set(list(range(0, size, 2)))
+        evens = given if given is not None else hvd.add_process_set(list(range(0, size, 2)))
         if rank % 2 == 0:
             x = value(rank, 999, torch.float32).to(dev)
             got = hvd.allreduce(x, op=hvd.Sum, process_set=evens, name="evens")
             close(got, sum(value(r, 999, torch.float32) for r in range(0, size, 2)), torch.float32, "process set")
             got = hvd.allgather(x[:3].reshape(1, 3), process_set=evens, name="evens.ag")
             assert got.shape[0] == len(range(0, size, 2))
-        hvd.remove_process_set(evens)
+        if given is None:
+            hvd.remove_process_set(evens)
     hvd.barrier()
     if rank == 0:
         print(f"collectives on {DEVICE} OK on {size} ranks", flush=True)
