@@ -66,6 +66,16 @@ struct CommTuning {
   int hierarchicalAllgather = -1;
 };
 
+class Communicator;
+
+// A set across hosts whose hosts hold as many of its ranks each: its
+// communicators within this rank's host and across hosts (the ranks of the same
+// local index). Nulls for every other communicator.
+struct HostSplit {
+  Communicator* local = nullptr;
+  Communicator* cross = nullptr;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -106,6 +116,7 @@ class Communicator {
   // is marked failed; TCP: the direct connections are shut).
   virtual void abort() {}
   virtual CommTraits traits() const { return {}; }
+  virtual HostSplit hostSplit() { return {}; }
   // What autotune may change here, with the values in force; and a change.
   virtual CommTuning tuning() const { return {}; }
   virtual void setTuning(const CommTuning&) {}

@@ -55,6 +55,14 @@ std::unique_ptr<DevicePath> makeDevicePath(const std::shared_ptr<DeviceBackend>&
                                            Communicator& cpu, const std::string& hostOf,
                                            const DevicePathOptions& opts, std::string* why);
 
+// Horovod's hierarchical allreduce for CUDA tensors: reduce-scattered within
+// the host on `local`, each slice allreduced across hosts on `cross`, gathered
+// back within the host; every other op on `flat`. localRank/localSize: this
+// rank's place in the host's group.
+std::unique_ptr<DevicePath> makeHierarchicalPath(const std::shared_ptr<DeviceBackend>& backend, int ordinal,
+                                                 std::unique_ptr<DevicePath> local, std::unique_ptr<DevicePath> cross,
+                                                 std::unique_ptr<DevicePath> flat, int localRank, int localSize);
+
 // The staged path alone (tests; the factory's fallback).
 std::unique_ptr<DevicePath> makeStagedPath(const std::shared_ptr<DeviceBackend>& backend, int ordinal,
                                            Communicator& cpu, const DevicePathOptions& opts);

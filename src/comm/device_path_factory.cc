@@ -94,6 +94,17 @@ std::unique_ptr<DevicePath> makeDevicePath(const std::shared_ptr<DeviceBackend>&
   }
   if (want == "nccl" && !useNccl) throw InvalidArgument("CHORUS_GPU_OPERATIONS=nccl cannot be met: " + reason);
   if (why) *why = reason;
+  const HostSplit split = cpu.hostSplit();
+  if (useNccl && want == "auto" && split.local && split.cross) {
+    // Across hosts: NCCL within each host, the set's own TCP/MPI path between
+    // them (CHORUS_GPU_OPERATIONS=nccl asks for NCCL across hosts instead).
+    if (why) *why = reason + "; by hosts: NCCL within each host, " + split.cross->traits().transport + " between them";
+    auto local = makeNcclPath(backend, ordinal, *split.local, opts);
+    auto cross = makeStagedPath(backend, ordinal, *split.cross, opts);
+    auto flat = makeNcclPath(backend, ordinal, cpu, opts);
+    return makeHierarchicalPath(backend, ordinal, std::move(local), std::move(cross), std::move(flat),
+                                split.local->rank(), split.local->size());
+  }
   if (useNccl) return makeNcclPath(backend, ordinal, cpu, opts);
   if (cpu.rank() == 0 && want != "host")
     CHORUS_WARN(-1, "CUDA tensors of a " << cpu.size() << "-rank process set are staged through pinned host memory: "

@@ -11,7 +11,11 @@
 #include <sstream>
 #include <thread>
 
+#include <unistd.h>
+
 #include "chorus/error.h"
+#include "comm/communicator.h"
+#include "comm/device_path.h"
 #include "device/host_stand_in.h"
 #include "harness.h"
 
@@ -409,6 +413,72 @@ TEST(DeviceCollectives, CudaTensorWithNoGpuSaysWhatIsMissing) {
   });
   if (errors[0].empty()) GTEST_SKIP() << "a usable GPU is present";
   EXPECT_NE(errors[0].find("CUDA"), std::string::npos) << errors[0];
+}
+
+
+// Horovod's hierarchical allreduce for CUDA tensors, composed of device paths
+// over the set's communicators within and across hosts (two simulated hosts
+// of two ranks; staged parts here, NCCL within a host on a GPU machine).
+TEST(DeviceHierarchy, ReduceScatterWithinHostsAllreduceAcrossGatherBack) {
+  auto dev = makeHostStandIn();
+  auto store = makeMemoryStore();
+  const int n = 4;
+  const std::vector<std::string> hosts = {"hostA", "hostB", "hostA", "hostB"};
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        CommOptions co;
+        co.jobId = "devhier" + std::to_string(getpid());
+        co.hierarchicalAllreduce = 1;
+        co.timeoutSeconds = 20;
+        auto transport = makeTransportDevice(co);
+        auto comm = makeCommunicator(transport, *store, "h/", r, hosts, co);
+        const HostSplit split = comm->hostSplit();
+        if (!split.local || !split.cross) throw Error("the hierarchical communicator offers no host split");
+        DevicePathOptions po;
+        po.stageChunkBytes = 4096;
+        auto path = makeHierarchicalPath(dev, 0, makeStagedPath(dev, 0, *split.local, po),
+                                         makeStagedPath(dev, 0, *split.cross, po), makeStagedPath(dev, 0, *comm, po),
+                                         split.local->rank(), split.local->size());
+        void* s = dev->createStream(0);
+        for (int64_t count : {1, 3, 4097}) {
+          for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kAverage}) {
+            DevBuf in(*dev, DataType::kFloat32, Shape{count}), out(*dev, DataType::kFloat32, Shape{count});
+            for (int64_t i = 0; i < count; ++i) in.host().set(i, testValue(r, i, DataType::kFloat32, op));
+            in.upload(s);
+            const double scale = op == ReduceOp::kAverage ? 1.0 / n : 1.0;
+            if (r == 3 && op == ReduceOp::kSum) {  // a rank that joined: zeros
+              path->allreduceJoined(count, DataType::kFloat32, op, scale, s);
+              dev->synchronizeStream(s);
+              continue;
+            }
+            path->allreduce(out.tensor().data, in.tensor().data, count, DataType::kFloat32, op, scale, s);
+            dev->synchronizeStream(s);
+            for (int64_t i = 0; i < count; ++i) {
+              double want = op == ReduceOp::kSum ? 0 : testValue(0, i, DataType::kFloat32, op);
+              for (int q = 0; q < n; ++q) {
+                const double v = testValue(q, i, DataType::kFloat32, op);
+                if (op == ReduceOp::kSum) want += q == 3 ? 0 : v;
+                else if (op == ReduceOp::kMax) want = std::max(want, v);
+              }
+              if (op == ReduceOp::kAverage) want = reference(ReduceOp::kAverage, DataType::kFloat32, n, i);
+              if (out.read(i) != representable(DataType::kFloat32, want))
+                throw Error("rank " + std::to_string(r) + " " + reduceOpName(op) + " count " + std::to_string(count) +
+                            " element " + std::to_string(i) + ": " + std::to_string(out.read(i)) + " != " +
+                            std::to_string(want));
+            }
+          }
+        }
+        dev->destroyStream(s);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
 }
 
 }  // namespace

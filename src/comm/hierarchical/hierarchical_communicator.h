@@ -49,6 +49,7 @@ class HierarchicalCommunicator : public Communicator {
       if (c) c->abort();
   }
   void barrier() override;
+  HostSplit hostSplit() override { return sliced_ ? HostSplit{local_.get(), cross_.get()} : HostSplit{}; }
   // The host's shared memory's, and whether each of the two goes by hosts.
   CommTuning tuning() const override {
     CommTuning t = local_->tuning();
