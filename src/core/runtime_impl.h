@@ -1,4 +1,5 @@
 #pragma once
+#include <deque>
 #include <list>
 #include <map>
 #include <memory>
@@ -61,6 +62,15 @@ class RuntimeImpl {
   // first use; throws chorus::Error saying what is missing).
   std::shared_ptr<DeviceBackend> deviceBackend();
   std::shared_ptr<DeviceStream> p2pStream;  // receives' copies up (made on first use)
+  // Pinned buffers of receives whose copy up may still be queued, each with the
+  // event after it: kept until it has passed (a Work may be gone before that).
+  struct InFlightCopy {
+    std::shared_ptr<DeviceEvent> done;
+    std::shared_ptr<void> pinned;
+  };
+  std::mutex copiesMu;
+  std::deque<InFlightCopy> copiesUp;
+  void releaseCopiesUp(bool wait);  // drops those done (wait: all, after waiting)
 
  private:
   void exchangeHosts();

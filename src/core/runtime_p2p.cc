@@ -30,6 +30,18 @@ void RuntimeImpl::stopP2p() {
   if (p2p) p2p->shutdown();
   p2p.reset();
   p2pDriver.reset();
+  releaseCopiesUp(true);
+  p2pStream.reset();
+}
+
+void RuntimeImpl::releaseCopiesUp(bool wait) {
+  std::lock_guard<std::mutex> lock(copiesMu);
+  while (!copiesUp.empty()) {
+    DeviceEvent& e = *copiesUp.front().done;
+    if (wait) e.backend().synchronize(e.get());
+    else if (!e.backend().query(e.get())) break;  // (in order: one side stream)
+    copiesUp.pop_front();
+  }
 }
 
 std::vector<Work> RuntimeImpl::postP2p(const std::vector<P2pOp>& ops, int32_t setId, void* stream) {
@@ -44,6 +56,7 @@ std::vector<Work> RuntimeImpl::postP2p(const std::vector<P2pOp>& ops, int32_t se
         throw InvalidArgument("point-to-point: rank " + std::to_string(rank) + " cannot " +
                               (op.send ? "send to" : "receive from") + " rank " + std::to_string(op.peer) +
                               " (the job has " + std::to_string(size) + " ranks)");
+  releaseCopiesUp(false);
   std::vector<P2pRequest> reqs;
   std::vector<Work> works;
   reqs.reserve(ops.size());
@@ -86,9 +99,11 @@ std::vector<Work> RuntimeImpl::postP2p(const std::vector<P2pOp>& ops, int32_t se
         if (!p2pStream) p2pStream = std::make_shared<DeviceStream>(b, op.tensor.device);
         auto side = p2pStream;
         void* dst = op.tensor.data;
-        landed = [b, side, dst, pinned, bytes, work] {
+        landed = [this, b, side, dst, pinned, bytes, work] {
           b->copy(dst, pinned.get(), bytes, side->get());
           b->record(work->deviceDone->get(), side->get());
+          std::lock_guard<std::mutex> lock(copiesMu);
+          copiesUp.push_back({work->deviceDone, pinned});
         };
       }
     }

@@ -481,5 +481,36 @@ TEST(DeviceHierarchy, ReduceScatterWithinHostsAllreduceAcrossGatherBack) {
   for (int r = 0; r < n; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
 }
 
+// Point-to-point of CUDA tensors travels through pinned host memory: a send is
+// copied down after the caller's stream (the data is written late there), a
+// receive copied up on a side stream that the caller's stream then waits for.
+TEST(DeviceP2p, SendRecvAndBatchedExchangeOfDeviceTensors) {
+  auto dev = makeHostStandIn();
+  runRanksOk(2, [&](RankContext& c) {
+    const int peer = 1 - c.rank;
+    void* stream = dev->createStream(0);
+    DevBuf mine(*dev, DataType::kFloat32, Shape{3000}), into(*dev, DataType::kFloat32, Shape{3000});
+    for (int64_t i = 0; i < 3000; ++i) mine.host().set(i, c.rank * 10000 + i);
+    mine.upload(stream, std::chrono::milliseconds(20));
+    SendRecvOptions o;
+    o.stream = stream;
+    if (c.rank == 0) {
+      c.rt.send(mine.tensor(), peer, o);
+    } else {
+      c.rt.recv(into.tensor(), peer, o);  // (the blocking form orders the stream itself)
+      dev->synchronizeStream(stream);
+      for (int64_t i = 0; i < 3000; ++i) ASSERT_EQ(into.read(i), static_cast<double>(i)) << i;
+    }
+    std::vector<P2pOp> ops = {P2pOp{true, mine.tensor(), peer, 7}, P2pOp{false, into.tensor(), peer, 7}};
+    for (Work& w : c.rt.batchSendRecvAsync(ops, kGlobalProcessSetId, stream)) {
+      w.wait();
+      w.streamWait(stream);
+    }
+    dev->synchronizeStream(stream);
+    for (int64_t i = 0; i < 3000; ++i) ASSERT_EQ(into.read(i), peer * 10000.0 + i) << i;
+    dev->destroyStream(stream);
+  }, withDevice(dev));
+}
+
 }  // namespace
 }  // namespace chorus::testing
