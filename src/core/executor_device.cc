@@ -98,15 +98,6 @@ void DeviceRunner::finish(EntryTable& entries, EntryTable::iterator it, const Re
   finishEntry(entries, it, release, err);
 }
 
-void* DeviceRunner::scratch(size_t bytes) {
-  // Zeros, from host memory (a joined rank's contribution; rare, so synchronous).
-  void* p = joined_.reserve(std::max<size_t>(bytes, 1));
-  std::vector<char> zeros(bytes, 0);
-  b_->copy(p, zeros.data(), bytes, stream_.get());
-  b_->synchronizeStream(stream_.get());
-  return p;
-}
-
 void DeviceRunner::allreduce(const Response* const* group, size_t n, EntryTable& entries, const Release& release) {
   const Response& head = *group[0];
   const int size = cpu_.size();
@@ -190,7 +181,7 @@ void DeviceRunner::run(const Response& r, EntryTable& entries, const Release& re
       Shape shape = tailOf(r.shape);
       shape.insert(shape.begin(), rows);
       if (joined) {
-        void* z = scratch(static_cast<size_t>(rows) * rb);
+        void* z = joined_.zeroed(static_cast<size_t>(rows) * rb, s);
         path_->allgatherv(z, z, bytes, s);
         return;
       }
@@ -198,7 +189,7 @@ void DeviceRunner::run(const Response& r, EntryTable& entries, const Release& re
       break;
     }
     case OpType::kBroadcast: {
-      if (joined) return path_->broadcast(scratch(r.bytes()), r.bytes(), r.root, s);
+      if (joined) return path_->broadcast(joined_.zeroed(r.bytes(), s), r.bytes(), r.root, s);
       if (me == r.root && e->output.data != e->input.data) b_->copy(e->output.data, e->input.data, r.bytes(), s);
       path_->broadcast(e->output.data, r.bytes(), r.root, s);
       break;
@@ -207,7 +198,7 @@ void DeviceRunner::run(const Response& r, EntryTable& entries, const Release& re
       const AlltoallPlan plan = alltoallPlan(r, n, me, rb);
       const auto& [sendBytes, recvBytes, received, rows] = plan;
       if (joined) {
-        void* z = scratch(static_cast<size_t>(rows) * rb);
+        void* z = joined_.zeroed(static_cast<size_t>(rows) * rb, s);
         path_->alltoallv(z, sendBytes, z, recvBytes, s);
         return;
       }
@@ -228,7 +219,7 @@ void DeviceRunner::run(const Response& r, EntryTable& entries, const Release& re
       Shape shape = tailOf(r.shape);
       shape.insert(shape.begin(), rowsTotal / n + (me < rowsTotal % n ? 1 : 0));
       if (joined) {
-        void* z = scratch(total * dtypeSize(r.dtype));
+        void* z = joined_.zeroed(total * dtypeSize(r.dtype), s);
         path_->reducescatter(z, z, counts, r.dtype, r.op, fold ? fold : 1.0, s);
         return;
       }

@@ -41,7 +41,6 @@ class DeviceRunner {
   void waitReady(const Entry& e);
   void* output(Entry& e, const Shape& shape, std::exception_ptr* err);
   void finish(EntryTable& entries, EntryTable::iterator it, const Release& release, std::exception_ptr err = nullptr);
-  void* scratch(size_t bytes);  // device memory of a rank that joined
 
   std::shared_ptr<DeviceBackend> b_;
   int ordinal_;
@@ -51,7 +50,7 @@ class DeviceRunner {
   std::string why_;
   DeviceStream stream_;
   std::unique_ptr<DevicePath> path_;
-  DeviceBuffer fusion_, joined_;
+  DeviceBuffer fusion_, joined_;  // joined_: a rank that joined takes part from zeros here
 };
 
 }  // namespace chorus

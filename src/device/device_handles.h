@@ -1,7 +1,9 @@
 #pragma once
 // Owning handles of a backend's streams, events and buffers.
+#include <algorithm>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "device/device_backend.h"
 
@@ -61,6 +63,15 @@ class DeviceBuffer {
       size_ = bytes;
     }
     return p_;
+  }
+  // At least bytes, all zeros: what a rank that joined contributes (rare, so the
+  // zeros come from the host and the stream is waited for).
+  void* zeroed(size_t bytes, void* stream) {
+    void* p = reserve(std::max<size_t>(bytes, 1));
+    std::vector<char> zeros(bytes, 0);
+    b_->copy(p, zeros.data(), bytes, stream);
+    b_->synchronizeStream(stream);
+    return p;
   }
   void* get() const { return p_; }
   size_t size() const { return size_; }

@@ -43,11 +43,7 @@ class HierarchicalDevicePath final : public DevicePath {
     local_->allgatherv(slice, buf, bytes, stream);
   }
   void allreduceJoined(size_t count, DataType dtype, ReduceOp op, double scale, void* stream) override {
-    const size_t bytes = count * dtypeSize(dtype);
-    void* z = zeros_.reserve(std::max<size_t>(bytes, 1));
-    std::vector<char> host(bytes, 0);
-    b_->copy(z, host.data(), bytes, stream);
-    b_->synchronizeStream(stream);  // (pageable source)
+    void* z = zeros_.zeroed(count * dtypeSize(dtype), stream);
     allreduce(z, z, count, dtype, op, scale, stream);
   }
   void allgatherv(const void* in, void* out, const std::vector<size_t>& bytes, void* stream) override {

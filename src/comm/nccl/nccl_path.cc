@@ -86,7 +86,7 @@ class NcclPath final : public DevicePath {
     watchOver(stream);
   }
   void allreduceJoined(size_t count, DataType dtype, ReduceOp op, double scale, void* stream) override {
-    void* z = zeroed(count * dtypeSize(dtype), stream);
+    void* z = zeros_.zeroed(count * dtypeSize(dtype), stream);  // (afresh: the last use summed into it)
     allreduce(z, z, count, dtype, op, 1.0, stream);
   }
   void allgatherv(const void* in, void* out, const std::vector<size_t>& bytes, void* stream) override {
@@ -164,16 +164,6 @@ class NcclPath final : public DevicePath {
     std::lock_guard<std::mutex> lock(mu_);
     if (failed_) std::rethrow_exception(failed_);
   }
-  void* zeroed(size_t bytes, void* stream) {
-    if (bytes > zeroBytes_) {
-      std::vector<char> host(bytes, 0);
-      void* p = zeros_.reserve(bytes);
-      b_->copy(p, host.data(), bytes, stream);
-      b_->synchronizeStream(stream);  // (pageable source)
-      zeroBytes_ = bytes;
-    }
-    return zeros_.get();
-  }
   void watchOver(void* stream) {
     auto e = std::make_unique<DeviceEvent>(b_, ordinal_);
     b_->record(e->get(), stream);
@@ -221,7 +211,6 @@ class NcclPath final : public DevicePath {
   double timeout_;
   NcclComm comm_ = nullptr;
   DeviceBuffer zeros_;
-  size_t zeroBytes_ = 0;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Watched> queued_;
