@@ -53,9 +53,10 @@ bool cudaBackendBuilt() {
 
 std::shared_ptr<DeviceBackend> openCudaBackend() {
   static std::mutex mu;
-  static std::weak_ptr<DeviceBackend> cached;
+  // Made once and kept for the life of the process (CUDA state is per process).
+  static std::shared_ptr<DeviceBackend> backend;
   std::lock_guard<std::mutex> lock(mu);
-  if (auto b = cached.lock()) return b;
+  if (backend) return backend;
   const Opened& o = library();
   if (!o.handle) throw Error("CUDA tensors need chorus's CUDA backend: " + o.error);
   auto create = reinterpret_cast<CreateFn>(dlsym(o.handle, "chorus_device_backend_create"));
@@ -63,11 +64,8 @@ std::shared_ptr<DeviceBackend> openCudaBackend() {
   char err[512] = {0};
   DeviceBackend* b = create(kDeviceBackendAbi, err, sizeof err);
   if (!b) throw Error(std::string("CUDA tensors cannot be used here: ") + err);
-  // Kept for the life of the process once made (CUDA state is per process).
-  static std::shared_ptr<DeviceBackend> keep;
-  keep.reset(b);
-  cached = keep;
-  return keep;
+  backend.reset(b);
+  return backend;
 }
 
 }  // namespace chorus
