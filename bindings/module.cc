@@ -203,6 +203,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("mpi_enabled", [] { return rt().mpiEnabled(); });
   m.def("mpi_threads_supported", [] { return rt().mpiThreadsSupported(); });
   m.def("gloo_enabled", [] { return rt().glooEnabled(); });
+  m.def("torch_master", [] { return rt().torchMaster(); });
   m.def("rank", [] { return rt().rank(); });
   m.def("size", [] { return rt().size(); });
   m.def("local_rank", [] { return rt().localRank(); });

@@ -120,6 +120,10 @@ class Runtime {
   bool mpiEnabled() const;
   bool mpiThreadsSupported() const;
   bool glooEnabled() const;
+  // Where torch.distributed's env:// rendezvous meets in this job (MASTER_ADDR,
+  // MASTER_PORT): the launcher's when it set them, else a port free on rank 0's
+  // host that rank 0 chose at init (elastic jobs: every round anew).
+  std::pair<std::string, int> torchMaster() const;
   const Config& config() const;
 
   // Process sets. Add/remove are collective over all ranks, in the same order on each.

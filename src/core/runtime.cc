@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "chorus/error.h"
+#include "core/launch_env.h"
 #include "core/logging.h"
 #include "core/runtime_impl.h"
 #include "device/loader.h"
@@ -92,16 +93,31 @@ void RuntimeImpl::requireInit() const {
 }
 
 void RuntimeImpl::init(Config cfg) {
-  if (initialized) throw InvalidArgument("chorus is already initialized; call shutdown() first");
+  if (initialized) {  // as Horovod's: a second init() keeps the running runtime
+    CHORUS_DEBUG(rank, "init() while initialized: nothing to do");
+    return;
+  }
   cfg.applyEnv();
   checkCommOptions(commOptionsOf(cfg));  // the backends' own settings, before anything starts
   names_ = std::make_shared<NameRegistry>();
   setLogLevel(cfg.logLevel);
-  if (cfg.mpiCommHandle >= -1 || (cfg.rank < 0 && launcherBootstrap() == "mpi")) {
+  std::optional<LaunchEnv> launchEnv;
+  if (cfg.rank < 0 && cfg.mpiCommHandle < -1 && cfg.elasticWorker.empty()) launchEnv = detectLaunchEnv();
+  if (cfg.mpiCommHandle >= -1 || (launchEnv && launchEnv->family == "mpi")) {
     bootstrapFromMpi(cfg);
-  } else if (cfg.cpuOperations == "mpi" || cfg.controller == "mpi") {
-    throw InvalidArgument(std::string(cfg.cpuOperations == "mpi" ? "CHORUS_CPU_OPERATIONS" : "CHORUS_CONTROLLER") +
-                          "=mpi needs the job to be started by mpirun");
+  } else {
+    if (cfg.cpuOperations == "mpi" || cfg.controller == "mpi")
+      throw InvalidArgument(std::string(cfg.cpuOperations == "mpi" ? "CHORUS_CPU_OPERATIONS" : "CHORUS_CONTROLLER") +
+                            "=mpi needs the job to be started by mpirun");
+    if (launchEnv) {
+      bootstrapFromEnv(cfg, *launchEnv);
+    } else if (cfg.rank < 0 && cfg.size < 0 && !cfg.store && cfg.rendezvousAddr.empty() && cfg.elasticWorker.empty()) {
+      // No launcher at all: a world of one, as Horovod runs a plain `python train.py`.
+      cfg.rank = 0;
+      cfg.size = 1;
+      cfg.store = makeMemoryStore();
+      CHORUS_INFO(0, "no launcher found (no chorusrun, torchrun, Slurm or MPI variables): running as a world of 1");
+    }
   }
   if (!cfg.elasticWorker.empty()) {
     if (elasticPending_.first < 0) elasticJoin(cfg);  // else elasticJoinNextRound() did
@@ -143,6 +159,7 @@ void RuntimeImpl::init(Config cfg) {
     std::vector<int> all(size);
     for (int i = 0; i < size; ++i) all[i] = i;
     exchangeHosts();
+    chooseTorchMaster();
     computeTopology();
     startP2p();
     ProcessSet globalSet(kGlobalProcessSetId, all, rank);
@@ -233,6 +250,49 @@ void RuntimeImpl::bootstrapFromMpi(Config& cfg) {
   cfg.rendezvousPort = std::stoi(port);
   cfg.rendezvousAddr = firstReachable(cfg.rendezvousAddr, cfg.rendezvousPort, ms(cfg.startTimeoutSeconds));
   if (cfg.jobId == "nojob") cfg.jobId = "mpi-" + cfg.secret.substr(0, 12);
+}
+
+// Started by torchrun, a cluster that sets torch.distributed's variables, or
+// Slurm: rank 0 serves the store at the address and port every rank derives.
+void RuntimeImpl::bootstrapFromEnv(Config& cfg, const LaunchEnv& env) {
+  cfg.rank = env.rank;
+  cfg.size = env.size;
+  if (cfg.jobId == "nojob") cfg.jobId = env.jobId;
+  CHORUS_INFO(cfg.rank, "started by " << env.family << ": rank " << env.rank << " of " << env.size << ", store at "
+                                      << env.storeAddr << ":" << env.storePort << " (" << env.portSource << "), "
+                                      << (env.secretGiven ? "secret from CHORUS_SECRET" : "secret derived from the job's variables"));
+  if (cfg.store) return;
+  if (cfg.rank == 0) {
+    try {
+      storeServer_ = startTcpStoreServer("0.0.0.0", env.storePort, env.secret);
+    } catch (const Error& e) {
+      throw Error(std::string(e.what()) + " (chorus's rendezvous port under " + env.family + " is " + env.portSource +
+                  "; choose another with CHORUS_RENDEZVOUS_PORT)");
+    }
+  }
+  cfg.rendezvousAddr = env.storeAddr;
+  cfg.rendezvousPort = env.storePort;
+  cfg.secret = env.secret;
+}
+
+void RuntimeImpl::chooseTorchMaster() {
+  const char* addr = std::getenv("MASTER_ADDR");
+  const char* port = std::getenv("MASTER_PORT");
+  if (config.elasticWorker.empty() && addr && *addr && port && *port) {
+    torchMaster_ = {addr, std::atoi(port)};
+    return;
+  }
+  const std::string key = prefix + "torch_master";
+  if (rank == 0) {
+    std::string host = config.bindAddress;
+    if (host.empty() && !config.iface.empty()) host = net::addressOfInterface(config.iface);
+    if (host.empty()) host = "127.0.0.1";
+    const std::string v = host + " " + std::to_string(net::freePort());
+    store->set(key, std::vector<char>(v.begin(), v.end()));
+  }
+  const auto v = store->get(key, ms(config.startTimeoutSeconds));
+  std::istringstream in(std::string(v.begin(), v.end()));
+  in >> torchMaster_.first >> torchMaster_.second;
 }
 
 void RuntimeImpl::exchangeHosts() {
@@ -417,6 +477,10 @@ CHORUS_GETTER(bool, isHomogeneous, homogeneous)
 #undef CHORUS_GETTER
 bool Runtime::mpiEnabled() const { return impl_->initialized && impl_->mpiWorld() != nullptr; }
 bool Runtime::mpiThreadsSupported() const { return mpiEnabled() && impl_->mpiWorld()->threadsMultiple(); }
+std::pair<std::string, int> Runtime::torchMaster() const {
+  impl_->requireInit();
+  return impl_->torchMaster_;
+}
 bool Runtime::glooEnabled() const { return impl_->initialized && impl_->config.controller != "mpi"; }
 const Config& Runtime::config() const { return impl_->config; }
 ProcessSet Runtime::globalProcessSet() const { return processSet(kGlobalProcessSetId); }

@@ -18,6 +18,8 @@
 
 namespace chorus {
 
+struct LaunchEnv;
+
 // Config::store, or a connection to the TCP store the config names.
 std::shared_ptr<Store> openStore(const Config& cfg);
 
@@ -77,6 +79,8 @@ class RuntimeImpl {
   void computeTopology();
   void checkStaticSetsAgree(Communicator& global);
   void bootstrapFromMpi(Config& cfg);
+  void chooseTorchMaster();
+  void bootstrapFromEnv(Config& cfg, const LaunchEnv& env);
   // Elastic workers: waits for the driver's next round that includes this worker
   // and takes its rank and size from it (src/core/elastic.cc).
   void elasticRendezvous(Config& cfg);
@@ -100,6 +104,9 @@ class RuntimeImpl {
   // Set when the job runs under mpirun: MPI bootstraps the store (rank 0 serves it).
   std::unique_ptr<Bootstrap> mpi_;  // the MPI job chorus joined (mpirun, init(comm=...))
   std::unique_ptr<TcpStoreServer> storeServer_;
+ public:
+  std::pair<std::string, int> torchMaster_;  // see Runtime::torchMaster
+ private:
   std::mutex mu_;
   std::map<std::string, int64_t> counters_;
   std::shared_ptr<NameRegistry> names_ = std::make_shared<NameRegistry>();  // shared by this rank's controllers

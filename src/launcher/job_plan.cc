@@ -48,6 +48,18 @@ std::vector<HostSlots> selectHosts(const LaunchOptions& o) {
   return hosts;
 }
 
+// --python, else the interpreter behind the `chorusrun` console script
+// (CHORUS_PYTHON), else the one chorus was built with, else python3.
+std::string pythonForScripts(const LaunchOptions& o) {
+  if (!o.python.empty()) return o.python;
+  const char* py = std::getenv("CHORUS_PYTHON");
+  if (py && *py) return py;
+#ifdef CHORUS_DEFAULT_PYTHON
+  if (access(CHORUS_DEFAULT_PYTHON, X_OK) == 0) return CHORUS_DEFAULT_PYTHON;
+#endif
+  return "python3";
+}
+
 }  // namespace
 
 // DeepSpeed's launcher runs a script with the current Python: "train.py" is
@@ -55,14 +67,30 @@ std::vector<HostSlots> selectHosts(const LaunchOptions& o) {
 std::vector<std::string> resolveCommand(const LaunchOptions& o) {
   std::vector<std::string> c = o.command;
   if (c.empty()) throw std::invalid_argument("no command given; usage: chorusrun -np N command ...");
-  const char* py = std::getenv("CHORUS_PYTHON");  // the interpreter behind the `chorusrun` console script
-  const std::string python = py && *py ? py : "python3";
+  const std::string python = pythonForScripts(o);
   if (o.module) {
     c.insert(c.begin(), {python, "-u", "-m"});
   } else if (!o.noPython && c[0].size() > 3 && c[0].compare(c[0].size() - 3, 3, ".py") == 0) {
     c.insert(c.begin(), {python, "-u"});
   }
   return c;
+}
+
+std::vector<std::string> rankCommand(const LaunchOptions& o, const std::vector<std::string>& command, int localRank) {
+  if (!o.deepspeedForm || o.noLocalRank) return command;
+  // After "python -u script" / "python -u -m module" / the program itself.
+  const size_t scriptAt = command.size() - o.command.size();
+  std::vector<std::string> c = command;
+  c.insert(c.begin() + static_cast<std::ptrdiff_t>(scriptAt + 1), "--local_rank=" + std::to_string(localRank));
+  return c;
+}
+
+std::map<std::string, std::string> torchEnvironment(const LaunchOptions& o, const std::string& storeAddr,
+                                                    const std::string& rank0Host, bool rank0Local) {
+  std::string addr = o.masterAddr;
+  if (addr.empty()) addr = rank0Local ? storeAddr : rank0Host;
+  const int port = o.masterPort > 0 ? o.masterPort : net::freePort();
+  return {{"MASTER_ADDR", addr}, {"MASTER_PORT", std::to_string(port)}};
 }
 
 std::string selfPath() {
@@ -130,6 +158,10 @@ std::map<std::string, std::string> rankEnvironment(int rank, int size, int local
   env["WORLD_SIZE"] = env["CHORUS_SIZE"];
   env["LOCAL_RANK"] = env["CHORUS_LOCAL_RANK"];
   env["LOCAL_WORLD_SIZE"] = env["CHORUS_LOCAL_SIZE"];
+  env["LOCAL_SIZE"] = env["CHORUS_LOCAL_SIZE"];
+  env["CROSS_RANK"] = env["CHORUS_CROSS_RANK"];
+  env["CROSS_SIZE"] = env["CHORUS_CROSS_SIZE"];
+  env["GROUP_RANK"] = env["CHORUS_CROSS_RANK"];
   return env;
 }
 
@@ -223,7 +255,8 @@ int launch(LaunchOptions o) {
   if (o.jobId.empty()) o.jobId = std::to_string(getpid()) + "-" + secret.substr(0, 8);
   if (o.jobId.find_first_of("/ ") != std::string::npos) throw std::invalid_argument("--job-id may not contain '/' or spaces");
   const std::string addr = storeAddress(o, remote);
-  auto server = startTcpStoreServer(addr, o.masterPort, secret);
+  auto server = startTcpStoreServer(addr, o.storePort, secret);
+  const auto torchEnv = torchEnvironment(o, addr, place[0].host, place[0].local);
 
   int localCount = 0;
   for (const auto& p : place) localCount += p.local;
@@ -239,9 +272,9 @@ int launch(LaunchOptions o) {
     const Placement& p = place[r];
     std::map<std::string, std::string> env = rankEnvironment(r, o.np, p.localRank, p.localSize, p.crossRank, crossSize);
     for (const auto& [k, v] : jobEnvironment(o, addr, server->port(), secret)) env[k] = v;
-    env["MASTER_ADDR"] = addr;
-    env["MASTER_PORT"] = std::to_string(server->port());
-    RankSpec spec = rankSpec(o, o.ssh, p.host, p.local, command, std::move(env), self, cwd);
+    for (const auto& [k, v] : torchEnv) env[k] = v;
+    if (!o.eachRankLog.empty()) env["CHORUS_RANK_LOG_FILE"] = eachRankLogFile(o.eachRankLog, r);
+    RankSpec spec = rankSpec(o, o.ssh, p.host, p.local, rankCommand(o, command, p.localRank), std::move(env), self, cwd);
     spec.tag = r;
     if (p.local && !cpus.empty()) spec.cpus = cpus[l++];
     job.ranks.push_back(std::move(spec));

@@ -24,8 +24,13 @@ struct LaunchOptions {
   // --exclude, --master_addr, --master_port, --no_python, --module.
   int numNodes = -1, numProcs = -1;
   std::string include, exclude, masterAddr;
-  int masterPort = 0;
+  int masterPort = 0;  // torch.distributed's MASTER_PORT (default: a free port)
+  int storePort = 0;   // chorus's store (default: a free port)
   bool noPython = false, module = false;
+  // Started as `deepspeed`: the script gets --local_rank=N unless --no_local_rank.
+  bool deepspeedForm = false, noLocalRank = false;
+  std::string eachRankLog;  // --enable_each_rank_log DIR
+  std::string python;       // --python: the interpreter for .py scripts
   std::vector<std::string> command;
 };
 
@@ -35,13 +40,20 @@ int launch(LaunchOptions opts);
 
 // The command to run: a .py script under the current Python, as DeepSpeed's launcher does.
 std::vector<std::string> resolveCommand(const LaunchOptions& o);
+// One rank's command: DeepSpeed's launcher puts --local_rank=N right after the script.
+std::vector<std::string> rankCommand(const LaunchOptions& o, const std::vector<std::string>& command, int localRank);
+// What torch.distributed gets in every rank of a job (MASTER_ADDR, MASTER_PORT):
+// rank 0's host as the others reach it, and a port free there.
+std::map<std::string, std::string> torchEnvironment(const LaunchOptions& o, const std::string& storeAddr,
+                                                    const std::string& rank0Host, bool rank0Local);
 // Where the store listens (see docs/launching.md); remote: the hosts other than this one.
 std::string storeAddress(const LaunchOptions& o, const std::vector<std::string>& remote);
 std::string selfPath();    // this chorusrun, which remote hosts run as the rank agent
 std::string currentDir();  // where remote ranks start
 
 // The variables that tell a rank who it is (CHORUS_*, HOROVOD_*, and RANK,
-// WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE as torch.distributed has them).
+// WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, LOCAL_SIZE, CROSS_RANK, CROSS_SIZE
+// as torch.distributed and DeepSpeed's launcher set them).
 std::map<std::string, std::string> rankEnvironment(int rank, int size, int localRank, int localSize, int crossRank,
                                                    int crossSize);
 

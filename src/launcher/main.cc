@@ -12,6 +12,7 @@
 
 #include "chorus/config.h"
 #include "chorus/store.h"
+#include "launcher/check_build.h"
 #include "launcher/elastic_driver.h"
 #include "launcher/job_plan.h"
 #include "launcher/spawn.h"
@@ -34,6 +35,14 @@ int serveStore(const std::string& bind, int port, std::string secret) {
   return 0;
 }
 
+bool invokedAs(const char* arg0, std::initializer_list<const char*> names) {
+  std::string base = arg0;
+  if (base.find('/') != std::string::npos) base = base.substr(base.rfind('/') + 1);
+  for (const char* n : names)
+    if (base == n) return true;
+  return false;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -53,7 +62,8 @@ int main(int argc, char** argv) {
       "--num_nodes", "--num_gpus", "--num_procs", "--include", "--exclude", "--master_addr", "--master_port",
       "--min-np", "--max-np", "--host-discovery-script", "--slots-per-host", "--slots", "--reset-limit",
       "--elastic-timeout", "--autotune-log-file", "--autotune-warmup-samples", "--autotune-steps-per-sample",
-      "--autotune-bayes-opt-max-samples", "--autotune-gaussian-process-noise"};
+      "--autotune-bayes-opt-max-samples", "--autotune-gaussian-process-noise", "--python", "--enable_each_rank_log",
+      "--log-level", "--timeline-filename"};
   for (size_t i = 1; i < args.size(); ++i) {
     if (args[i] == "--" || args[i].empty() || args[i][0] != '-') break;  // the command starts here
     const bool hasValue = std::find(takesValue.begin(), takesValue.end(), args[i]) != takesValue.end();
@@ -95,6 +105,13 @@ int main(int argc, char** argv) {
   app.add_option("--mpi-args", o.mpiArgs, "extra arguments for mpirun, e.g. \"-x NCCL_DEBUG=INFO\"");
   app.add_option("--job-id", o.jobId, "job identity (default: chorusrun's pid and a random tag)");
   app.add_flag("--print-settings", printSettings, "print the table of CHORUS_* settings (markdown)");
+  bool version = false, checkBuild = false;
+  std::string logLevel, timeline;
+  app.add_flag("--version", version, "print chorus's version and exit");
+  app.add_flag("--check-build", checkBuild, "print the frameworks, controllers and tensor operations available");
+  app.add_option("--python", o.python, "the Python that runs .py scripts (default: the one running chorusrun)");
+  app.add_option("--log-level", logLevel, "CHORUS_LOG_LEVEL for every rank: trace, debug, info, warning, error");
+  app.add_option("--timeline-filename", timeline, "rank 0 writes a Chrome trace of the job here (CHORUS_TIMELINE)");
   app.add_option("--bind-to", o.bindTo,
                  "CPU binding of the local ranks: none (the default, as horovodrun), core (a block of cores per "
                  "rank, as mpirun), or auto (core when every rank can have a core of its own)");
@@ -107,6 +124,9 @@ int main(int argc, char** argv) {
   app.add_option("--master_port", o.masterPort, "port of the store")->group(ds);
   app.add_flag("--no_python", o.noPython, "run the command as it is, even a .py file")->group(ds);
   app.add_flag("--module", o.module, "run the command as a Python module (python -m)")->group(ds);
+  app.add_flag("--no_local_rank", o.noLocalRank, "started as deepspeed: do not pass --local_rank=N")->group(ds);
+  app.add_option("--enable_each_rank_log", o.eachRankLog, "each rank's output to DIR/<time>_rank<N>.log")
+      ->group(ds);
   chorus::launcher::ElasticOptions el;
   std::vector<double> cooldown;
   auto* elastic = "Elastic training (horovodrun's)";
@@ -160,10 +180,21 @@ int main(int argc, char** argv) {
   for (const auto& [flag, name] : std::vector<std::pair<std::string, std::string>>{
            {autotune ? "1" : "", "CHORUS_AUTOTUNE"}, {autotuneLog, "CHORUS_AUTOTUNE_LOG"},
            {warmup, "CHORUS_AUTOTUNE_WARMUP_SAMPLES"}, {steps, "CHORUS_AUTOTUNE_STEPS_PER_SAMPLE"},
-           {samples, "CHORUS_AUTOTUNE_BAYES_OPT_MAX_SAMPLES"}, {noise, "CHORUS_AUTOTUNE_GAUSSIAN_PROCESS_NOISE"}})
+           {samples, "CHORUS_AUTOTUNE_BAYES_OPT_MAX_SAMPLES"}, {noise, "CHORUS_AUTOTUNE_GAUSSIAN_PROCESS_NOISE"},
+           {logLevel, "CHORUS_LOG_LEVEL"}, {timeline, "CHORUS_TIMELINE"}})
     if (!flag.empty()) o.exports.push_back(name + "=" + flag);
 
+  o.storePort = port;
+  o.deepspeedForm = invokedAs(argv[0], {"deepspeed", "ds"});
   try {
+    if (version) {
+      std::printf("chorus %s\n", CHORUS_VERSION);
+      return 0;
+    }
+    if (checkBuild) return chorus::launcher::printCheckBuild(o, argv[0]);
+    if (!logLevel.empty() && std::string(" trace debug info warning error fatal ").find(" " + logLevel + " ") ==
+                                  std::string::npos)
+      throw std::invalid_argument("--log-level '" + logLevel + "' is not one of trace, debug, info, warning, error, fatal");
     if (serve) return serveStore(bind, port, secret);
     if (printSettings) {
       std::printf("# chorus settings\n\nEvery setting is an environment variable; the HOROVOD_ name is accepted too.\n"

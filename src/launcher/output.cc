@@ -48,15 +48,29 @@ void emit(Stream& s, const char* text, size_t n, bool newline) {
 
 }  // namespace
 
+namespace {
+constexpr auto kHoldPartial = std::chrono::milliseconds(150);
+
+void flushPending(Stream& s) {
+  if (s.pending.empty()) return;
+  emit(s, s.pending.data(), s.pending.size(), false);
+  s.pending.clear();
+}
+}  // namespace
+
 bool pump(Stream& s) {
   char buf[65536];
   ssize_t n = ::read(s.fd, buf, sizeof(buf));
-  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return true;
+  if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+    if (!s.pending.empty() && std::chrono::steady_clock::now() - s.pendingSince > kHoldPartial) flushPending(s);
+    return true;
+  }
   if (n > 0 && s.log) {
     std::fwrite(buf, 1, static_cast<size_t>(n), s.log);
     std::fflush(s.log);
   }
   if (n <= 0) {
+    flushPending(s);
     if (s.open && gOpenLine == &s) endOpenLine();
     s.open = s.redraw = false;
     return false;
@@ -66,12 +80,19 @@ bool pump(Stream& s) {
   while (at < len) {
     size_t end = at;
     while (end < len && buf[end] != '\n' && buf[end] != '\r') ++end;
-    if (end < len && buf[end] == '\n') {
-      emit(s, buf + at, end - at, true);
-    } else if (end > at) {
-      emit(s, buf + at, end - at, false);
+    if (end == len) {  // no end of line yet: hold it
+      if (s.pending.empty()) s.pendingSince = std::chrono::steady_clock::now();
+      s.pending.append(buf + at, end - at);
+      break;
     }
-    if (end < len && buf[end] == '\r') s.redraw = true;
+    s.pending.append(buf + at, end - at);
+    if (buf[end] == '\n') {
+      emit(s, s.pending.data(), s.pending.size(), true);
+      s.pending.clear();
+    } else {  // '\r': a progress bar redraws its line; show it as it is now
+      flushPending(s);
+      s.redraw = true;
+    }
     at = end + 1;
   }
   return true;

@@ -4,6 +4,7 @@
 // progress bar) gets one tag per redraw, and a line left open by one stream is
 // ended before another stream writes.
 #include <cstdio>
+#include <chrono>
 #include <string>
 
 namespace chorus::launcher {
@@ -16,6 +17,10 @@ struct Stream {
   bool open = false;    // this stream's tag starts the terminal's current line
   bool redraw = false;  // a '\r' came: the next text redraws the line, tag first
   bool cut = false;     // another stream ended this one's line: its own newline is spent
+  // The end of a line not yet ended: held a moment, so that one line written in
+  // pieces (print() under python -u) is not cut by another rank's output.
+  std::string pending;
+  std::chrono::steady_clock::time_point pendingSince;
 };
 
 // Reads what is available; returns false at end of file.

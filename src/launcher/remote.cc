@@ -201,6 +201,7 @@ int runRankAgent(const std::string& cwd, const std::vector<std::string>& command
     stopWithParent(parent);
     const int null = open("/dev/null", O_RDONLY);
     dup2(null, STDIN_FILENO);
+    redirectToRankLog();
     std::vector<char*> argv;
     for (const auto& a : command) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);

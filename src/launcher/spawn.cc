@@ -1,6 +1,8 @@
 #include "launcher/spawn.h"
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -11,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <string>
 
 namespace chorus::launcher {
@@ -41,6 +44,38 @@ int runForeground(const std::vector<std::string>& args, bool verbose) {
 void stopWithParent(pid_t parent) {
   prctl(PR_SET_PDEATHSIG, SIGTERM);
   if (getppid() != parent) _exit(1);
+}
+
+void redirectToRankLog() {
+  const char* file = std::getenv("CHORUS_RANK_LOG_FILE");
+  if (!file || !*file) return;
+  const std::string path = file;
+  unsetenv("CHORUS_RANK_LOG_FILE");
+  // mkdir -p of the folder
+  for (size_t at = path.find('/', 1); at != std::string::npos; at = path.find('/', at + 1))
+    mkdir(path.substr(0, at).c_str(), 0755);
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    std::fprintf(stderr, "chorusrun: cannot write the rank's log %s: %s\n", path.c_str(), std::strerror(errno));
+    _exit(126);
+  }
+  dup2(fd, STDOUT_FILENO);
+  dup2(fd, STDERR_FILENO);
+}
+
+std::string eachRankLogFile(const std::string& dir, int rank) {
+  static const std::string stamp = [] {
+    char buf[32];
+    const time_t now = time(nullptr);
+    tm local{};
+    localtime_r(&now, &local);
+    strftime(buf, sizeof(buf), "%Y%m%d%H%M%S", &local);
+    return std::string(buf);
+  }();
+  std::string d = dir;
+  char cwd[4096] = {0};
+  if ((d.empty() || d[0] != '/') && getcwd(cwd, sizeof(cwd))) d = std::string(cwd) + "/" + d;
+  return d + "/" + stamp + "_rank" + std::to_string(rank) + ".log";
 }
 
 int removeJobSegments(const std::string& jobId) {

@@ -29,6 +29,13 @@ int runForeground(const std::vector<std::string>& argv, bool verbose);
 // SIGKILL, so that no rank outlives it; exits at once if it is already gone.
 void stopWithParent(pid_t parent);
 
+// In a child before exec: with CHORUS_RANK_LOG_FILE set (--enable_each_rank_log),
+// its output goes to that file (its folder made) instead of the launcher.
+void redirectToRankLog();
+
+// DIR/<launch time>_rank<N>.log, as DeepSpeed's launcher names them.
+std::string eachRankLogFile(const std::string& dir, int rank);
+
 // Unlinks /dev/shm/chorus-<jobId>-*; returns how many were removed.
 int removeJobSegments(const std::string& jobId);
 

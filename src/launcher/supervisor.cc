@@ -35,6 +35,7 @@ pid_t spawn(const RankSpec& spec, int inFd, int outFd, int errFd) {
   dup2(outFd, STDOUT_FILENO);
   dup2(errFd, STDERR_FILENO);
   for (const auto& [k, v] : spec.env) setenv(k.c_str(), v.c_str(), 1);
+  redirectToRankLog();
   if (!bindTo(spec.cpus))
     std::fprintf(stderr, "chorusrun: cannot bind rank %d to its CPUs: %s; it runs unbound\n", spec.tag,
                  std::strerror(errno));

@@ -119,4 +119,19 @@ bool isThisHost(const std::string& host) {
   return false;
 }
 
+int freePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw Error(std::string("socket: ") + std::strerror(errno));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t len = sizeof(a);
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+                  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  const std::string why = std::strerror(errno);
+  ::close(fd);
+  if (!ok) throw Error("cannot find a free TCP port: " + why);
+  return ntohs(a.sin_port);
+}
+
 }  // namespace chorus::net

@@ -24,5 +24,8 @@ std::string addressInPrefix(const std::string& cidr);
 std::string sourceAddressTo(const std::string& host);
 // Whether host names this machine: localhost, its host name, or an address of its own.
 bool isThisHost(const std::string& host);
+// A TCP port free on every address of this host now (the kernel's pick), for a
+// server another program starts later: torch.distributed's MASTER_PORT.
+int freePort();
 
 }  // namespace chorus::net

@@ -252,4 +252,18 @@ TEST(ChorusRun, ProgressBarRedrawsCarryOneTagEach) {
   EXPECT_NE(r.output.find("[0]<stdout>:epoch 1: loss 0.5\n"), std::string::npos) << r.output;
 }
 
+TEST(ChorusRun, LinesWrittenInPiecesStayWhole) {
+  // print("a", x) under python -u writes its pieces one by one; the other ranks'
+  // lines in between must not cut it (each rank's pieces 50 ms apart, together).
+  auto r = run(kRun + " -np 3 sh -c \"sleep 0.1; printf 'first-%s ' \\$CHORUS_RANK; sleep 0.05; printf 'second-%s ' \\$CHORUS_RANK; "
+                      "sleep 0.05; echo third-\\$CHORUS_RANK\"");
+  EXPECT_EQ(r.exitCode, 0) << r.output;
+  for (int rank = 0; rank < 3; ++rank) {
+    const std::string k = std::to_string(rank);
+    EXPECT_NE(r.output.find("[" + k + "]<stdout>:first-" + k + " second-" + k + " third-" + k + "\n"),
+              std::string::npos)
+        << r.output;
+  }
+}
+
 }  // namespace

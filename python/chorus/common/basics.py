@@ -117,6 +117,8 @@ def init(comm=None, process_sets=None):
     between ranks, as a Split gives each rank its own), or "dynamic" to allow
     add_process_set()/remove_process_set() at run time.
     """
+    if _core.is_initialized():
+        return  # as Horovod's: a second init() keeps the running runtime
     dynamic = False
     static = []
     if process_sets == "dynamic":
@@ -154,6 +156,23 @@ def init(comm=None, process_sets=None):
     for ps in static:
         ps._bind(1 + [sorted(r) for r in rank_lists].index(sorted(ps._given)))
         _initialized_sets.append(ps)
+    _export_torch_env()
+
+
+def _export_torch_env():
+    """torch.distributed's env:// variables, so that init_process_group() works
+    beside chorus under any launcher. An elastic round replaces them; otherwise
+    what the launcher set stays."""
+    import os
+    addr, port = _core.torch_master()
+    values = {"MASTER_ADDR": addr, "MASTER_PORT": str(port), "RANK": str(_core.rank()),
+              "WORLD_SIZE": str(_core.size()), "LOCAL_RANK": str(_core.local_rank()),
+              "LOCAL_WORLD_SIZE": str(_core.local_size()), "LOCAL_SIZE": str(_core.local_size()),
+              "CROSS_RANK": str(_core.cross_rank()), "CROSS_SIZE": str(_core.cross_size())}
+    replace = bool(os.environ.get("CHORUS_ELASTIC_WORKER"))
+    for key, value in values.items():
+        if replace or key not in os.environ:
+            os.environ[key] = value
 
 
 def shutdown():

@@ -1,0 +1,30 @@
+// Who started this process, when chorus's own variables are absent: torchrun
+// and the clusters that set torch.distributed's variables, Slurm, or mpirun.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+
+namespace chorus {
+
+struct LaunchEnv {
+  std::string family;  // "torch", "slurm" or "mpi" (the MPI bootstrap takes over)
+  int rank = -1;
+  int size = 0;
+  std::string storeAddr;  // where rank 0's store is reached
+  int storePort = 0;      // where rank 0 serves it
+  std::string portSource;  // how the port was chosen, for messages
+  std::string secret;     // CHORUS_SECRET, else derived from the job's own variables
+  bool secretGiven = false;
+  std::string jobId;      // the same on every rank of the job, different between jobs
+};
+
+// Reads the environment through `get` (getenv by default). Throws InvalidArgument
+// naming the variable when a family is recognised but one of its values is bad.
+std::optional<LaunchEnv> detectLaunchEnv(const std::function<const char*(const char*)>& get = nullptr);
+
+// The first host of a Slurm node list ("node[01-03,07],gpu5" -> "node01").
+std::string firstSlurmHost(const std::string& nodeList);
+
+}  // namespace chorus
