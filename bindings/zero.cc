@@ -154,6 +154,10 @@ void bindZero(py::module_& m) {
         return lend(e, p, bytes);
       })
       .def("load_param", [](Engine& e, size_t i, uintptr_t src) { e.loadParam(i, reinterpret_cast<const void*>(src)); })
+      .def("assign_param", [](Engine& e, size_t i, uintptr_t src) {
+        py::gil_scoped_release release;
+        e.assignParam(i, reinterpret_cast<const void*>(src));
+      })
       .def("finish_init", [](Engine& e) {
         py::gil_scoped_release release;
         e.finishInit();

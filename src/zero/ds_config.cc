@@ -161,9 +161,13 @@ DsConfig DsConfig::parse(const std::string& text, int world) {
     if (!s.contains("type")) throw InvalidArgument("DeepSpeed config: 'scheduler.type' is required");
     c.scheduler.present = true;
     c.scheduler.type = get<std::string>(s, "type", "scheduler", "");
-    if (c.scheduler.type != "WarmupLR" && c.scheduler.type != "WarmupDecayLR")
-      throw InvalidArgument("DeepSpeed config: 'scheduler.type' " + c.scheduler.type + " is not WarmupLR or WarmupDecayLR");
-    if (s.contains("params")) {
+    const bool warmup = c.scheduler.type == "WarmupLR" || c.scheduler.type == "WarmupDecayLR";
+    // The others' parameters are checked where they are computed (runtime/lr_schedules.py).
+    if (!warmup && c.scheduler.type != "WarmupCosineLR" && c.scheduler.type != "OneCycle" &&
+        c.scheduler.type != "LRRangeTest")
+      throw InvalidArgument("DeepSpeed config: 'scheduler.type' " + c.scheduler.type +
+                            " is not one of WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest");
+    if (warmup && s.contains("params")) {
       const json& p = s["params"];
       checkKeys(p, "scheduler.params", {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type",
                                          "total_num_steps", "last_batch_iteration"});

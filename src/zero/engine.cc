@@ -183,6 +183,38 @@ void Engine::loadParam(size_t i, const void* src) {
               full.bytes() + begin * es, (end - begin) * es);
 }
 
+void Engine::assignParam(size_t i, const void* src) {
+  const size_t n = spec_.numels.at(i), es = esize();
+  const size_t u = plan_->unitOf(i), j = plan_->indexInUnit(i);
+  const Unit& unit = plan_->units()[u];
+  // [begin, end) of the parameter that this rank's slice holds, and where in the slice.
+  size_t begin = 0, end = n, at = 0;
+  if (stage_ == 3) {
+    const size_t s = unit.slices[j];
+    begin = std::min(n, rank_ * s);
+    end = std::min(n, (rank_ + 1) * s);
+    at = unit.offsets[j];
+  } else {
+    std::memmove(paramStorage(i), src, n * es);
+    const size_t lo = stage_ == 0 ? 0 : rank_ * unit.slice, hi = lo + unit.slice;
+    const size_t first = unit.offsets[j], a = std::max(first, lo), b = std::min(first + n, hi);
+    begin = end = 0;
+    if (b > a) {
+      begin = a - first;
+      end = b - first;
+      at = a - lo;
+    }
+  }
+  if (end <= begin) {
+    if (stage_ == 3) regatherLive();
+    return;
+  }
+  const char* from = static_cast<const char*>(src) + begin * es;
+  if (stage_ == 3) std::memcpy(paramSlice(u) + at * es, from, (end - begin) * es);
+  if (!masterIsParams_) toFloat(master_.as<float>() + unit.partOffset + at, from, spec_.dtype, end - begin);
+  if (stage_ == 3) regatherLive();
+}
+
 void Engine::finishInit() {
   if (stage_ < 3) {
     std::vector<Work> works;

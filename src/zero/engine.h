@@ -86,6 +86,10 @@ class Engine {
   // parameter, then finishInit() makes all ranks start from the set's first rank's values.
   void loadParam(size_t i, const void* src);
   void finishInit();
+  // After finishInit: parameter i becomes src (its full value, the same on every
+  // rank; GatheredParameters(modifier_rank=) broadcast it): this rank's slice of
+  // the 16-bit parameters and of the fp32 master, and any gathered copy.
+  void assignParam(size_t i, const void* src);
 
   // Backward: gradient of parameter i for this micro-batch (full, model dtype).
   void gradReady(size_t i, const void* grad);

@@ -8,12 +8,15 @@ import os as _os
 
 import chorus.torch as _hvd
 from chorus.deepspeed import checkpointing  # noqa: F401  (deepspeed.checkpointing)
+from chorus.deepspeed import accelerator, checkpoint, comm, ops, runtime, utils, zero  # noqa: F401
 from chorus.deepspeed import config as _config
 from chorus.deepspeed import elastic  # noqa: F401  (deepspeed.elastic.DeepSpeedState)
 from chorus.deepspeed.engine import DeepSpeedEngine
 from chorus.deepspeed.scheduler import WarmupDecayLR, WarmupLR
 
-__version__ = "0.1.0"
+from chorus.deepspeed._version import DEEPSPEED_API_VERSION as __version__  # the DeepSpeed API implemented
+
+__chorus_version__ = "0.1.0"
 
 
 def _export_world_env():
@@ -54,13 +57,7 @@ def set_gradient_priority(modules_or_params, priority):
         p.chorus_priority = int(priority)
 
 
-def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_port=None, verbose=True,
-                     timeout=None, init_method=None, dist_init_required=None, config=None, rank=-1,
-                     world_size=-1):
-    """Starts chorus's runtime (under chorusrun) unless it is running already, with
-    process sets that can be added at run time (pipeline and tensor-parallel groups)."""
-    if not _hvd.is_initialized():
-        _hvd.init(process_sets="dynamic")
+init_distributed = comm.init_distributed
 
 
 def add_config_arguments(parser):
@@ -77,7 +74,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     process_set: the data-parallel chorus ProcessSet (default: every rank)."""
     if model is None:
         raise ValueError("deepspeed.initialize: model is required")
-    init_distributed()
+    if not _hvd.is_initialized():
+        _hvd.init(process_sets="dynamic")
     pipe_set, tp = None, 1
     if mpu is not None:  # ZeRO over the data-parallel set; the norm over the tensor-parallel one
         from chorus.torch import ProcessSet
@@ -108,7 +106,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
                              lr_scheduler if not callable(lr_scheduler) or hasattr(lr_scheduler, "step") else None,
                              pipe_set=pipe_set if tp > 1 else None, tensor_parallel_size=tp)
     if callable(lr_scheduler) and not hasattr(lr_scheduler, "step"):
-        engine.lr_scheduler = lr_scheduler(engine.optimizer)
+        engine.lr_scheduler = lr_scheduler(engine.basic_optimizer)  # as DeepSpeed: its torch optimizer
     loader = engine.deepspeed_io(training_data, collate_fn=collate_fn) if training_data is not None else None
     engine.training_dataloader = loader
     return engine, engine.optimizer, loader, engine.lr_scheduler

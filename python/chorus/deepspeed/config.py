@@ -1,8 +1,31 @@
 """DeepSpeed's JSON config: loaded from a path or a dict, checked by the C++ parser."""
 import json
+import math
 import os
 
 from chorus import _core
+
+
+def _clean(node, path=""):
+    """The config as clients write it: "auto" left by Transformers or Accelerate is
+    an error naming the key; an infinite steps_per_print (Accelerate writes inf)
+    means never print."""
+    if isinstance(node, dict):
+        out = {}
+        for k, v in node.items():
+            key = f"{path}.{k}" if path else str(k)
+            if isinstance(v, float) and math.isinf(v) and k == "steps_per_print":
+                continue
+            out[k] = _clean(v, key)
+        return out
+    if isinstance(node, list):
+        return [_clean(v, f"{path}[{i}]") for i, v in enumerate(node)]
+    if node == "auto":
+        raise ValueError(f"DeepSpeed config: '{path}' is \"auto\", which Transformers' Trainer or Accelerate fill "
+                         "in; outside them give it a value")
+    if isinstance(node, float) and (math.isinf(node) or math.isnan(node)):
+        raise ValueError(f"DeepSpeed config: '{path}' is {node}, not a finite number")
+    return node
 
 
 def load_config(config=None, config_params=None, args=None):
@@ -23,12 +46,12 @@ def load_config(config=None, config_params=None, args=None):
         with open(path) as f:
             text = f.read()
         try:
-            json.loads(text)
+            parsed = json.loads(text)
         except json.JSONDecodeError as e:
             raise ValueError(f"DeepSpeed config '{path}' is not valid JSON: {e}") from None
-        return text
+        return json.dumps(_clean(parsed))
     if isinstance(source, dict):
-        return json.dumps(source)
+        return json.dumps(_clean(source))
     raise ValueError(f"deepspeed.initialize: config must be a dict or a path, not {type(source).__name__}")
 
 

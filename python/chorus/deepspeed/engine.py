@@ -8,9 +8,11 @@ import torch
 
 from chorus import _core
 import chorus.torch as hvd
-from chorus.deepspeed import checkpoint, config as ds_config, stage3
+from chorus.deepspeed import config as ds_config, stage3, zero_checkpoint as checkpoint
 from chorus.deepspeed.engine_queries import EngineQueries
 from chorus.deepspeed.optimizer import ZeroOptimizer, translate
+from chorus.deepspeed.runtime import lr_schedules
+from chorus.deepspeed.runtime.zero import partition_parameters
 from chorus.deepspeed.scheduler import WarmupDecayLR, WarmupLR
 from chorus.torch.mpi_ops import _dtype_code
 
@@ -19,6 +21,11 @@ _ZERO_FORMULA = {0: lambda n: (16, 0), 1: lambda n: (4, 12 / n), 2: lambda n: (2
 
 def _view(array, dtype, shape):
     return torch.from_numpy(array).view(dtype).view(shape)
+
+
+def _full_shape(p):
+    """A parameter's shape, also when zero.Init left only a placeholder."""
+    return tuple(p.ds_shape) if hasattr(p, "ds_shape") else tuple(p.shape)
 
 
 class DeepSpeedEngine(EngineQueries, torch.nn.Module):
@@ -40,7 +47,7 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
             raise ValueError(f"deepspeed.initialize: this rank is not in the process set {self.process_set.ranks}")
         self._config_text = config_text
         cfg = ds_config.parse(config_text, self.process_set.size())
-        self.config = cfg
+        self._cfg = cfg
         self._raw_config = json.loads(config_text)
         self._boundary_override = None
         self._step_applied = False
@@ -54,7 +61,8 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
             warnings.warn(f"chorus: offload_param is used by ZeRO stage 3 only; ignored at stage {cfg['stage']}")
 
         self._params, self._names = self._trainable(model, optimizer, model_parameters)
-        self._shapes = [tuple(p.shape) for p in self._params]
+        self._shapes = [_full_shape(p) for p in self._params]
+        self._index = {id(p): i for i, p in enumerate(self._params)}
         kind, groups, self._client = translate(optimizer, cfg["optimizer"], cfg["offload_optimizer"] == "cpu")
         self._core_args = (self._group_of(groups), kind or "adam")
         self.core = self._make_core()
@@ -64,8 +72,12 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
             self._bind_client()
         self.lr_scheduler = lr_scheduler
         if lr_scheduler is None and cfg["scheduler"] is not None:
-            cls = WarmupDecayLR if cfg["scheduler"]["type"] == "WarmupDecayLR" else WarmupLR
-            self.lr_scheduler = cls(self.optimizer, config_text, self.process_set.size())
+            kind = cfg["scheduler"]["type"]
+            if kind in ("WarmupLR", "WarmupDecayLR"):
+                cls = WarmupDecayLR if kind == "WarmupDecayLR" else WarmupLR
+                self.lr_scheduler = cls(self.optimizer, config_text, self.process_set.size())
+            else:
+                self.lr_scheduler = lr_schedules.from_config(self.optimizer, self._raw_config["scheduler"])
         self.global_steps = 0
         self.global_samples = 0
         self.micro_steps = 0
@@ -78,7 +90,8 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
     def _make_core(self):
         group_of, kind = self._core_args
         return _core.ZeroEngine(self._config_text, self.process_set.process_set_id,
-                                _dtype_code(self._params[0], "ZeRO"), [p.numel() for p in self._params], group_of, kind,
+                                _dtype_code(self._params[0], "ZeRO"),
+                                [int(torch.Size(s).numel()) for s in self._shapes], group_of, kind,
                                 self._pipe_set.process_set_id if self._pipe_set is not None else -1,
                                 [1.0 if getattr(p, "model_parallel", False) else 1.0 / self._tp for p in self._params]
                                 if self._pipe_set is not None and self._tp > 1 else [],
@@ -89,7 +102,7 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
         partitioned for the process set's new size, under the same parameters,
         optimizer object, scheduler and gradient hooks. The values are the old
         engine's parameters; an elastic state loads its last commit next."""
-        self.config = ds_config.parse(self._config_text, self.process_set.size())
+        self._cfg = ds_config.parse(self._config_text, self.process_set.size())
         if self._stage3 is not None:
             self._stage3.detach()
             for i, p in enumerate(self._params):  # the full parameters, from the old engine's partition
@@ -141,12 +154,52 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
     def _attach_params(self):
         core = self.core
         for i, p in enumerate(self._params):
+            zero_init = hasattr(p, "ds_id") and partition_parameters._engine_of(p) is None
+            if zero_init:  # built under zero.Init: whole for a moment, one parameter at a time
+                partition_parameters._gather_one(p)
+                p.data = p.data.to(self.dtype)
             p.data = p.data.contiguous()
             core.load_param(i, p.data_ptr())
+            if zero_init and core.stage == 3:
+                p.data = torch.empty(0, dtype=self.dtype)
         core.finish_init()
         for i, p in enumerate(self._params):
             if core.stage < 3:
-                p.data = _view(core.param_storage(i), self.dtype, p.shape)
+                p.data = _view(core.param_storage(i), self.dtype, self._shapes[i])
+                for attr in ("ds_id", "ds_shape", "ds_numel", "ds_tensor", "ds_status", "ds_process_set"):
+                    if hasattr(p, attr):
+                        delattr(p, attr)  # whole on every rank: no longer a ZeRO-3 parameter
+            else:
+                self._mark_zero3(i, p)
+
+    def _mark_zero3(self, i, p):
+        """What DeepSpeed's ZeRO-3 parameters carry, the engine behind them."""
+        import weakref
+        p.ds_id = getattr(p, "ds_id", None) if hasattr(p, "ds_id") else partition_parameters._new_id()
+        p.ds_shape = torch.Size(self._shapes[i])
+        p.ds_numel = int(p.ds_shape.numel())
+        p.ds_process_set = self.process_set
+        p.ds_status = partition_parameters.ZeroParamStatus.NOT_AVAILABLE
+        p._chorus_engine_ref = weakref.ref(self)
+        if hasattr(p, "ds_tensor"):
+            del p.ds_tensor  # the engine holds the slice now
+
+    # --- ZeRO-3 parameters for GatheredParameters ---------------------------------------------
+    def _zero_gather(self, p):
+        i = self._index[id(p)]
+        self.core.gather_async([i])
+        whole = torch.from_numpy(self.core.gathered(i)).view(self.dtype).view(self._shapes[i]).clone()
+        if not self.core.persistent(i):
+            self.core.release(i)
+        return whole
+
+    def _zero_assign(self, p):
+        i = self._index[id(p)]
+        value = p.data.to(self.dtype).contiguous()
+        self.core.assign_param(i, value.data_ptr())
+
+    def _zero_release(self, p):
+        self._stage3._point(self._index[id(p)], p)
 
     def _bind_client(self):
         """An optimizer chorus cannot translate steps fp32 views of the partition: a
@@ -215,10 +268,11 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
             inputs, kwargs = self._cast(inputs), self._cast(kwargs)
         return self.module(*inputs, **kwargs)
 
-    def backward(self, loss, retain_graph=False):
+    def backward(self, loss, retain_graph=False, scale_wrt_gas=True):
+        """scale_wrt_gas=False: the caller divided the loss by the accumulation steps already."""
         if not torch.is_tensor(loss) or loss.numel() != 1:
             raise ValueError("model_engine.backward expects the scalar loss tensor")
-        factor = self.core.loss_scale / self.gradient_accumulation_steps()
+        factor = self.core.loss_scale / (self.gradient_accumulation_steps() if scale_wrt_gas else 1)
         scaled = loss.float() * factor if factor != 1.0 else loss
         scaled.backward(retain_graph=retain_graph)
         self.core.end_backward()
@@ -288,8 +342,11 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
         m["placement"] = self.core.placement
         return m
 
-    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True):
-        return checkpoint.save(self, save_dir, tag, client_state or {}, save_latest)
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True,
+                        exclude_frozen_parameters=False):
+        """Every rank's shard of the fp32 state, rank 0's model states (frozen
+        parameters left out of them with exclude_frozen_parameters). Collective."""
+        return checkpoint.save(self, save_dir, tag, client_state or {}, save_latest, exclude_frozen_parameters)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
                         load_lr_scheduler_states=True, load_module_only=False):
@@ -325,3 +382,31 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
         return True
 
     save_fp16_model = save_16bit_model
+
+    @property
+    def basic_optimizer(self):
+        return self.optimizer.basic_optimizer
+
+    @property
+    def config(self):
+        """The config as a dict, as DeepSpeed's engine.config is (batch sizes resolved)."""
+        raw = dict(self._raw_config)
+        for k in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
+            raw[k] = self._cfg[k]
+        return raw
+
+    def zero_gather_16bit_weights_on_model_save(self):
+        """Whether save_16bit_model gathers ZeRO-3 weights (stage3_gather_16bit_weights_on_model_save)."""
+        zero = self._raw_config.get("zero_optimization", {})
+        return bool(zero.get("stage3_gather_16bit_weights_on_model_save",
+                             zero.get("stage3_gather_fp16_weights_on_model_save", False)))
+
+    def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters=False):
+        """The whole model's state in its training dtype on the set's first rank
+        (None elsewhere); collective over the process set. Buffers too, and a
+        parameter tied to another appears under each name, as in module.state_dict()."""
+        state = self.module_state_dict()
+        if exclude_frozen_parameters:
+            frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}
+            state = {k: v for k, v in state.items() if k not in frozen}
+        return state if self.process_set.rank() == 0 else None

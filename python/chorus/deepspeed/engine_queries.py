@@ -4,7 +4,7 @@ import chorus.torch as hvd
 
 
 class EngineQueries:
-    """Mixed into DeepSpeedEngine; reads self.config, self._raw_config and self.core."""
+    """Mixed into DeepSpeedEngine; reads self._cfg (parsed), self._raw_config and self.core."""
 
     # --- ranks and sizes ---------------------------------------------------------------------
     @property
@@ -29,13 +29,13 @@ class EngineQueries:
 
     # --- batch and accumulation --------------------------------------------------------------
     def gradient_accumulation_steps(self):
-        return self.config["gradient_accumulation_steps"]
+        return self._cfg["gradient_accumulation_steps"]
 
     def train_batch_size(self):
-        return self.config["train_batch_size"]
+        return self._cfg["train_batch_size"]
 
     def train_micro_batch_size_per_gpu(self):
-        return self.config["train_micro_batch_size_per_gpu"]
+        return self._cfg["train_micro_batch_size_per_gpu"]
 
     def get_batch_info(self):
         return self.train_batch_size(), self.train_micro_batch_size_per_gpu(), self.gradient_accumulation_steps()
@@ -46,15 +46,15 @@ class EngineQueries:
         if train_batch_size % per_pass != 0:
             raise ValueError(f"set_train_batch_size({train_batch_size}): the train batch must be a multiple of "
                              f"micro batch x data-parallel size = {per_pass}")
-        self.config["gradient_accumulation_steps"] = train_batch_size // per_pass
-        self.config["train_batch_size"] = train_batch_size
+        self._cfg["gradient_accumulation_steps"] = train_batch_size // per_pass
+        self._cfg["train_batch_size"] = train_batch_size
 
     def set_train_micro_batch_size(self, micro_batch_size):
         """Changes the micro batch; the global batch follows (accumulation steps stay)."""
         if micro_batch_size < 1:
             raise ValueError(f"set_train_micro_batch_size({micro_batch_size}): must be >= 1")
-        self.config["train_micro_batch_size_per_gpu"] = micro_batch_size
-        self.config["train_batch_size"] = micro_batch_size * self.gradient_accumulation_steps() * self.dp_world_size
+        self._cfg["train_micro_batch_size_per_gpu"] = micro_batch_size
+        self._cfg["train_batch_size"] = micro_batch_size * self.gradient_accumulation_steps() * self.dp_world_size
 
     def set_gradient_accumulation_boundary(self, is_boundary):
         """Overrides the boundary that micro_steps would give (DeepSpeed's pipeline engine uses it)."""
@@ -79,31 +79,31 @@ class EngineQueries:
         return self.core.stage >= 3
 
     def zero_offload_optimizer(self):
-        return self.config["offload_optimizer"] == "cpu"
+        return self._cfg["offload_optimizer"] == "cpu"
 
     def zero_offload_param(self):
-        return self.config["offload_param"] == "cpu"
+        return self._cfg["offload_param"] == "cpu"
 
     def zero_cpu_offload(self):
         return self.zero_offload_optimizer()
 
     def zero_reduce_bucket_size(self):
-        return self.config["reduce_bucket_size"]
+        return self._cfg["reduce_bucket_size"]
 
     def zero_prefetch_bucket_size(self):
-        return self.config["prefetch_bucket_size"]
+        return self._cfg["prefetch_bucket_size"]
 
     def zero_max_live_parameters(self):
-        return self.config["max_live_parameters"]
+        return self._cfg["max_live_parameters"]
 
     def zero_param_persistence_threshold(self):
-        return self.config["param_persistence_threshold"]
+        return self._cfg["param_persistence_threshold"]
 
     def fp16_enabled(self):
-        return bool(self.config["fp16"])
+        return bool(self._cfg["fp16"])
 
     def bfloat16_enabled(self):
-        return bool(self.config["bf16"])
+        return bool(self._cfg["bf16"])
 
     bf16_enabled = bfloat16_enabled
 
@@ -124,7 +124,7 @@ class EngineQueries:
         return self._fp16_section().get("loss_scale_window", 1000)
 
     def gradient_clipping(self):
-        return self.config["gradient_clipping"]
+        return self._cfg["gradient_clipping"]
 
     def steps_per_print(self):
         return self._raw_config.get("steps_per_print", 10)
@@ -142,12 +142,12 @@ class EngineQueries:
         return self.dtype
 
     def optimizer_name(self):
-        opt = self.config["optimizer"]
+        opt = self._cfg["optimizer"]
         return opt["type"] if opt is not None else type(self._client_optimizer).__name__.lower() \
             if self._client_optimizer is not None else None
 
     def scheduler_name(self):
-        sched = self.config["scheduler"]
+        sched = self._cfg["scheduler"]
         return sched["type"] if sched is not None else None
 
     # Config sections chorus refuses at initialize(), so these are off whenever an engine exists.

@@ -43,8 +43,8 @@ class Stage3Hooks:
         self.pending = {m: len(own) for m, own in self.owned.items()}
         self.trace, self.traced = [], False
         self.prefetched = 0  # parameters gathered ahead of their module (for tests and tuning)
-        self.prefetch_elems = engine.config["prefetch_bucket_size"]
-        self.max_live_elems = engine.config["max_live_parameters"]
+        self.prefetch_elems = engine._cfg["prefetch_bucket_size"]
+        self.max_live_elems = engine._cfg["max_live_parameters"]
         self.esize = torch.empty(0, dtype=engine.dtype).element_size()
         for i, p in enumerate(self.params):
             self._point(i, p)

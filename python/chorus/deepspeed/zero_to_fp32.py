@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from chorus import _core
-from chorus.deepspeed.checkpoint import read_model_states, resolve_tag, shard_name
+from chorus.deepspeed.zero_checkpoint import read_model_states, resolve_tag, shard_name
 
 
 def consolidate(checkpoint_dir, tag=None):

@@ -288,7 +288,7 @@ class PipelineEngine:
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
                         load_lr_scheduler_states=True, load_module_only=False):
-        from chorus.deepspeed.checkpoint import resolve_tag
+        from chorus.deepspeed.zero_checkpoint import resolve_tag
         tag = resolve_tag(load_dir, tag)
         if tag is None:
             import warnings

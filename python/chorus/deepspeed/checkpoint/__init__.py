@@ -1,0 +1,2 @@
+"""deepspeed.checkpoint"""
+from chorus.deepspeed.checkpoint import utils  # noqa: F401

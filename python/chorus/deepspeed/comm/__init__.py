@@ -1,0 +1,165 @@
+"""deepspeed.comm: DeepSpeed's communication API. As DeepSpeed's own does, it runs
+on torch.distributed, which init_distributed starts beside chorus's runtime (on the
+MASTER_ADDR/MASTER_PORT every chorus launcher leaves it); before that, or when a
+program never starts torch.distributed, the queries and collectives go to chorus."""
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as _dist
+
+import chorus.torch as _hvd
+
+ReduceOp = _dist.ReduceOp
+default_pg_timeout = timedelta(minutes=30)
+_HVD_OPS = {ReduceOp.SUM: _hvd.Sum, ReduceOp.MAX: _hvd.Max, ReduceOp.MIN: _hvd.Min, ReduceOp.PRODUCT: _hvd.Product}
+_AVG = getattr(ReduceOp, "AVG", None)
+
+
+def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_port=29500, verbose=True,
+                     timeout=default_pg_timeout, init_method=None, dist_init_required=None, config=None, rank=-1,
+                     world_size=-1):
+    """Starts chorus (process sets may be added at run time, for pipeline and
+    tensor-parallel groups) and torch.distributed's default group, unless running."""
+    if not _hvd.is_initialized():
+        _hvd.init(process_sets="dynamic")
+    if dist_init_required is False or _dist.is_initialized():
+        return
+    if os.environ.get("CHORUS_ELASTIC_WORKER"):
+        return  # an elastic round re-forms chorus; torch.distributed's group could not follow it
+    if dist_backend is None:
+        from chorus.deepspeed.accelerator import get_accelerator
+        dist_backend = get_accelerator().communication_backend_name()
+    _dist.init_process_group(backend=dist_backend, init_method=init_method or "env://", timeout=timeout,
+                             rank=_hvd.rank(), world_size=_hvd.size())
+
+
+def is_initialized():
+    return _dist.is_initialized() or _hvd.is_initialized()
+
+
+def is_available():
+    return True
+
+
+def _torch(group=None):
+    return _dist.is_initialized()
+
+
+def get_rank(group=None):
+    if _torch():
+        return _dist.get_rank(group)
+    return _hvd.rank() if _hvd.is_initialized() else 0
+
+
+def get_world_size(group=None):
+    if _torch():
+        return _dist.get_world_size(group)
+    return _hvd.size() if _hvd.is_initialized() else 1
+
+
+def get_local_rank():
+    return _hvd.local_rank() if _hvd.is_initialized() else int(os.environ.get("LOCAL_RANK", 0))
+
+
+def get_world_group():
+    return _dist.group.WORLD if _torch() else None
+
+
+def get_global_rank(group=None, group_rank=0):
+    return _dist.get_global_rank(group, group_rank) if _torch() and group is not None else group_rank
+
+
+def barrier(group=None, async_op=False, device_ids=None):
+    if _torch():
+        return _dist.barrier(group=group, async_op=async_op)
+    _hvd.barrier()
+
+
+def new_group(ranks):
+    return _dist.new_group(ranks)
+
+
+def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
+    if _torch():
+        return _dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
+    if _AVG is not None and op == _AVG:
+        _hvd.allreduce_(tensor, op=_hvd.Average)
+    else:
+        _hvd.allreduce_(tensor, op=_HVD_OPS[op])
+    return None
+
+
+inference_all_reduce = all_reduce
+
+
+def broadcast(tensor, src, group=None, async_op=False):
+    if _torch():
+        return _dist.broadcast(tensor, src, group=group, async_op=async_op)
+    _hvd.broadcast_(tensor, root_rank=src)
+    return None
+
+
+def all_gather(tensor_list, tensor, group=None, async_op=False):
+    if _torch():
+        return _dist.all_gather(tensor_list, tensor, group=group, async_op=async_op)
+    whole = _hvd.allgather(tensor.unsqueeze(0))
+    for dst, src in zip(tensor_list, whole):
+        dst.copy_(src)
+    return None
+
+
+def all_gather_into_tensor(output_tensor, tensor, group=None, async_op=False):
+    if _torch():
+        return _dist.all_gather_into_tensor(output_tensor, tensor, group=group, async_op=async_op)
+    output_tensor.copy_(_hvd.allgather(tensor.reshape(1, -1)).reshape(output_tensor.shape))
+    return None
+
+
+allgather_fn = all_gather_into_tensor
+
+
+def reduce_scatter_tensor(output_tensor, tensor, op=ReduceOp.SUM, group=None, async_op=False):
+    if _torch():
+        return _dist.reduce_scatter_tensor(output_tensor, tensor, op=op, group=group, async_op=async_op)
+    output_tensor.copy_(_hvd.reducescatter(tensor.reshape(get_world_size(), -1), op=_HVD_OPS.get(op, _hvd.Sum))
+                        .reshape(output_tensor.shape))
+    return None
+
+
+def reduce(tensor, dst, op=ReduceOp.SUM, group=None, async_op=False):
+    if _torch():
+        return _dist.reduce(tensor, dst, op=op, group=group, async_op=async_op)
+    result = _hvd.allreduce(tensor, op=_HVD_OPS[op])
+    if get_rank() == dst:
+        tensor.copy_(result)
+    return None
+
+
+def all_to_all_single(output, tensor, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False):
+    if _torch():
+        return _dist.all_to_all_single(output, tensor, output_split_sizes, input_split_sizes, group=group,
+                                       async_op=async_op)
+    output.copy_(_hvd.alltoall(tensor, splits=input_split_sizes).reshape(output.shape))
+    return None
+
+
+def send(tensor, dst, group=None, tag=0):
+    return _dist.send(tensor, dst, group=group, tag=tag)
+
+
+def recv(tensor, src=None, group=None, tag=0):
+    return _dist.recv(tensor, src=src, group=group, tag=tag)
+
+
+def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+    return _dist.monitored_barrier(group=group, timeout=timeout, wait_all_ranks=wait_all_ranks)
+
+
+def destroy_process_group(group=None):
+    if _torch():
+        _dist.destroy_process_group(group)
+
+
+def log_summary(show_straggler=False):
+    """DeepSpeed prints its comms log here; chorus's statistics are in chorus.torch.stats()."""

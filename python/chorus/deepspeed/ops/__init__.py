@@ -1,0 +1,2 @@
+"""deepspeed.ops"""
+from chorus.deepspeed.ops import adam  # noqa: F401

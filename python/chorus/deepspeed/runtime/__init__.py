@@ -1,0 +1,2 @@
+"""deepspeed.runtime"""
+from chorus.deepspeed.runtime import lr_schedules, zero  # noqa: F401

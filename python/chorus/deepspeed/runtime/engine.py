@@ -1,0 +1,2 @@
+"""deepspeed.runtime.engine"""
+from chorus.deepspeed.engine import DeepSpeedEngine  # noqa: F401

@@ -1,0 +1,150 @@
+"""save_checkpoint / load_checkpoint: every rank writes its shard of the fp32 state
+(C++), rank 0 the model-states file; `latest` is written last, so that it never
+names an incomplete checkpoint. Every file is written atomically and carries a hash."""
+import json
+import os
+import pickle
+
+import numpy as np
+import torch
+
+from chorus import _core
+import chorus.torch as hvd
+
+MODEL_STATES = "model_states.chorus"
+
+
+def shard_name(rank):
+    return f"zero_rank_{rank:05d}_optim_states.chorus"
+
+
+def _buffers(module):
+    """The buffers module.state_dict() holds (not the non-persistent ones), as DeepSpeed saves them."""
+    persistent = set(module.state_dict(keep_vars=True).keys())
+    return [(n, b) for n, b in module.named_buffers() if b is not None and n in persistent]
+
+
+def _raw(b):
+    return b.detach().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes() if b.numel() else b""
+
+
+def _agree(ps, error, what):
+    """Every rank learns whether any failed `what`; each raises, naming the ranks."""
+    failed = hvd.allgather(torch.tensor([[1 if error is not None else 0]], dtype=torch.int32), name=f"ckpt.{what}",
+                           process_set=ps).reshape(-1).tolist()
+    bad = [r for r, f in enumerate(failed) if f]
+    if bad:
+        why = f": {error}" if error is not None else ""
+        raise RuntimeError(f"save_checkpoint: {what} failed on rank(s) {bad} of the process set{why}") from error
+
+
+def save(engine, save_dir, tag, client_state, save_latest, exclude_frozen_parameters=False):
+    tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
+    if "/" in tag or tag in ("", ".", ".."):
+        raise ValueError(f"save_checkpoint: tag '{tag}' is not a valid folder name")
+    path = os.path.join(save_dir, tag)
+    ps = engine.process_set
+    error = None
+    try:
+        os.makedirs(path, exist_ok=True)
+        if engine.core.writes_shard:
+            engine.core.save_shard(os.path.join(path, shard_name(ps.rank())), "{}")
+        if ps.rank() == 0:
+            _save_model_states(engine, path, client_state, exclude_frozen_parameters)
+    except Exception as e:  # noqa: BLE001 (any failure must reach every rank, not leave them waiting)
+        error = e
+    _agree(ps, error, "writing the checkpoint")
+    if save_latest and ps.rank() == 0:
+        _core.write_file_atomic(os.path.join(save_dir, "latest"), tag.encode())
+        _write_consolidation_script(save_dir)
+    hvd.barrier(process_set=ps)
+    return True
+
+
+def _write_consolidation_script(save_dir):
+    """zero_to_fp32.py beside the checkpoints, as DeepSpeed leaves one:
+    `python zero_to_fp32.py . pytorch_model.bin` consolidates them offline."""
+    text = ('#!/usr/bin/env python\n"""Consolidates the ZeRO checkpoints in this folder into one fp32 state_dict:\n'
+            '    python zero_to_fp32.py . pytorch_model.bin [-t TAG]\n(chorus\'s; needs chorus installed)."""\n'
+            'import sys\n\nfrom chorus.deepspeed.zero_to_fp32 import main\n\n'
+            'if __name__ == "__main__":\n    sys.exit(main())\n')
+    _core.write_file_atomic(os.path.join(save_dir, "zero_to_fp32.py"), text.encode())
+
+
+def _save_model_states(engine, path, client_state, exclude_frozen_parameters):
+    ps = engine.process_set
+    meta = {
+        "format": 1, "stage": engine.core.stage, "world": ps.size(), "dtype": str(engine.dtype),
+        "shards": ps.size() if engine.core.stage > 0 else 1,
+        "global_steps": engine.global_steps, "global_samples": engine.global_samples,
+        "micro_steps": engine.micro_steps, "skipped_steps": engine.skipped_steps,
+        "param_names": engine._names, "param_shapes": [list(s) for s in engine._shapes],
+        "param_groups": engine.optimizer.hypers(),
+        "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None and
+        hasattr(engine.lr_scheduler, "state_dict") else None,
+        "buffers": [[n, str(b.dtype).replace("torch.", ""), list(b.shape)] for n, b in _buffers(engine.module)],
+    }
+    blobs = {"client_state": pickle.dumps(client_state)}
+    for n, b in _buffers(engine.module):
+        blobs["buffer:" + n] = _raw(b)
+    if not exclude_frozen_parameters:
+        for n, p in engine.module.named_parameters():
+            if not p.requires_grad:
+                blobs["frozen:" + n] = _raw(p)
+                meta.setdefault("frozen", []).append([n, str(p.dtype).replace("torch.", ""), list(p.shape)])
+    _core.write_checkpoint_file(os.path.join(path, MODEL_STATES), json.dumps(meta), blobs)
+
+
+def resolve_tag(load_dir, tag):
+    if tag is not None:
+        return str(tag)
+    latest = os.path.join(load_dir, "latest")
+    if not os.path.exists(latest):
+        return None
+    with open(latest) as f:
+        return f.read().strip()
+
+
+def read_model_states(path):
+    meta, blobs = _core.read_checkpoint_file(os.path.join(path, MODEL_STATES))
+    return json.loads(meta), blobs
+
+
+def load(engine, load_dir, tag, load_lr_scheduler_states):
+    tag = resolve_tag(load_dir, tag)
+    if tag is None:
+        import warnings
+        warnings.warn(f"load_checkpoint: no 'latest' file in {load_dir}; nothing loaded")
+        return None, None
+    path = os.path.join(load_dir, tag)
+    if not os.path.isdir(path):
+        raise ValueError(f"load_checkpoint: checkpoint folder '{path}' does not exist")
+    meta, blobs = read_model_states(path)
+    names, shapes = meta["param_names"], [tuple(s) for s in meta["param_shapes"]]
+    if names != engine._names or shapes != engine._shapes:
+        for k, (n, s) in enumerate(zip(engine._names, engine._shapes)):
+            if k >= len(names) or names[k] != n or shapes[k] != s:
+                got = f"'{names[k]}' {shapes[k]}" if k < len(names) else "nothing"
+                raise ValueError(f"load_checkpoint: parameter {k} of the model is '{n}' {s}, the checkpoint has {got}")
+        raise ValueError(f"load_checkpoint: the checkpoint has {len(names)} parameters, the model {len(engine._names)}")
+    engine.core.load_shards([os.path.join(path, shard_name(r)) for r in range(meta["shards"])])
+    for n, b in _buffers(engine.module):
+        raw = blobs.get("buffer:" + n)
+        if raw is None:
+            raise ValueError(f"load_checkpoint: the checkpoint has no buffer '{n}'")
+        if b.numel():
+            b.data.reshape(-1).view(torch.uint8).copy_(torch.from_numpy(np.frombuffer(raw, dtype=np.uint8).copy()))
+    params = dict(engine.module.named_parameters())
+    for n, dtype, shape in meta.get("frozen", []):
+        if n in params and not params[n].requires_grad and params[n].numel():
+            raw = np.frombuffer(blobs["frozen:" + n], dtype=np.uint8).copy()
+            params[n].data.reshape(-1).view(torch.uint8).copy_(torch.from_numpy(raw))
+    engine.global_steps = meta["global_steps"]
+    engine.global_samples = meta["global_samples"]
+    engine.micro_steps = meta["micro_steps"]
+    engine.skipped_steps = meta["skipped_steps"]
+    for g, saved in zip(engine.optimizer.param_groups, meta["param_groups"]):
+        g.update({k: tuple(v) if k == "betas" else v for k, v in saved.items()})
+    if load_lr_scheduler_states and engine.lr_scheduler is not None and meta["lr_scheduler"] is not None:
+        engine.lr_scheduler.load_state_dict(meta["lr_scheduler"])
+    return path, pickle.loads(blobs["client_state"])
