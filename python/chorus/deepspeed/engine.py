@@ -219,7 +219,12 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
     def _hook_grads(self):
         self._accumulators = []
         for i, p in enumerate(self._params):
+            # The accumulator keeps the shape p has now: a ZeRO-3 placeholder must show its whole one.
+            held = p.data
+            if tuple(p.shape) != self._shapes[i]:
+                p.data = torch.empty(self._shapes[i], dtype=p.dtype)
             acc = p.expand_as(p).grad_fn.next_functions[0][0]
+            p.data = held
             acc.register_hook(self._make_hook(i, p))
             self._accumulators.append(acc)
 

@@ -57,7 +57,7 @@ class Stage3Hooks:
 
     def _point(self, i, p):
         if self.core.persistent(i):
-            p.data = torch.from_numpy(self.core.gathered(i)).view(p.dtype).view(p.shape)
+            p.data = torch.from_numpy(self.core.gathered(i)).view(p.dtype).view(self._shape(i))
         else:
             p.data = _empty(p.dtype)
 

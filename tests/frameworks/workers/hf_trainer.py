@@ -82,6 +82,9 @@ def main():
     elif not a.resume:
         import deepspeed
         params = list(model.parameters())
+        if ZERO[a.mode]["stage"] == 3:  # built under zero.Init: only placeholders here
+            assert all(hasattr(p, "ds_id") and p.numel() == 0 for p in params), "zero.Init did not partition"
+            print(f"zero.Init partitioned {len(params)} parameters", flush=True)
         with deepspeed.zero.GatheredParameters(params):
             state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         if args.process_index == 0:
@@ -92,6 +95,8 @@ def main():
         trainer.train(resume_from_checkpoint=os.path.join(a.out, f"checkpoint-{SAVE}"))
     else:
         trainer.train()
+    if a.reference:
+        torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, os.path.join(a.out, "final.pt"))
     if args.process_index == 0:
         print("trained", json.dumps({"steps": trainer.state.global_step}), flush=True)
 

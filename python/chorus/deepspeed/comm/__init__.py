@@ -32,6 +32,17 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
         dist_backend = get_accelerator().communication_backend_name()
     _dist.init_process_group(backend=dist_backend, init_method=init_method or "env://", timeout=timeout,
                              rank=_hvd.rank(), world_size=_hvd.size())
+    # Torch's gloo threads must not meet interpreter shutdown still running.
+    import atexit
+    atexit.register(_end_torch_group)
+
+
+def _end_torch_group():
+    if _dist.is_initialized():
+        try:
+            _dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 (exiting: nothing to report to)
+            pass
 
 
 def is_initialized():

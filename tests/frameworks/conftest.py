@@ -1,0 +1,65 @@
+"""Frameworks that drive chorus from outside (torchrun, Transformers, Accelerate,
+Lightning), in the torch 2 venv scripts/torch2-venv.sh makes (CHORUS_TORCH2_PYTHON)."""
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUILD = os.environ.get("CHORUS_BUILD_DIR", os.path.join(REPO, "build"))
+WORKERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers")
+PYTHON = os.environ.get("CHORUS_TORCH2_PYTHON", sys.executable)
+
+
+def env(**extra):
+    e = {k: v for k, v in os.environ.items()
+         if not k.startswith(("CHORUS_RANK", "CHORUS_SIZE", "OMPI_", "PMI", "SLURM_"))
+         and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    e["PYTHONPATH"] = os.path.join(BUILD, "python")
+    e.setdefault("OMP_NUM_THREADS", "1")
+    e["TRANSFORMERS_VERBOSITY"] = "error"
+    e["HF_HUB_OFFLINE"] = "1"
+    e.update(extra)
+    return e
+
+
+def run(cmd, timeout=300, cwd=None, **extra):
+    proc = subprocess.run(cmd, env=env(**extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=timeout, cwd=cwd)
+    assert proc.returncode == 0, proc.stdout[-20000:]
+    return proc.stdout
+
+
+def chorusrun(n, script, *args, timeout=300, **extra):
+    return run([os.path.join(BUILD, "chorusrun"), "-np", str(n), "--python", PYTHON, os.path.join(WORKERS, script),
+                *map(str, args)], timeout=timeout, **extra)
+
+
+def single(script, *args, timeout=300, **extra):
+    return run([PYTHON, os.path.join(WORKERS, script), *map(str, args)], timeout=timeout, **extra)
+
+
+def losses(out):
+    """{step: loss} from 'step N loss X' lines (rank 0's, or the single process's)."""
+    found = {}
+    for m in re.finditer(r"^(?:\[0\]<stdout>:)?step (\d+) loss ([0-9.eE+-]+)$", out, re.M):
+        found[int(m.group(1))] = float(m.group(2))
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def deepspeed_alias():
+    """`import deepspeed` is chorus.deepspeed in the venv (the documented one line)."""
+    out = run([PYTHON, "-m", "chorus.deepspeed.alias", "install"])
+    assert "installed" in out, out
+    yield
+
+
+def have(module):
+    return subprocess.run([PYTHON, "-c", f"import {module}"], env=env(), capture_output=True).returncode == 0
+
+
+__all__ = ["BUILD", "PYTHON", "WORKERS", "chorusrun", "single", "losses", "run", "env", "have", "shutil"]
