@@ -6,6 +6,9 @@ bash scripts/install-deps.sh
 # TensorFlow (PyPI's tensorflow-cpu) in a venv of its own, for chorus.tensorflow.
 CHORUS_TF_PYTHON="$(bash scripts/tf-venv.sh)"
 export CHORUS_TF_PYTHON
+# PyTorch 2 with Transformers, Accelerate and Lightning (PyPI) in a venv of its own.
+CHORUS_TORCH2_PYTHON="$(bash scripts/torch2-venv.sh)"
+export CHORUS_TORCH2_PYTHON
 bash scripts/build.sh
 cd build
 ctest --output-on-failure -j"${JOBS:-2}" --timeout 600

@@ -1,0 +1,27 @@
+"""chorus started by the real torchrun (no chorusrun), with torch.distributed's own
+group beside it on MASTER_PORT; a chorus.deepspeed job under torchrun too."""
+import os
+
+import pytest
+
+from conftest import PYTHON, run
+
+PY_WORKERS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python", "workers")
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_torchrun_standalone(n):
+    torchrun = os.path.join(os.path.dirname(PYTHON), "torchrun")
+    out = run([torchrun, "--standalone", f"--nproc_per_node={n}", os.path.join(PY_WORKERS, "launch_env.py"),
+               "--dist"], EXPECT_RANK_FROM="RANK", EXPECT_SIZE=str(n))
+    for r in range(n):
+        assert f"ok rank {r} size {n} local_rank {r} local_size {n}" in out, out
+
+
+def test_deepspeed_program_under_torchrun():
+    """The seed's DeepSpeed program, started by torchrun as DeepSpeed users do."""
+    torchrun = os.path.join(os.path.dirname(PYTHON), "torchrun")
+    seed = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                        "examples", "deepspeed", "seed_simple.py")
+    out = run([torchrun, "--standalone", "--nproc_per_node=2", seed], timeout=300)
+    assert "Epoch [5/5]" in out, out
