@@ -138,3 +138,10 @@ def test_distributed_transformer_example_trains(ranks, tp):
 def test_gradient_priority_orders_the_engines_collectives(ranks, tmp_path):
     out = ok(ranks(2, "zero_priority.py", str(tmp_path / "trace.json")))
     assert out.count("priority ok") == 2
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_deepspeed_client_surface(ranks, n, tmp_path):
+    """deepspeed.comm, zero.Init, GatheredParameters, client configs, checkpoints (workers/ds_clients.py)."""
+    out = ok(ranks(n, "ds_clients.py", str(tmp_path)))
+    assert out.count("ds clients ok") == n, out

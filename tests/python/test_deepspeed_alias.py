@@ -1,0 +1,61 @@
+"""The one line that makes `import deepspeed` chorus.deepspeed in an environment,
+for code chorus does not own: install, what importlib.metadata and imports see,
+uninstall, and the refusal to shadow a real DeepSpeed."""
+import os
+import subprocess
+import sys
+
+from conftest import BUILD
+
+
+def venv(tmp_path):
+    d = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(d)], check=True)
+    return str(d / "bin" / "python")
+
+
+def py(python, *args, code=None):
+    env = dict(os.environ, PYTHONPATH=os.path.join(BUILD, "python"))
+    cmd = [python, *(["-c", code] if code else args)]
+    return subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+
+
+def test_install_alias_and_uninstall(tmp_path):
+    python = venv(tmp_path)
+    assert py(python, code="import deepspeed").returncode != 0  # nothing there to begin with
+    out = py(python, "-m", "chorus.deepspeed.alias", "install")
+    assert out.returncode == 0 and "installed" in out.stdout, out.stdout
+    check = py(python, code=(
+        "import importlib.metadata as md, deepspeed, deepspeed.comm, deepspeed.zero, chorus.deepspeed as c\n"
+        "from deepspeed.runtime.lr_schedules import VALID_LR_SCHEDULES\n"
+        "from deepspeed.ops.adam import DeepSpeedCPUAdam\n"
+        "from deepspeed.checkpoint.utils import clone_tensors_for_torch_save\n"
+        "from deepspeed.utils import logger, set_z3_leaf_modules\n"
+        "from deepspeed.accelerator import get_accelerator\n"
+        "assert deepspeed is c and deepspeed.comm is c.comm and deepspeed.zero.Init is c.zero.Init\n"
+        "assert deepspeed.comm.__spec__.name == 'chorus.deepspeed.comm'\n"
+        "print('version', md.version('deepspeed'), deepspeed.__version__, get_accelerator().device_name())"))
+    from chorus.deepspeed._version import DEEPSPEED_API_VERSION
+    assert check.returncode == 0, check.stdout
+    assert f"version {DEEPSPEED_API_VERSION} {DEEPSPEED_API_VERSION} cpu" in check.stdout, check.stdout
+    assert "chorus's alias" in py(python, "-m", "chorus.deepspeed.alias", "status").stdout
+    out = py(python, "-m", "chorus.deepspeed.alias", "uninstall")
+    assert out.returncode == 0 and "removed" in out.stdout, out.stdout
+    assert py(python, code="import deepspeed").returncode != 0
+
+
+def test_never_shadows_a_real_deepspeed(tmp_path):
+    python = venv(tmp_path)
+    site = py(python, code="import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip()
+    info = os.path.join(site, "deepspeed-0.15.0.dist-info")
+    os.makedirs(info)
+    with open(os.path.join(info, "METADATA"), "w") as f:
+        f.write("Metadata-Version: 2.1\nName: deepspeed\nVersion: 0.15.0\n")
+    with open(os.path.join(info, "INSTALLER"), "w") as f:
+        f.write("pip\n")
+    out = py(python, "-m", "chorus.deepspeed.alias", "install")
+    assert out.returncode != 0 and "real DeepSpeed 0.15.0" in out.stdout, out.stdout
+    assert not os.path.exists(os.path.join(site, "deepspeed"))
+    out = py(python, "-m", "chorus.deepspeed.alias", "uninstall")
+    assert out.returncode != 0 and "leaving it alone" in out.stdout, out.stdout
+    assert os.path.exists(info)
