@@ -26,12 +26,13 @@ class CMakeBuild(build_ext):
         subprocess.check_call([
             "cmake", "-S", ROOT, "-B", build_dir, "-DCMAKE_BUILD_TYPE=Release",
             f"-DPython3_EXECUTABLE={sys.executable}", "-DCHORUS_BUILD_TESTS=OFF",
-            "-DCHORUS_BUILD_EXAMPLES=OFF", f"-DCHORUS_TF_PYTHON={sys.executable if has_tf else ''}"])
+            "-DCHORUS_BUILD_EXAMPLES=OFF", "-DCHORUS_BUILD_TORCH=OFF",
+            f"-DCHORUS_TF_PYTHON={sys.executable if has_tf else ''}"])
         subprocess.check_call(["cmake", "--build", build_dir, "--target", "chorus_python_package",
                                "-j", os.environ.get("JOBS", "2")])
         os.makedirs(target_dir, exist_ok=True)
         built = os.path.join(build_dir, "python", "chorus")
-        for pattern in ("_core*.so", "libchorus.so*", "chorusrun"):
+        for pattern in ("_core*.so", "libchorus.so*", "libchorus_cuda.so", "chorusrun"):
             for path in glob.glob(os.path.join(built, pattern)):
                 shutil.copy2(path, target_dir)
         for path in glob.glob(os.path.join(built, "tensorflow", "_chorus_tf_ops.so")):

@@ -196,6 +196,18 @@ PYBIND11_MODULE(_core, m) {
     d["cycle_time_ms"] = s.cycleTimeMs;
     d["gpu_path"] = s.gpuPath;
     d["gpu_path_reason"] = s.gpuPathReason;
+    py::list ops;
+    for (const OpStat& o : s.ops) {
+      py::dict e;
+      e["op"] = o.op;
+      e["path"] = o.path;
+      e["count"] = o.count;
+      e["tensors"] = o.tensors;
+      e["bytes"] = o.bytes;
+      e["seconds"] = o.seconds;
+      ops.append(e);
+    }
+    d["ops"] = ops;
     return d;
   });
   m.def("nccl_built", [] { return ncclBuilt(); });

@@ -72,6 +72,8 @@ struct Config {
   LogLevel logLevel = LogLevel::kWarning;
   std::string timeline;             // Chrome trace written by rank 0 ("" none)
   bool timelineMarkCycles = false;  // mark every negotiation cycle in it
+  int metricsPort = 0;              // > 0: Prometheus text on this port + the local rank
+  std::string metricsBind;          // where it listens ("" the rank's own address)
 
   // MPI: -2 not requested (but detected when mpirun started the process and
   // chorusrun did not), -1 MPI_COMM_WORLD, else a Fortran communicator handle

@@ -64,6 +64,17 @@ struct P2pOp {
 };
 
 // Counters of one process set's controller on this rank (for tests and tuning).
+// One kind of collective on one path of a process set: how many ran, how many
+// tensors and bytes they carried, and the seconds this rank spent running them.
+struct OpStat {
+  std::string op;    // "allreduce", "allgather", ...
+  std::string path;  // "SHM", "TCP", "MPI", "HIERARCHICAL", "INLINE" (with the negotiation), "NCCL", "STAGED"
+  int64_t count = 0;
+  int64_t tensors = 0;
+  int64_t bytes = 0;
+  double seconds = 0;
+};
+
 struct ProcessSetStats {
   int64_t cycles = 0;            // negotiation cycles run
   int64_t negotiatedOps = 0;     // ops decided by the coordinator
@@ -81,6 +92,7 @@ struct ProcessSetStats {
   // CUDA tensors: "NCCL" or "STAGED" once the set has run an op on them, else "".
   std::string gpuPath;
   std::string gpuPathReason;  // why that path
+  std::vector<OpStat> ops;    // by op and path, in that order
 };
 
 class RuntimeImpl;

@@ -10,7 +10,8 @@ def main():
                  "reinstall chorus")
     # DeepSpeed's launcher runs a .py script with the Python it runs on; so does chorusrun.
     os.environ.setdefault("CHORUS_PYTHON", sys.executable)
-    os.execv(exe, [exe] + sys.argv[1:])
+    # The name it was started by (chorusrun, horovodrun, deepspeed) decides the launcher's form.
+    os.execv(exe, [os.path.basename(sys.argv[0]) or exe] + sys.argv[1:])
 
 
 if __name__ == "__main__":

@@ -113,6 +113,11 @@ const std::vector<SettingInfo>& settingsTable() {
        "(written as the job runs; shutdown or stop_timeline completes it)."},
       {"CHORUS_TIMELINE_MARK_CYCLES", "HOROVOD_TIMELINE_MARK_CYCLES", "0",
        "1 marks every negotiation cycle in the timeline."},
+      {"CHORUS_METRICS_PORT", "", "0",
+       "Each rank serves its statistics in Prometheus' text format over HTTP on this port plus its local "
+       "rank (0: off)."},
+      {"CHORUS_METRICS_BIND", "", "(the rank's address)",
+       "Address the metrics port listens on (0.0.0.0 for every interface)."},
   };
   return table;
 }
@@ -228,6 +233,9 @@ void Config::applyEnv() {
   readNumber("CHORUS_ELASTIC_TIMEOUT", &elasticTimeoutSeconds);
   if (timeline.empty() && readSetting("CHORUS_TIMELINE", &v)) timeline = v;
   if (readSetting("CHORUS_TIMELINE_MARK_CYCLES", &v)) timelineMarkCycles = (v == "1" || v == "true");
+  readNumber("CHORUS_METRICS_PORT", &metricsPort);
+  if (metricsBind.empty() && readSetting("CHORUS_METRICS_BIND", &v)) metricsBind = v;
+  if (metricsPort < 0 || metricsPort > 65535) throw InvalidArgument("CHORUS_METRICS_PORT must be in [0, 65535]");
 
   if (fusionThresholdBytes < 0) throw InvalidArgument("CHORUS_FUSION_THRESHOLD must be >= 0");
   if (cycleTimeMs < 0) throw InvalidArgument("CHORUS_CYCLE_TIME must be >= 0");

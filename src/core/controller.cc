@@ -192,6 +192,7 @@ ProcessSetStats Controller::stats() const {
   s.hierarchicalAllgather = applied_.hierarchicalAllgather;
   s.gpuPath = executor_.gpuPath();
   s.gpuPathReason = executor_.gpuPathReason();
+  s.ops = executor_.opStats();
   return s;
 }
 

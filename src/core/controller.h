@@ -31,6 +31,7 @@ class Controller {
  public:
   // control: where negotiation runs (null: over the data communicator).
   // registry: the rank's names in flight on every set (shared by its controllers).
+  int32_t setId() const { return setId_; }
   Controller(int32_t setId, std::vector<int> globalRanks, int globalRank,
              std::unique_ptr<Communicator> comm, const Config& config,
              std::unique_ptr<Communicator> control = nullptr,

@@ -6,6 +6,7 @@
 
 #include "chorus/error.h"
 #include "core/elastic_keys.h"
+#include "core/logging.h"
 #include "core/runtime_impl.h"
 
 namespace chorus {
@@ -50,6 +51,8 @@ void RuntimeImpl::elasticJoin(Config& cfg) {
   store = openStore(cfg);
   elasticRendezvous(cfg);
   elasticPending_ = {cfg.rank, cfg.size};
+  CHORUS_INFO(cfg.rank, "elastic: worker " << cfg.elasticWorker << " joined round " << elasticRound_ << " as rank "
+                                           << cfg.rank << " of " << cfg.size);
 }
 
 std::pair<int, int> RuntimeImpl::elasticJoinNextRound() {

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <climits>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <vector>
@@ -73,6 +74,10 @@ class Executor {
 
   int64_t allreduceBatches() const { return batches_; }
   int64_t allreduceTensors() const { return tensors_; }
+  // The collectives run so far, by op and path (ProcessSetStats::ops).
+  std::vector<OpStat> opStats() const;
+  // Adds one collective (thread-safe; the executor's thread calls it).
+  void tally(OpType type, const char* path, size_t tensors, size_t bytes, double seconds, bool counts = true);
 
  private:
   // A fused allreduce run chunk by chunk over several calls.
@@ -141,6 +146,8 @@ class Executor {
   std::atomic<bool> busy_{false};
   std::atomic<int64_t> batches_{0};
   std::atomic<int64_t> tensors_{0};
+  mutable std::mutex tallyMu_;
+  std::map<std::pair<int, std::string>, OpStat> tallies_;
 };
 
 // Allocates an output through the entry's allocator, or in storage the Work owns.

@@ -2,6 +2,7 @@
 // chunks with a negotiation between two chunks, so that an op of higher
 // priority that became ready meanwhile does not wait for all of a large one.
 #include <algorithm>
+#include <chrono>
 #include <iterator>
 
 #include "core/executor.h"
@@ -19,21 +20,30 @@ void startSpans(Timeline* t, size_t n, const At& at, const char* transport, int3
   }
 }
 
-// The op spans of the responses one collective runs, in the timeline.
+// The op spans of the responses one collective runs, in the timeline, and its
+// count, bytes and time in the executor's statistics.
 class OpSpans {
  public:
-  OpSpans(Timeline* t, const Response* const* rs, size_t n, const char* transport, int32_t set)
-      : t_(t && t->active() ? t : nullptr), rs_(rs), n_(n) {
+  OpSpans(Executor& ex, Timeline* t, const Response* const* rs, size_t n, const char* transport, int32_t set)
+      : ex_(ex), t_(t && t->active() ? t : nullptr), rs_(rs), n_(n), transport_(transport),
+        start_(std::chrono::steady_clock::now()) {
     if (t_) startSpans(t_, n_, [&](size_t i) -> const Response& { return *rs_[i]; }, transport, set);
   }
   ~OpSpans() {
     for (size_t i = 0; t_ && i < n_; ++i) t_->opEnd(rs_[i]->name);
+    size_t bytes = 0;
+    for (size_t i = 0; i < n_; ++i) bytes += rs_[i]->bytes();
+    ex_.tally(rs_[0]->type, transport_.c_str(), n_, bytes,
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
   }
 
  private:
+  Executor& ex_;
   Timeline* t_;
   const Response* const* rs_;
   size_t n_;
+  std::string transport_;
+  std::chrono::steady_clock::time_point start_;
 };
 
 bool byPriority(const Response& a, const Response& b) { return a.priority > b.priority; }
@@ -144,7 +154,7 @@ size_t Executor::runSome(const Response* src, size_t count, EntryTable& entries,
       DeviceRunner& dev = device(r, entries);
       const size_t j = r.type == OpType::kAllreduce ? groupAt(src, count, i) : i + 1;
       const size_t bytes = takeGroup(src, i, j);
-      OpSpans spans(timeline_, group_.data(), group_.size(), dev.transport(), setId_);
+      OpSpans spans(*this, timeline_, group_.data(), group_.size(), dev.transport(), setId_);
       if (r.type == OpType::kAllreduce) {
         ++batches_;
         tensors_ += static_cast<int64_t>(group_.size());
@@ -166,7 +176,7 @@ size_t Executor::runSome(const Response* src, size_t count, EntryTable& entries,
         return j;
       }
       {
-        OpSpans spans(timeline_, group.data(), group.size(), transportOf(fromPayload), setId_);
+        OpSpans spans(*this, timeline_, group.data(), group.size(), transportOf(fromPayload), setId_);
         runAllreduce(group, entries, fromPayload);
       }
       *spent += bytes;
@@ -174,7 +184,7 @@ size_t Executor::runSome(const Response* src, size_t count, EntryTable& entries,
       continue;
     }
     const Response* one = &r;
-    OpSpans spans(timeline_, &one, 1, transportOf(fromPayload), setId_);
+    OpSpans spans(*this, timeline_, &one, 1, transportOf(fromPayload), setId_);
     switch (r.type) {
       case OpType::kAllreduce: break;
       case OpType::kAllgather: runAllgather(r, entries, fromPayload); break;
@@ -217,9 +227,34 @@ void Executor::abortDevice() {
   if (device_) device_->abort();
 }
 
+void Executor::tally(OpType type, const char* path, size_t tensors, size_t bytes, double seconds, bool counts) {
+  std::lock_guard<std::mutex> lock(tallyMu_);
+  OpStat& t = tallies_[{static_cast<int>(type), path}];
+  if (t.op.empty()) {
+    t.op = opTypeName(type);
+    t.path = path;
+  }
+  if (counts) ++t.count;
+  t.tensors += static_cast<int64_t>(tensors);
+  t.bytes += static_cast<int64_t>(bytes);
+  t.seconds += seconds;
+}
+
+std::vector<OpStat> Executor::opStats() const {
+  std::lock_guard<std::mutex> lock(tallyMu_);
+  std::vector<OpStat> out;
+  for (const auto& [key, t] : tallies_) out.push_back(t);
+  return out;
+}
+
 void Executor::startChunked(const Response* group, size_t n, EntryTable& entries) {
   ++batches_;
   tensors_ += static_cast<int64_t>(n);
+  {
+    size_t bytes = 0;
+    for (size_t i = 0; i < n; ++i) bytes += group[i].bytes();
+    tally(OpType::kAllreduce, transportOf(false), n, bytes, 0.0);  // its chunks add their time
+  }
   chunked_.emplace_back();
   Chunked& c = chunked_.back();
   c.group.assign(group, group + n);
@@ -235,6 +270,15 @@ void Executor::startChunked(const Response* group, size_t n, EntryTable& entries
 // [done, done + chunk) elements; the tensors that end in it complete.
 void Executor::runChunk(EntryTable& entries, size_t* spent) {
   progressed();
+  const auto started = std::chrono::steady_clock::now();
+  struct AddTime {  // this chunk's time goes to its allreduce's tally
+    Executor* ex;
+    std::chrono::steady_clock::time_point t0;
+    ~AddTime() {
+      ex->tally(OpType::kAllreduce, ex->transportOf(false), 0, 0,
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), false);
+    }
+  } addTime{this, started};
   Chunked& c = chunked_.back();
   const Response& head = c.group.front();
   const size_t esize = dtypeSize(head.dtype);

@@ -10,6 +10,7 @@
 #include "chorus/error.h"
 #include "core/launch_env.h"
 #include "core/logging.h"
+#include "core/metrics_server.h"
 #include "core/runtime_impl.h"
 #include "device/loader.h"
 #include "rendezvous/net_address.h"
@@ -187,6 +188,18 @@ void RuntimeImpl::init(Config cfg) {
   }
   for (auto& c : started) c->start();
   initialized = true;
+  if (config.metricsPort > 0) startMetrics();
+}
+
+void RuntimeImpl::startMetrics() {
+  std::string bind = config.metricsBind;
+  if (bind.empty()) bind = config.bindAddress.empty() ? "127.0.0.1" : config.bindAddress;
+  metrics_ = std::make_unique<MetricsServer>(bind, config.metricsPort + localRank, [this] {
+    std::vector<std::pair<int32_t, ProcessSetStats>> all;
+    for (const auto& c : sets.controllers()) all.emplace_back(c->setId(), c->stats());
+    return prometheusText(rank, size, all);
+  });
+  CHORUS_INFO(rank, "metrics: Prometheus text on http://" << bind << ":" << metrics_->port() << "/metrics");
 }
 
 std::unique_ptr<Communicator> RuntimeImpl::makeControl(const ProcessSet& ps) {
@@ -216,8 +229,16 @@ std::unique_ptr<Communicator> RuntimeImpl::makeDataComm(const ProcessSet& ps) {
   if (!ps.included()) return nullptr;
   std::vector<std::string> memberHosts;
   for (int r : ps.ranks()) memberHosts.push_back(hosts[r]);
-  return makeCommunicator(device, *store, prefix + "ps" + std::to_string(ps.id()) + "/", ps.rank(), memberHosts,
-                          commOptions(), std::move(links));
+  auto comm = makeCommunicator(device, *store, prefix + "ps" + std::to_string(ps.id()) + "/", ps.rank(), memberHosts,
+                               commOptions(), std::move(links));
+  if (comm) {
+    const size_t nHosts = groupByHost(memberHosts).size();
+    CHORUS_INFO(rank, "process set " << ps.id() << ": " << ps.size() << " ranks on " << nHosts << " host(s), data path "
+                                     << comm->traits().transport << " (CHORUS_CPU_OPERATIONS=" << config.cpuOperations
+                                     << (nHosts > 1 ? "; across hosts" : "; one host: shared memory unless disabled")
+                                     << ")");
+  }
+  return comm;
 }
 
 std::shared_ptr<Controller> RuntimeImpl::makeController(const ProcessSet& ps) {
@@ -297,6 +318,7 @@ void RuntimeImpl::chooseTorchMaster() {
 
 void RuntimeImpl::exchangeHosts() {
   // Through the store, before any communicator exists: the host names decide the data path.
+  CHORUS_DEBUG(rank, "rendezvous: " << prefix << " as rank " << rank << " of " << size << " on " << config.hostname);
   store->set(prefix + "host/" + std::to_string(rank), std::vector<char>(config.hostname.begin(), config.hostname.end()));
   hosts.assign(size, "");
   for (int r = 0; r < size; ++r) {
@@ -408,6 +430,7 @@ void RuntimeImpl::removeProcessSet(int32_t id) {
 
 void RuntimeImpl::shutdown() {
   if (!initialized) return;
+  metrics_.reset();
   auto controllers = sets.controllers();
   for (auto& c : controllers) c->requestShutdown();
   for (auto& c : controllers) c->join();

@@ -19,6 +19,7 @@
 namespace chorus {
 
 struct LaunchEnv;
+class MetricsServer;
 
 // Config::store, or a connection to the TCP store the config names.
 std::shared_ptr<Store> openStore(const Config& cfg);
@@ -80,6 +81,8 @@ class RuntimeImpl {
   void checkStaticSetsAgree(Communicator& global);
   void bootstrapFromMpi(Config& cfg);
   void chooseTorchMaster();
+  void startMetrics();
+  std::unique_ptr<MetricsServer> metrics_;
   void bootstrapFromEnv(Config& cfg, const LaunchEnv& env);
   // Elastic workers: waits for the driver's next round that includes this worker
   // and takes its rank and size from it (src/core/elastic.cc).

@@ -170,3 +170,15 @@ def test_point_to_point_carried_by_mpi(ranks):
     # messages between the hosts move by MPI, the rest as usual.
     out = ok(ranks(3, "p2p.py", mpirun=True, env={"CHORUS_CPU_OPERATIONS": "mpi", "P2P_TWO_HOSTS": "1"}))
     assert out.count("p2p ok") == 3
+
+
+def test_stats_and_prometheus_metrics(ranks):
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = ok(ranks(2, "metrics.py", env={"CHORUS_METRICS_PORT": str(port), "CHORUS_LOG_LEVEL": "info"}))
+    assert out.count("metrics ok") == 2, out
+    # info says where the metrics are and which path each process set took
+    assert "metrics: Prometheus text on http://127.0.0.1:" in out, out
+    assert "process set 0: 2 ranks on 1 host(s), data path SHM" in out, out

@@ -142,9 +142,14 @@ def main(argv=None):
     if args.action == "install":
         print(f"installed: `import deepspeed` is chorus.deepspeed (DeepSpeed API {DEEPSPEED_API_VERSION}) in "
               f"{install()}")
+        from chorus import command_alias  # and the `deepspeed` command, as DeepSpeed's package has it
+        for path in command_alias.install(["deepspeed"]):
+            print(f"installed: the `deepspeed` command is chorusrun ({path})")
     elif args.action == "uninstall":
         if uninstall():
             print("removed the deepspeed alias")
+        from chorus import command_alias
+        command_alias.uninstall(["deepspeed"])
     else:
         dist, ours = _installed()
         if dist is None:
