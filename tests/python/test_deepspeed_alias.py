@@ -39,9 +39,23 @@ def test_install_alias_and_uninstall(tmp_path):
     assert check.returncode == 0, check.stdout
     assert f"version {DEEPSPEED_API_VERSION} {DEEPSPEED_API_VERSION} cpu" in check.stdout, check.stdout
     assert "chorus's alias" in py(python, "-m", "chorus.deepspeed.alias", "status").stdout
+    # ... and the `deepspeed` command is chorusrun in DeepSpeed's launcher form.
+    script = tmp_path / "args.py"
+    script.write_text("import sys; print('args', sys.argv[1:], flush=True)\n")
+    ds = os.path.join(os.path.dirname(python), "deepspeed")
+    env = dict(os.environ, PYTHONPATH=os.path.join(BUILD, "python"))
+    run = subprocess.run([ds, "--num_gpus", "2", str(script), "--x"], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, timeout=120)
+    assert "args ['--local_rank=1', '--x']" in run.stdout, run.stdout
+    out = py(python, "-m", "chorus.command_alias", "install", "horovodrun")
+    hr = os.path.join(os.path.dirname(python), "horovodrun")
+    run = subprocess.run([hr, "-np", "2", "-H", "localhost:2", str(script)], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, timeout=120)
+    assert run.stdout.count("args []") == 2, run.stdout
     out = py(python, "-m", "chorus.deepspeed.alias", "uninstall")
     assert out.returncode == 0 and "removed" in out.stdout, out.stdout
     assert py(python, code="import deepspeed").returncode != 0
+    assert not os.path.exists(ds)
 
 
 def test_never_shadows_a_real_deepspeed(tmp_path):
