@@ -137,3 +137,16 @@ def test_output_filename_and_store_binding(bed, env, tmp_path):
     proc = run(bed, [chorusrun(), "-np", "2", "-H", "node1:1,node2:1", *bed.ssh_args(), "--network-interface",
                      "wlan9", "true"], env=env)
     assert proc.returncode == 2 and "network interface 'wlan9'" in proc.stdout and "eth0" in proc.stdout, proc.stdout
+
+
+def test_torch_distributed_beside_chorus_across_hosts(bed, env):
+    """torch.distributed's own group forms in a chorusrun job on two hosts: MASTER_ADDR
+    is rank 0's host as the others reach it, MASTER_PORT a port of its own."""
+    worker = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python", "workers",
+                          "launch_env.py")
+    proc = run(bed, [chorusrun(), "-np", "4", "-H", "node1:2,node2:2", *bed.ssh_args(),
+                     "-x", "EXPECT_RANK_FROM=CHORUS_RANK", "-x", "EXPECT_SIZE=4", "python", worker, "--dist"], env=env)
+    assert proc.returncode == 0, proc.stdout
+    for r in range(4):
+        assert f"ok rank {r} size 4 local_rank {r % 2} local_size 2" in proc.stdout, proc.stdout
+    no_leftovers(bed)

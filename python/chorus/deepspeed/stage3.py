@@ -3,6 +3,8 @@ forward (the next modules' are prefetched), released after it, gathered again be
 its backward and released once their gradients are in."""
 import torch
 
+from chorus.deepspeed.runtime.zero.partition_parameters import external_parameters
+
 _EMPTY = {}
 
 
@@ -34,6 +36,8 @@ class Stage3Hooks:
         self.handles = []
         for m in engine.module.modules():
             own = [index[id(p)] for p in m.parameters(recurse=False) if id(p) in index]
+            # Parameters another module owns that this one's forward uses (register_external_parameter).
+            own += [index[id(p)] for p in external_parameters(m) if id(p) in index and index[id(p)] not in own]
             if own:
                 self.owned[m] = own
                 self.handles.append(m.register_forward_pre_hook(self._pre_forward))

@@ -137,4 +137,46 @@ except RuntimeError as e:
 if rank == size - 1:
     engine.core = real_core
 engine.save_checkpoint(root, tag="t2")  # the runtime is still usable
+
+
+# --- register_external_parameter: a module whose forward uses another's weight ---
+class Head(torch.nn.Module):
+    def __init__(self, owner):
+        super().__init__()
+        self._owner = [owner]  # not a submodule: its weight is external to this module
+
+    def forward(self, h):
+        return torch.nn.functional.linear(h, self._owner[0].weight.t())
+
+
+class TiedNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inp = torch.nn.Linear(5, 6, bias=False)
+        self.mid = torch.nn.Linear(6, 6)
+        self.head = Head(self.inp)
+        deepspeed.zero.register_external_parameter(self.head, self.inp.weight)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.mid(self.inp(x))))
+
+
+torch.manual_seed(2)
+plain_tied = TiedNet()
+with deepspeed.zero.Init(config_dict_or_path=base):
+    torch.manual_seed(2)
+    tied = TiedNet()
+tied_engine, _, _, _ = deepspeed.initialize(model=tied, config=base)
+popt = torch.optim.AdamW(plain_tied.parameters(), lr=1e-2)
+xt = torch.randn(2 * size, 5)
+for step in range(2):
+    out = tied_engine(xt[2 * rank:2 * rank + 2])
+    tied_engine.backward(out.pow(2).mean())
+    tied_engine.step()
+    plain_tied(xt).pow(2).mean().backward()
+    popt.step()
+    popt.zero_grad()
+with deepspeed.zero.GatheredParameters(list(tied.parameters())):
+    for (n, p), q in zip(tied.named_parameters(), plain_tied.parameters()):
+        assert torch.allclose(p, q, atol=1e-6), (n, (p - q).abs().max())
 print(f"ds clients ok rank {rank}", flush=True)
