@@ -166,7 +166,8 @@ plain_tied = TiedNet()
 with deepspeed.zero.Init(config_dict_or_path=base):
     torch.manual_seed(2)
     tied = TiedNet()
-tied_engine, _, _, _ = deepspeed.initialize(model=tied, config=base)
+no_persist = dict(base, zero_optimization=dict(base["zero_optimization"], stage3_param_persistence_threshold=0))
+tied_engine, _, _, _ = deepspeed.initialize(model=tied, config=no_persist)  # every parameter released after use
 popt = torch.optim.AdamW(plain_tied.parameters(), lr=1e-2)
 xt = torch.randn(2 * size, 5)
 for step in range(2):
