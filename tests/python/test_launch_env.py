@@ -198,3 +198,20 @@ def test_scripts_run_under_the_named_python(tmp_path):
                           str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          timeout=60).stdout
     assert f"python {venv}/bin/python" in out, out
+
+
+def test_version_and_check_build():
+    out = subprocess.run([os.path.join(BUILD, "chorusrun"), "--version"], stdout=subprocess.PIPE, text=True).stdout
+    assert out.startswith("chorus ") and out.split()[1][0].isdigit(), out
+    out = subprocess.run([os.path.join(BUILD, "chorusrun"), "--check-build"], env=clean_env(),
+                         stdout=subprocess.PIPE, text=True, timeout=120).stdout
+    for section in ("Available Frameworks", "Available Controllers", "Available Tensor Operations"):
+        assert section in out, out
+    # This interpreter has torch, so chorus.torch and chorus.deepspeed import; MPI is built here.
+    assert "[X] PyTorch" in out and "[X] DeepSpeed" in out, out
+    import chorus._core as core
+    assert ("[X] MPI" in out) == bool(core.mpi_built()), out
+    assert ("[X] NCCL" in out) == (core.nccl_built() > 0), out
+    bad = subprocess.run([os.path.join(BUILD, "chorusrun"), "--log-level", "loud", "-np", "1", "true"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert bad.returncode == 2 and "--log-level 'loud'" in bad.stdout, bad.stdout
