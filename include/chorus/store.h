@@ -32,12 +32,23 @@ class TcpStoreServer {
  public:
   virtual ~TcpStoreServer() = default;
   virtual int port() const = 0;
-  // Number of requests refused for a missing or wrong secret.
+  // Connections refused: no or a wrong secret, no handshake in time, oversized or malformed frames.
   virtual int64_t refusedCount() const = 0;
+  // Authenticated connections open now.
+  virtual int connectionCount() const = 0;
+};
+// A connection must send the job secret first, in a handshake of at most 4 KiB
+// within handshakeSeconds; until then it holds no thread and at most that
+// buffer, and at most maxPending such connections are kept (the oldest goes).
+struct StoreServerOptions {
+  double handshakeSeconds = 10;
+  int maxPending = 64;
+  double summarySeconds = 10;  // refusals after an address's first: one line per address this often
 };
 // port 0 picks a free port. bindHost "0.0.0.0" listens on every interface.
 std::unique_ptr<TcpStoreServer> startTcpStoreServer(const std::string& bindHost, int port,
-                                                    const std::string& secret);
+                                                    const std::string& secret,
+                                                    const StoreServerOptions& options = {});
 // A random hex secret for a new job.
 std::string generateSecret();
 

@@ -49,7 +49,8 @@ std::string storeAddresses(const std::string& iface) {
 
 // The first address of a comma-separated list that a connection reaches (each
 // tried for a moment, the list again until the timeout).
-std::string firstReachable(const std::string& list, int port, std::chrono::milliseconds timeout) {
+std::string firstReachable(const std::string& list, int port, const std::string& secret,
+                           std::chrono::milliseconds timeout) {
   std::vector<std::string> addrs;
   std::stringstream in(list);
   for (std::string a; std::getline(in, a, ',');) addrs.push_back(a);
@@ -59,7 +60,7 @@ std::string firstReachable(const std::string& list, int port, std::chrono::milli
   do {
     for (const auto& a : addrs) {
       try {
-        ::close(rendezvous::connectWithRetry(a, port, std::chrono::milliseconds(500), "the rendezvous store"));
+        connectTcpStore(a, port, secret, std::chrono::milliseconds(500));  // with the handshake: not a stranger
         return a;
       } catch (const Error& e) {
         last = e.what();
@@ -269,7 +270,7 @@ void RuntimeImpl::bootstrapFromMpi(Config& cfg) {
   std::getline(in, port);
   std::getline(in, cfg.secret);
   cfg.rendezvousPort = std::stoi(port);
-  cfg.rendezvousAddr = firstReachable(cfg.rendezvousAddr, cfg.rendezvousPort, ms(cfg.startTimeoutSeconds));
+  cfg.rendezvousAddr = firstReachable(cfg.rendezvousAddr, cfg.rendezvousPort, cfg.secret, ms(cfg.startTimeoutSeconds));
   if (cfg.jobId == "nojob") cfg.jobId = "mpi-" + cfg.secret.substr(0, 12);
 }
 

@@ -272,7 +272,7 @@ int Driver::run() {
         break;
       }
   }
-  server_ = startTcpStoreServer(addr_, o_.masterPort, secret_);
+  server_ = startTcpStoreServer(addr_, o_.storePort, secret_);
   client_ = connectTcpStore(addr_, server_->port(), secret_, std::chrono::seconds(10));
   self_ = selfPath();
   cwd_ = currentDir();

@@ -18,6 +18,20 @@ class TcpStore : public Store {
   TcpStore(std::string host, int port, std::string secret, std::chrono::milliseconds timeout)
       : host_(std::move(host)), port_(port), secret_(std::move(secret)) {
     fd_ = rendezvous::connectWithRetry(host_, port_, timeout);
+    // The handshake: the secret first, before the store reads anything else.
+    ByteWriter w;
+    w.put<uint8_t>(static_cast<uint8_t>(StoreOp::kHello));
+    w.putString(secret_);
+    std::vector<char> reply;
+    if (!rendezvous::sendFrame(fd_, w.data()) || !rendezvous::recvFrame(fd_, &reply) || reply.empty()) {
+      ::close(fd_);
+      throw PeerFailure("the rendezvous store at " + where() + " closed the connection during the handshake");
+    }
+    if (static_cast<StoreStatus>(reply[0]) != StoreStatus::kOk) {
+      ::close(fd_);
+      throw InvalidArgument("the rendezvous store at " + where() +
+                            " refused the request: missing or wrong job secret (CHORUS_SECRET)");
+    }
   }
   ~TcpStore() override {
     if (fd_ >= 0) ::close(fd_);

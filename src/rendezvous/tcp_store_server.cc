@@ -1,4 +1,5 @@
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -22,6 +23,7 @@
 #include "core/byte_io.h"
 #include "core/logging.h"
 #include "rendezvous/kv_table.h"
+#include "rendezvous/refusal_log.h"
 #include "rendezvous/wire.h"
 
 namespace chorus {
@@ -48,9 +50,27 @@ std::string peerName(int fd) {
   return std::string(host) + ":" + serv;
 }
 
+// A connection that has not yet shown the job secret: it holds a socket and at
+// most kMaxHello bytes, for at most the handshake time, and no thread.
+struct Pending {
+  int fd;
+  std::string peer;
+  std::chrono::steady_clock::time_point deadline;
+  std::string buf;
+};
+
+// An authenticated connection, served by a thread of its own until it closes.
+struct Client {
+  int fd;
+  std::thread thread;
+  std::atomic<bool> done{false};
+};
+
 class Server : public TcpStoreServer {
  public:
-  Server(const std::string& bindHost, int port, std::string secret) : secret_(std::move(secret)) {
+  Server(const std::string& bindHost, int port, std::string secret, const StoreServerOptions& o)
+      : secret_(std::move(secret)), opts_(o),
+        refusals_(std::chrono::milliseconds(static_cast<int64_t>(o.summarySeconds * 1000))) {
     addrinfo hints{};
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
@@ -58,7 +78,7 @@ class Server : public TcpStoreServer {
     addrinfo* res = nullptr;
     int rc = getaddrinfo(bindHost.c_str(), std::to_string(port).c_str(), &hints, &res);
     if (rc != 0) throw InvalidArgument("store: cannot resolve bind address '" + bindHost + "'");
-    listenFd_ = ::socket(res->ai_family, SOCK_STREAM, 0);
+    listenFd_ = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     int one = 1;
     setsockopt(listenFd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     if (::bind(listenFd_, res->ai_addr, res->ai_addrlen) != 0 || ::listen(listenFd_, 128) != 0) {
@@ -80,57 +100,156 @@ class Server : public TcpStoreServer {
     stop_ = true;
     acceptThread_.join();
     ::close(listenFd_);
-    std::lock_guard<std::mutex> lock(mu_);
-    for (int fd : clientFds_) ::shutdown(fd, SHUT_RDWR);
-    for (auto& t : clients_) t.join();
-    for (int fd : clientFds_) ::close(fd);
+    for (auto& p : pending_) ::close(p.fd);
+    for (auto& c : clients_) ::shutdown(c->fd, SHUT_RDWR);
+    for (auto& c : clients_) {
+      c->thread.join();
+      ::close(c->fd);
+    }
+    refusals_.flush(true);
   }
 
   int port() const override { return port_; }
-  int64_t refusedCount() const override { return refused_.load(); }
+  int64_t refusedCount() const override { return refusals_.count(); }
+  int connectionCount() const override { return connections_.load(); }
 
  private:
   void acceptLoop() {
+    std::vector<pollfd> fds;
     while (!stop_) {
-      pollfd p{listenFd_, POLLIN, 0};
-      if (::poll(&p, 1, 100) <= 0) continue;
-      int fd = ::accept(listenFd_, nullptr, nullptr);
-      if (fd < 0) continue;
-      int one = 1;
-      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-      std::lock_guard<std::mutex> lock(mu_);
-      clientFds_.push_back(fd);
-      clients_.emplace_back([this, fd] { serve(fd); });
+      reap();
+      fds.assign(1, pollfd{listenFd_, POLLIN, 0});
+      for (const auto& p : pending_) fds.push_back(pollfd{p.fd, POLLIN, 0});
+      if (::poll(fds.data(), fds.size(), 100) < 0 && errno != EINTR) continue;
+      const auto now = std::chrono::steady_clock::now();
+      // Pending handshakes first (fds[k + 1] is pending_[k]); then new connections.
+      size_t k = 0;
+      for (auto it = pending_.begin(); it != pending_.end(); ++k) {
+        const bool ready = k + 1 < fds.size() && (fds[k + 1].revents & (POLLIN | POLLHUP | POLLERR));
+        std::string why;
+        bool admit = false;
+        if (ready) {
+          step(*it, &why, &admit);
+        } else if (now >= it->deadline) {
+          why = "no handshake within " + std::to_string(static_cast<int>(opts_.handshakeSeconds)) + " s";
+        }
+        if (admit) {
+          startClient(it->fd);
+        } else if (!why.empty()) {
+          if (why != kAlreadyCounted) refusals_.refuse(it->peer, why);
+          ::close(it->fd);
+        } else {
+          ++it;
+          continue;
+        }
+        it = pending_.erase(it);
+      }
+      if (fds[0].revents & POLLIN) acceptAll(now);
+      refusals_.flush();
     }
   }
 
-  // One warning line per refused connection, at most one a second (a scan or a
-  // stray job must not flood the launcher's stderr); the next line counts the rest.
-  void logRefused(int fd, const std::string& why) {
-    ++refused_;
-    std::string text;
-    {
-      std::lock_guard<std::mutex> lock(logMu_);
-      const auto now = std::chrono::steady_clock::now();
-      if (now - lastLog_ < std::chrono::seconds(1)) {
-        ++unlogged_;
-        return;
+  void acceptAll(std::chrono::steady_clock::time_point now) {
+    while (true) {
+      const int fd = ::accept4(listenFd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) return;  // EAGAIN: none left (or fds ran out: they come back as strangers leave)
+      if (static_cast<int>(pending_.size()) >= opts_.maxPending) {
+        // Full of strangers: the oldest goes, so that a rank arriving now still gets in.
+        refusals_.refuse(pending_.front().peer, "too many connections without a handshake (" +
+                                                    std::to_string(opts_.maxPending) + "); the oldest is closed");
+        ::close(pending_.front().fd);
+        pending_.pop_front();
       }
-      lastLog_ = now;
-      text = "chorus store: refused a connection from " + peerName(fd) + ": " + why;
-      if (unlogged_) text += " (and " + std::to_string(unlogged_) + " more refused since the last line)";
-      unlogged_ = 0;
+      pending_.push_back(Pending{fd, peerName(fd),
+                                 now + std::chrono::milliseconds(static_cast<int64_t>(opts_.handshakeSeconds * 1000)),
+                                 {}});
     }
-    logLine(LogLevel::kWarning, -1, text);
+  }
+
+  // Reads what the connection sent; sets *why to refuse it, or *admit once its
+  // hello carries the secret.
+  void step(Pending& p, std::string* why, bool* admit) {
+    char chunk[512];
+    const size_t want = p.buf.size() < 4 ? 4 - p.buf.size() : 4 + announced(p) - p.buf.size();
+    const ssize_t n = ::recv(p.fd, chunk, std::min(sizeof(chunk), want), 0);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    if (n <= 0) {
+      *why = p.buf.empty() ? "closed without a handshake" : "a truncated handshake (" + std::to_string(p.buf.size()) +
+                                                                 " bytes, then closed)";
+      return;
+    }
+    p.buf.append(chunk, static_cast<size_t>(n));
+    if (p.buf.size() < 4) return;
+    if (announced(p) > kMaxHello) {
+      *why = "a frame of " + std::to_string(announced(p)) + " bytes before authenticating (the handshake is at most " +
+             std::to_string(kMaxHello) + ")";
+      return;
+    }
+    if (p.buf.size() < 4 + announced(p)) return;
+    std::string secret;
+    try {
+      const std::vector<char> hello(p.buf.begin() + 4, p.buf.end());
+      ByteReader r(hello);
+      if (static_cast<StoreOp>(r.get<uint8_t>()) != StoreOp::kHello) throw Error("not a store handshake");
+      secret = r.getString();
+    } catch (const std::exception& e) {
+      *why = std::string("a malformed handshake (") + e.what() + ")";
+      return;
+    }
+    ByteWriter out;
+    const bool ok = secretsEqual(secret, secret_);
+    if (!ok) {  // counted before the client can see the answer
+      refusals_.refuse(p.peer, secret.empty() ? "no job secret" : "wrong job secret");
+      *why = kAlreadyCounted;
+    }
+    out.put<uint8_t>(static_cast<uint8_t>(ok ? StoreStatus::kOk : StoreStatus::kRefused));
+    rendezvous::sendFrame(p.fd, out.data());  // small: fits the socket's buffer without blocking
+    *admit = ok;
+  }
+
+  static size_t announced(const Pending& p) {
+    uint32_t n = 0;
+    std::memcpy(&n, p.buf.data(), 4);
+    return n;
+  }
+
+  void startClient(int fd) {
+    const int flags = fcntl(fd, F_GETFL);
+    fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    auto c = std::make_unique<Client>();
+    c->fd = fd;
+    Client* raw = c.get();
+    ++connections_;
+    c->thread = std::thread([this, raw] {
+      serve(raw->fd);
+      --connections_;
+      raw->done = true;
+    });
+    clients_.push_back(std::move(c));
+  }
+
+  // Joins the threads of closed connections and closes their sockets.
+  void reap() {
+    for (auto it = clients_.begin(); it != clients_.end();) {
+      if ((*it)->done) {
+        (*it)->thread.join();
+        ::close((*it)->fd);
+        it = clients_.erase(it);
+      } else {
+        ++it;
+      }
+    }
   }
 
   void serve(int fd) {
     std::vector<char> req;
-    uint32_t announced = 0;
+    uint32_t announcedBytes = 0;
     while (!stop_) {
-      const auto got = rendezvous::readFrame(fd, &req, &announced);
+      const auto got = rendezvous::readFrame(fd, &req, &announcedBytes);
       if (got == rendezvous::FrameRead::kOversized) {
-        logRefused(fd, "a frame of " + std::to_string(announced) + " bytes, over the store's limit");
+        refusals_.refuse(peerName(fd), "a frame of " + std::to_string(announcedBytes) + " bytes, over the store's limit");
         break;
       }
       if (got != rendezvous::FrameRead::kOk) break;
@@ -145,16 +264,16 @@ class Server : public TcpStoreServer {
         key = r.getString();
         parsed = true;
         if (!secretsEqual(secret, secret_)) {
-          logRefused(fd, std::string(secret.empty() ? "no job secret" : "wrong job secret") + " (request for key '" +
-                             key + "')");
+          refusals_.refuse(peerName(fd), std::string(secret.empty() ? "no job secret" : "wrong job secret") +
+                                             " (request for key '" + key + "')");
           out.put<uint8_t>(static_cast<uint8_t>(StoreStatus::kRefused));
           keep = false;
         } else {
           handle(op, key, r, out);
         }
       } catch (const std::exception& e) {
-        if (!parsed) {  // not a store request at all: nothing of it can be trusted
-          logRefused(fd, std::string("a malformed request (") + e.what() + ")");
+        if (!parsed) {
+          refusals_.refuse(peerName(fd), std::string("a malformed request (") + e.what() + ")");
           break;
         }
         ByteWriter err;
@@ -205,26 +324,28 @@ class Server : public TcpStoreServer {
     throw Error("unknown store operation " + std::to_string(static_cast<int>(op)));
   }
 
+  static constexpr size_t kMaxHello = 4096;
+  static constexpr const char* kAlreadyCounted = "(counted)";
   std::string secret_;
+  StoreServerOptions opts_;
+  rendezvous::RefusalLog refusals_;
   int listenFd_ = -1;
   int port_ = 0;
   std::atomic<bool> stop_{false};
-  std::atomic<int64_t> refused_{0};
-  std::mutex logMu_;
-  std::chrono::steady_clock::time_point lastLog_{};
-  int64_t unlogged_ = 0;
+  std::atomic<int> connections_{0};
   std::thread acceptThread_;
-  std::mutex mu_;
-  std::list<std::thread> clients_;
-  std::vector<int> clientFds_;
+  std::list<Pending> pending_;                  // the accept thread's own
+  std::list<std::unique_ptr<Client>> clients_;  // the accept thread's own (and the destructor's)
   rendezvous::KvTable table_;
 };
 }  // namespace
 
-std::unique_ptr<TcpStoreServer> startTcpStoreServer(const std::string& bindHost, int port,
-                                                    const std::string& secret) {
+std::unique_ptr<TcpStoreServer> startTcpStoreServer(const std::string& bindHost, int port, const std::string& secret,
+                                                    const StoreServerOptions& options) {
   if (secret.empty()) throw InvalidArgument("store: a job secret is required");
-  return std::make_unique<Server>(bindHost, port, secret);
+  if (options.maxPending < 1 || options.handshakeSeconds <= 0 || options.summarySeconds <= 0)
+    throw InvalidArgument("store: maxPending must be >= 1 and the handshake and summary times > 0");
+  return std::make_unique<Server>(bindHost, port, secret, options);
 }
 
 std::string generateSecret() {

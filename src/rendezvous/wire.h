@@ -6,7 +6,7 @@
 
 namespace chorus::rendezvous {
 
-enum class StoreOp : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kCheck = 4 };
+enum class StoreOp : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kCheck = 4, kHello = 5 };
 enum class StoreStatus : uint8_t { kOk = 0, kTimeout = 1, kRefused = 2, kError = 3 };
 
 // Both return false when the peer closed the connection.

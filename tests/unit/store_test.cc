@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <dirent.h>
+#include <poll.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -35,15 +37,14 @@ TEST(TcpStore, SetGetAddAndBlockingGet) {
   EXPECT_EQ(server->refusedCount(), 0);
 }
 
-TEST(TcpStore, RequestsWithoutTheSecretAreRefused) {
+TEST(TcpStore, ConnectionsWithoutTheSecretAreRefused) {
   auto server = startTcpStoreServer("127.0.0.1", 0, "right");
   auto good = connectTcpStore("127.0.0.1", server->port(), "right", 5s);
   good->set("k", {'1'});
   for (const char* secret : {"wrong", ""}) {
-    auto bad = connectTcpStore("127.0.0.1", server->port(), secret, 5s);
     try {
-      bad->get("k", 1s);
-      ADD_FAILURE() << "request with secret '" << secret << "' was served";
+      connectTcpStore("127.0.0.1", server->port(), secret, 5s);
+      ADD_FAILURE() << "a connection with secret '" << secret << "' was accepted";
     } catch (const InvalidArgument& e) {
       EXPECT_NE(std::string(e.what()).find("refused"), std::string::npos) << e.what();
     }
@@ -52,14 +53,20 @@ TEST(TcpStore, RequestsWithoutTheSecretAreRefused) {
   EXPECT_EQ(good->get("k", 1s), (std::vector<char>{'1'}));
 }
 
-// Sends raw bytes to the store as a stranger would and waits for it to hang up.
-void sendRaw(int port, const std::string& bytes) {
+// A stranger's socket to the store.
+int connectRaw(int port) {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  return fd;
+}
+
+// Sends raw bytes to the store as a stranger would and waits for it to hang up.
+void sendRaw(int port, const std::string& bytes) {
+  const int fd = connectRaw(port);
   ASSERT_EQ(::write(fd, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
   char buf[256];
   while (::read(fd, buf, sizeof(buf)) > 0) {
@@ -72,31 +79,105 @@ std::string frame(const std::string& payload) {
   return std::string(reinterpret_cast<const char*>(&n), 4) + payload;
 }
 
-TEST(TcpStore, LogsEachRefusedConnectionAtMostOnceASecond) {
-  auto server = startTcpStoreServer("127.0.0.1", 0, "right");
-  ::testing::internal::CaptureStderr();
-  sendRaw(server->port(), frame("\x02"));  // an op byte and then nothing: not a store request
-  sendRaw(server->port(), std::string("\xff\xff\xff\x7f", 4));  // announces a 2 GiB frame
-  for (int i = 0; i < 3; ++i) {
-    auto bad = connectTcpStore("127.0.0.1", server->port(), "wrong", 5s);
-    EXPECT_THROW(bad->get("k", 1s), InvalidArgument);
+// Whether the store has closed fd (it reads EOF within the wait).
+bool closedByStore(int fd, std::chrono::milliseconds wait) {
+  pollfd p{fd, POLLIN, 0};
+  if (::poll(&p, 1, static_cast<int>(wait.count())) <= 0) return false;
+  char c;
+  return ::read(fd, &c, 1) <= 0;
+}
+
+int countEntries(const char* dir) {
+  int n = 0;
+  if (DIR* d = opendir(dir)) {
+    while (readdir(d)) ++n;
+    closedir(d);
   }
-  std::this_thread::sleep_for(1100ms);
-  auto none = connectTcpStore("127.0.0.1", server->port(), "", 5s);
-  EXPECT_THROW(none->check("k"), InvalidArgument);
+  return n;
+}
+
+TEST(TcpStore, StrangersGetNothingBeforeTheHandshake) {
+  StoreServerOptions o;
+  o.handshakeSeconds = 0.5;
+  auto server = startTcpStoreServer("127.0.0.1", 0, "right", o);
+  // Frames announced at 256 MiB and 2 GiB are refused at the announcement: nothing is allocated for them.
+  for (const char* big : {"\x00\x00\x00\x10", "\xff\xff\xff\x7f"}) {
+    const int fd = connectRaw(server->port());
+    ASSERT_EQ(::write(fd, big, 4), 4);
+    ASSERT_EQ(::write(fd, "x", 1), 1);
+    EXPECT_TRUE(closedByStore(fd, 2000ms)) << "an oversized announcement kept its connection";
+    ::close(fd);
+  }
+  // One byte a while: the handshake deadline closes it, though bytes keep coming.
+  const int slow = connectRaw(server->port());
+  const auto start = std::chrono::steady_clock::now();
+  bool closed = false;
+  for (int i = 0; i < 40 && !closed; ++i) {
+    (void)!::write(slow, "\x05", 1);
+    closed = closedByStore(slow, 100ms);
+  }
+  EXPECT_TRUE(closed) << "a trickling connection stayed past the handshake deadline";
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
+  ::close(slow);
+  // A request before the handshake is a malformed handshake.
+  sendRaw(server->port(), frame(std::string("\x02\x05right\x01k", 9)));
+  EXPECT_EQ(server->refusedCount(), 4);
+  auto good = connectTcpStore("127.0.0.1", server->port(), "right", 5s);
+  good->set("k", {'1'});
+  EXPECT_EQ(good->get("k", 1s), (std::vector<char>{'1'}));
+}
+
+TEST(TcpStore, ConnectionsAreReleasedAndStrangersAreBounded) {
+  StoreServerOptions o;
+  o.handshakeSeconds = 30;  // strangers that stay: only the bound removes them
+  o.maxPending = 8;
+  auto server = startTcpStoreServer("127.0.0.1", 0, "right", o);
+  auto warm = connectTcpStore("127.0.0.1", server->port(), "right", 5s);
+  warm->set("w", {'1'});
+  const int fds = countEntries("/proc/self/fd"), threads = countEntries("/proc/self/task");
+  // 2,000 short-lived connections, half authenticated and closed, half strangers that connect and close.
+  for (int i = 0; i < 1000; ++i) {
+    { auto c = connectTcpStore("127.0.0.1", server->port(), "right", 5s); c->check("w"); }
+    ::close(connectRaw(server->port()));
+  }
+  // 50 strangers that stay: at most maxPending are held, the oldest closed first.
+  std::vector<int> stay;
+  for (int i = 0; i < 50; ++i) stay.push_back(connectRaw(server->port()));
+  int closedCount = 0;
+  for (int fd : stay) closedCount += closedByStore(fd, 200ms);
+  EXPECT_GE(closedCount, 50 - o.maxPending);
+  // A rank arriving now still gets in, and the job goes on.
+  auto late = connectTcpStore("127.0.0.1", server->port(), "right", 5s);
+  EXPECT_EQ(late->get("w", 1s), (std::vector<char>{'1'}));
+  for (int fd : stay) ::close(fd);
+  late.reset();
+  std::this_thread::sleep_for(500ms);  // the store reaps what closed
+  EXPECT_LE(countEntries("/proc/self/fd"), fds + 2);
+  EXPECT_LE(countEntries("/proc/self/task"), threads + 1);
+  EXPECT_EQ(server->connectionCount(), 1);  // warm
+}
+
+TEST(TcpStore, LogsTheFirstRefusalPerAddressThenSummaries) {
+  StoreServerOptions o;
+  o.summarySeconds = 0.5;
+  auto server = startTcpStoreServer("127.0.0.1", 0, "right", o);
+  ::testing::internal::CaptureStderr();
+  sendRaw(server->port(), std::string("\xff\xff\xff\x7f", 4));  // announces a 2 GiB frame
+  for (int i = 0; i < 3; ++i) EXPECT_THROW(connectTcpStore("127.0.0.1", server->port(), "wrong", 5s), InvalidArgument);
+  std::this_thread::sleep_for(800ms);
+  ::close(connectRaw(server->port()));  // connects and closes: counted too
+  std::this_thread::sleep_for(800ms);
   const std::string log = ::testing::internal::GetCapturedStderr();
-  EXPECT_EQ(server->refusedCount(), 6);
-  // The first refusal is logged with the peer and the reason; the next four fall
-  // within the same second; the one after the pause says how many went unlogged.
+  EXPECT_EQ(server->refusedCount(), 5);
   EXPECT_NE(log.find("[chorus WARNING] chorus store: refused a connection from 127.0.0.1:"), std::string::npos) << log;
-  EXPECT_NE(log.find("a malformed request"), std::string::npos) << log;
-  EXPECT_EQ(log.find("wrong job secret"), std::string::npos) << log;
-  EXPECT_NE(log.find("no job secret (request for key 'k') (and 4 more refused since the last line)"),
-            std::string::npos)
-      << log;
+  EXPECT_NE(log.find("a frame of 2147483647 bytes before authenticating"), std::string::npos) << log;
+  EXPECT_NE(log.find("refused 3 more from 127.0.0.1 in the last"), std::string::npos) << log;
+  EXPECT_NE(log.find("(the last: wrong job secret)"), std::string::npos) << log;
+  EXPECT_NE(log.find("refused 1 more from 127.0.0.1 in the last"), std::string::npos) << log;
+  EXPECT_NE(log.find("closed without a handshake"), std::string::npos) << log;
   int lines = 0;
   for (char c : log) lines += c == '\n';
-  EXPECT_EQ(lines, 2) << log;
+  EXPECT_EQ(lines, 3) << log;
 }
 
 TEST(TcpStore, RanksRendezvousThroughIt) {
