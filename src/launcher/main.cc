@@ -185,6 +185,21 @@ int main(int argc, char** argv) {
     if (!flag.empty()) o.exports.push_back(name + "=" + flag);
 
   o.storePort = port;
+  // The user's CHORUS_START_TIMEOUT (or Horovod's name) holds unless --start-timeout is given.
+  if (!app.count("--start-timeout")) {
+    for (const char* name : {"CHORUS_START_TIMEOUT", "HOROVOD_START_TIMEOUT"}) {
+      const char* v = std::getenv(name);
+      if (!v || !*v) continue;
+      char* end = nullptr;
+      const double t = std::strtod(v, &end);
+      if (*end || t <= 0) {
+        std::fprintf(stderr, "chorusrun: %s='%s' is not a positive number of seconds\n", name, v);
+        return 2;
+      }
+      o.startTimeout = t;
+      break;
+    }
+  }
   o.deepspeedForm = invokedAs(argv[0], {"deepspeed", "ds"});
   try {
     if (version) {

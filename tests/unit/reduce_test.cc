@@ -293,3 +293,62 @@ TEST(Kernels, ScaledReductionsRoundOnceAfterTheFactor) {
 
 }  // namespace
 }  // namespace chorus::testing
+
+namespace chorus::testing {
+namespace {
+
+// torch.maximum/minimum semantics: a NaN in any input makes that element NaN,
+// whichever input (rank) holds it, in the vector body and in the tail.
+TEST(Kernels, MinAndMaxPropagateNaNFromEveryInput) {
+  struct Kind {
+    DataType dt;
+    size_t size;
+    void (*put)(void*, size_t, float);
+    float (*get)(const void*, size_t);
+  };
+  const Kind kinds[] = {
+      {DataType::kFloat32, 4, [](void* p, size_t i, float v) { static_cast<float*>(p)[i] = v; },
+       [](const void* p, size_t i) { return static_cast<const float*>(p)[i]; }},
+      {DataType::kFloat64, 8, [](void* p, size_t i, float v) { static_cast<double*>(p)[i] = v; },
+       [](const void* p, size_t i) { return static_cast<float>(static_cast<const double*>(p)[i]); }},
+      {DataType::kFloat16, 2, [](void* p, size_t i, float v) { static_cast<uint16_t*>(p)[i] = floatToHalf(v); },
+       [](const void* p, size_t i) { return halfToFloat(static_cast<const uint16_t*>(p)[i]); }},
+      {DataType::kBFloat16, 2, [](void* p, size_t i, float v) { static_cast<uint16_t*>(p)[i] = floatToBf16(v); },
+       [](const void* p, size_t i) { return bf16ToFloat(static_cast<const uint16_t*>(p)[i]); }},
+  };
+  const size_t count = 77;  // whole registers and a tail at every instruction-set level
+  for (const Kind& k : kinds) {
+    for (ReduceOp op : {ReduceOp::kMin, ReduceOp::kMax}) {
+      for (int n = 2; n <= 4; ++n) {
+        std::vector<std::vector<char>> in(n, std::vector<char>(count * k.size));
+        for (int j = 0; j < n; ++j)
+          for (size_t i = 0; i < count; ++i) k.put(in[j].data(), i, static_cast<float>((i * 7 + j * 3) % 11) - 5.0f);
+        // Element i holds a NaN in input i % (n + 1) (none when that is n).
+        for (size_t i = 0; i < count; ++i)
+          if (static_cast<int>(i % (n + 1)) < n) k.put(in[i % (n + 1)].data(), i, std::nanf(""));
+        std::vector<const void*> ptrs;
+        for (auto& v : in) ptrs.push_back(v.data());
+        std::vector<char> out(count * k.size);
+        reduceMany(k.dt, op, out.data(), ptrs.data(), n, count);
+        for (size_t i = 0; i < count; ++i) {
+          const float got = k.get(out.data(), i);
+          const std::string where = std::string(dtypeName(k.dt)) + " " + reduceOpName(op) + " n=" +
+                                    std::to_string(n) + " element " + std::to_string(i);
+          if (static_cast<int>(i % (n + 1)) < n) {
+            EXPECT_TRUE(std::isnan(got)) << where << " (NaN in input " << i % (n + 1) << ") gave " << got;
+          } else {
+            float want = k.get(in[0].data(), i);
+            for (int j = 1; j < n; ++j) {
+              const float v = k.get(in[j].data(), i);
+              want = op == ReduceOp::kMin ? std::min(want, v) : std::max(want, v);
+            }
+            EXPECT_EQ(got, want) << where;
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace chorus::testing

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sched.h>
 #include <sys/mman.h>
+#include <sys/statvfs.h>
 #include <sys/uio.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -64,6 +65,19 @@ struct ShmSegment::Header {
   std::atomic<uint64_t> cpus[kCpuWords];  // union of the ranks' CPU affinity masks
 };
 
+namespace {
+// The host's first rank failed to make the segment: the others hear it through
+// the store at once instead of waiting for a name that will not come.
+[[noreturn]] void failForAll(Store& store, const std::string& key, const std::string& why) {
+  try {
+    const std::string marked = "!" + why;
+    store.set(key, std::vector<char>(marked.begin(), marked.end()));
+  } catch (const std::exception&) {  // the error below is the one to report
+  }
+  throw Error(why);
+}
+}  // namespace
+
 ShmSegment::ShmSegment(Store& store, const std::string& key, const std::string& jobId, int rank, int size,
                        size_t slotBytes, std::chrono::milliseconds connectTimeout,
                        std::chrono::milliseconds timeout, bool allowSingleCopy)
@@ -76,13 +90,23 @@ ShmSegment::ShmSegment(Store& store, const std::string& key, const std::string& 
     std::random_device rd;
     name_ = "/chorus-" + jobId + "-" + std::to_string(getpid()) + "-" + std::to_string(rd());
     fd = shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0) throw Error("shm_open(" + name_ + ") failed: " + std::strerror(errno));
-    if (ftruncate(fd, static_cast<off_t>(mapBytes_)) != 0) {
-      std::string why = std::strerror(errno);
+    if (fd < 0) failForAll(store, key, "shm_open(" + name_ + ") failed: " + std::strerror(errno));
+    // Reserve the pages now: a tmpfs too small would otherwise grant the size and
+    // kill the first rank to touch a missing page with SIGBUS.
+    const int rc = ftruncate(fd, static_cast<off_t>(mapBytes_)) != 0 ? errno
+                                                                    : posix_fallocate(fd, 0, static_cast<off_t>(mapBytes_));
+    if (rc != 0) {
       close(fd);
       shm_unlink(name_.c_str());
-      throw Error("cannot size shared memory segment " + name_ + " to " + std::to_string(mapBytes_) +
-                  " bytes: " + why + " (is /dev/shm large enough?)");
+      struct statvfs vfs {};
+      const std::string room = statvfs("/dev/shm", &vfs) == 0
+                                   ? std::to_string(static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize) + " bytes free"
+                                   : "its free space unknown";
+      failForAll(store, key,
+                 "shared memory: " + std::to_string(mapBytes_) + " bytes for " + std::to_string(size) +
+                     " ranks on this host do not fit in /dev/shm (" + room + "; " + std::strerror(rc) +
+                     "): enlarge it (docker run --shm-size=1g, or mount -o remount,size=1G /dev/shm), lower "
+                     "CHORUS_SHM_SLOT_BYTES, or set CHORUS_SHM_DISABLE=1 to use TCP between local ranks");
     }
   }
   if (rank == 0) {
@@ -104,6 +128,7 @@ ShmSegment::ShmSegment(Store& store, const std::string& key, const std::string& 
   } else {
     auto v = store.get(key, connectTimeout);
     name_.assign(v.begin(), v.end());
+    if (!name_.empty() && name_[0] == '!') throw Error(name_.substr(1) + " (found by this host's first rank)");
     fd = shm_open(name_.c_str(), O_RDWR, 0600);
     if (fd < 0) throw Error("shm_open(" + name_ + ") failed: " + std::strerror(errno));
     base_ = mmap(nullptr, mapBytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
