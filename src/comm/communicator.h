@@ -138,6 +138,9 @@ struct CommOptions {
   std::string iface;
   double timeoutSeconds = 30;
   double connectTimeoutSeconds = 30;
+  // The members' global ranks, by rank in the group, for messages ("rank 5", not
+  // the group's "rank 1"); empty: the group's ranks are the global ones.
+  std::vector<int> globalRanks;
 };
 
 // Builds the TCP (Gloo) communicator of one group. Every member calls it with the

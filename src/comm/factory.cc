@@ -101,9 +101,15 @@ std::unique_ptr<Communicator> makeCommunicator(const std::shared_ptr<TransportDe
   // ranks each (every rank carries a slice), else the hosts' first ranks.
   std::unique_ptr<Communicator> cross;
   if (localRank == 0 || evenHosts(layout.hostRanks)) {
+    CommOptions crossOpts = opts;  // its members' global ranks, for messages
+    crossOpts.globalRanks.clear();
+    for (const auto& h : layout.hostRanks) {
+      const int member = h[std::min<size_t>(static_cast<size_t>(localRank), h.size() - 1)];
+      crossOpts.globalRanks.push_back(opts.globalRanks.empty() ? member : opts.globalRanks[member]);
+    }
     cross = viaMpi ? std::move(mpi.cross)
                    : makeTcpCommunicator(device, store, storePrefix + "cross" + std::to_string(localRank) + "/",
-                                         layout.host, static_cast<int>(layout.hostRanks.size()), opts);
+                                         layout.host, static_cast<int>(layout.hostRanks.size()), crossOpts);
   }
   auto flat = viaMpi ? std::move(mpi.flat) : makeTcpCommunicator(device, store, storePrefix + "flat/", rank, size, opts);
   return std::make_unique<HierarchicalCommunicator>(std::move(layout), std::move(local), std::move(cross),

@@ -206,8 +206,9 @@ void RuntimeImpl::startMetrics() {
 std::unique_ptr<Communicator> RuntimeImpl::makeControl(const ProcessSet& ps) {
   if (config.controller == "mpi") return mpi_->split(ps.ranks());
   if (config.controller == "tcp" && ps.included()) {
-    return makeTcpCommunicator(device, *store, prefix + "ctl" + std::to_string(ps.id()) + "/", ps.rank(), ps.size(),
-                               commOptions());
+    CommOptions o = commOptions();
+    o.globalRanks = ps.ranks();
+    return makeTcpCommunicator(device, *store, prefix + "ctl" + std::to_string(ps.id()) + "/", ps.rank(), ps.size(), o);
   }
   return nullptr;
 }
@@ -230,8 +231,10 @@ std::unique_ptr<Communicator> RuntimeImpl::makeDataComm(const ProcessSet& ps) {
   if (!ps.included()) return nullptr;
   std::vector<std::string> memberHosts;
   for (int r : ps.ranks()) memberHosts.push_back(hosts[r]);
+  CommOptions o = commOptions();
+  o.globalRanks = ps.ranks();
   auto comm = makeCommunicator(device, *store, prefix + "ps" + std::to_string(ps.id()) + "/", ps.rank(), memberHosts,
-                               commOptions(), std::move(links));
+                               o, std::move(links));
   if (comm) {
     const size_t nHosts = groupByHost(memberHosts).size();
     CHORUS_INFO(rank, "process set " << ps.id() << ": " << ps.size() << " ranks on " << nHosts << " host(s), data path "

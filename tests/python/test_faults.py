@@ -52,3 +52,9 @@ def test_small_dev_shm_is_an_error_on_every_rank_not_sigbus(size):
     assert "signal 7" not in proc.stdout and "Bus error" not in proc.stdout, proc.stdout
     assert proc.stdout.count("do not fit in /dev/shm") == 2, proc.stdout  # both ranks say what is wrong
     assert "CHORUS_SHM_DISABLE=1" in proc.stdout, proc.stdout
+
+
+def test_a_stopped_rank_is_named_by_its_global_rank(ranks):
+    out = ranks(3, "stopped_rank.py", keep_going=True,
+                env={"CHORUS_CPU_OPERATIONS": "tcp", "CHORUS_TIMEOUT_SECONDS": "3"}).stdout
+    assert "error: rank 0 timed out after 3000 ms waiting for rank(s) 2 " in out, out

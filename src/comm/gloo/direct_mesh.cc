@@ -35,8 +35,8 @@ struct Header {
 
 DirectMesh::DirectMesh(Store& store, const std::string& prefix, int rank, int size, const std::string& host,
                        const std::string& iface, std::chrono::milliseconds connectTimeout,
-                       std::chrono::milliseconds timeout)
-    : rank_(rank), fds_(size, -1), timeout_(timeout) {
+                       std::chrono::milliseconds timeout, std::vector<int> names)
+    : rank_(rank), fds_(size, -1), timeout_(timeout), names_(std::move(names)) {
   const auto deadline = std::chrono::steady_clock::now() + connectTimeout;
   std::string addr;
   int port = 0;
@@ -53,10 +53,10 @@ DirectMesh::DirectMesh(Store& store, const std::string& prefix, int rank, int si
       int peerPort = 0;
       in >> peerAddr >> peerPort;
       fds_[peer] = rendezvous::connectWithRetry(peerAddr, peerPort, std::chrono::milliseconds(msLeft(deadline)),
-                                                "rank " + std::to_string(peer) + " of a TCP group");
+                                                who(peer) + " of a TCP group");
       const uint32_t hello[2] = {kHello, static_cast<uint32_t>(rank)};
       if (::send(fds_[peer], hello, sizeof(hello), MSG_NOSIGNAL) != sizeof(hello))
-        throw PeerFailure("peer failure: rank " + std::to_string(peer) + " closed its TCP connection while connecting");
+        throw PeerFailure("peer failure: " + who(peer) + " closed its TCP connection while connecting");
     }
     for (int missing = size - 1 - rank; missing > 0;) {
       if (!tcpReady(lfd, POLLIN, msLeft(deadline)))
@@ -119,7 +119,6 @@ void DirectMesh::run(const std::vector<Transfer>& sends, const std::vector<Trans
   for (const auto& t : sends) ops.push_back({t, true, {static_cast<uint32_t>(t.bytes), seq}});
   for (const auto& t : recvs) ops.push_back({t, false, {0, 0}});
   // Names for errors only: built when one happens.
-  auto who = [](int r) { return "rank " + std::to_string(r); };
   // Moves one op forward as far as its socket allows; true once it is complete.
   auto step = [&](Op& op) {
     const size_t total = sizeof(Header) + op.t.bytes;
@@ -168,9 +167,10 @@ void DirectMesh::run(const std::vector<Transfer>& sends, const std::vector<Trans
     do rc = ::poll(polls.data(), polls.size(), msLeft(deadline)); while (rc < 0 && errno == EINTR);
     if (rc == 0) {
       std::string late;
-      for (const Op* op : pending) late += (late.empty() ? "" : ", ") + std::to_string(op->t.peer);
+      for (const Op* op : pending)
+        late += (late.empty() ? "" : ", ") + std::to_string(names_.empty() ? op->t.peer : names_.at(op->t.peer));
       fail(who(rank_) + " timed out after " + std::to_string(timeout_.count()) + " ms waiting for rank(s) " + late +
-               " of its TCP group",
+               " (stopped, or too slow: CHORUS_TIMEOUT_SECONDS)",
            true);
     }
   }

@@ -20,8 +20,10 @@ class DirectMesh {
  public:
   // Every member calls it with the same prefix; host is the address to listen
   // on (an interface's name is resolved to its address).
+  // names: each member's global rank, for messages (empty: the group's ranks).
   DirectMesh(Store& store, const std::string& prefix, int rank, int size, const std::string& host,
-             const std::string& iface, std::chrono::milliseconds connectTimeout, std::chrono::milliseconds timeout);
+             const std::string& iface, std::chrono::milliseconds connectTimeout, std::chrono::milliseconds timeout,
+             std::vector<int> names = {});
   ~DirectMesh();
   // Shuts every connection: peers blocked on this rank see it closed at once.
   void abort();
@@ -45,12 +47,14 @@ class DirectMesh {
 
  private:
   [[noreturn]] void fail(const std::string& why, bool timeout);
+  std::string who(int r) const { return "rank " + std::to_string(names_.empty() ? r : names_.at(r)); }
 
   int rank_;
   std::vector<int> fds_;  // by peer rank; -1 for this rank
   std::chrono::milliseconds timeout_;
   uint32_t seq_ = 0;
   std::string broken_;
+  std::vector<int> names_;
 };
 
 }  // namespace chorus

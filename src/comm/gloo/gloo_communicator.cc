@@ -324,7 +324,7 @@ std::unique_ptr<Communicator> makeTcpCommunicator(const std::shared_ptr<Transpor
   if (size > 1)
     mesh = std::make_unique<DirectMesh>(store, storePrefix, rank, size,
                                         opts.bindAddress.empty() ? "127.0.0.1" : opts.bindAddress, opts.iface,
-                                        connectTimeout, opTimeout);
+                                        connectTimeout, opTimeout, opts.globalRanks);
   return std::make_unique<GlooCommunicator>(std::move(ctx), std::move(mesh), opTimeout);
 }
 
