@@ -1,39 +1,6 @@
-"""chorus.tensorflow and chorus.tensorflow.keras under chorusrun."""
-import pytest
+"""chorus.tensorflow and chorus.tensorflow.keras under chorusrun: the seed program, elastic Keras."""
 
 from conftest import ok
-
-
-@pytest.mark.parametrize("n", [1, 2, 3])
-def test_every_op_eager_and_graph(ranks, n):
-    out = ok(ranks(n, "ops.py", timeout=600))
-    assert out.count("tf ops ok") == n
-
-
-@pytest.mark.parametrize("n", [1, 3])
-def test_gradients_are_horovods(ranks, n):
-    out = ok(ranks(n, "grads.py"))
-    assert out.count("tf grads ok") == n
-
-
-@pytest.mark.parametrize("n", [2, 3])
-def test_optimizers_match_one_process_on_the_global_batch(ranks, n):
-    out = ok(ranks(n, "optimizer.py", timeout=600))
-    assert out.count("tf optimizer ok") == n
-
-
-@pytest.mark.parametrize("n", [2, 3])
-def test_keras_callbacks(ranks, n, tmp_path):
-    out = ok(ranks(n, "callbacks.py", str(tmp_path), timeout=600))
-    assert out.count("tf callbacks ok") == n
-    assert "finished gradual learning rate warmup to 0.1" in out
-
-
-def test_errors_are_tf_errors_with_chorus_message(ranks):
-    proc = ranks(3, "errors.py", env={"CHORUS_TIMEOUT_SECONDS": "10"}, keep_going=True)
-    assert "rank 1 was killed by signal 9" in proc.stdout, proc.stdout
-    assert proc.stdout.count("UnknownError caught") == 2, proc.stdout
-
 
 def test_seed_program_trains_with_only_the_import_changed(ranks, tmp_path, monkeypatch):
     """The seed's TensorFlow example on 2 ranks: 10 epochs, then evaluated on held-out digits."""
@@ -75,7 +42,3 @@ def test_elastic_keras_state_across_a_new_worker(tmp_path):
     assert proc.stdout.count("reset to 3 workers at epoch 1") == 2, proc.stdout
     assert proc.stdout.count("elastic keras done on 3 workers at epoch 3") == 3, proc.stdout
 
-
-def test_dynamic_process_sets(ranks):
-    out = ok(ranks(4, "dynamic_sets.py"))
-    assert out.count("tf dynamic sets ok") == 4

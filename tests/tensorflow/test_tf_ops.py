@@ -1,0 +1,26 @@
+"""chorus.tensorflow and chorus.tensorflow.keras under chorusrun: every op and its gradients, errors, dynamic sets."""
+import pytest
+
+from conftest import ok
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_every_op_eager_and_graph(ranks, n):
+    out = ok(ranks(n, "ops.py", timeout=600))
+    assert out.count("tf ops ok") == n
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_gradients_are_horovods(ranks, n):
+    out = ok(ranks(n, "grads.py"))
+    assert out.count("tf grads ok") == n
+
+
+def test_errors_are_tf_errors_with_chorus_message(ranks):
+    proc = ranks(3, "errors.py", env={"CHORUS_TIMEOUT_SECONDS": "10"}, keep_going=True)
+    assert "rank 1 was killed by signal 9" in proc.stdout, proc.stdout
+    assert proc.stdout.count("UnknownError caught") == 2, proc.stdout
+
+
+def test_dynamic_process_sets(ranks):
+    out = ok(ranks(4, "dynamic_sets.py"))
+    assert out.count("tf dynamic sets ok") == 4

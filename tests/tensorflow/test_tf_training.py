@@ -1,0 +1,21 @@
+"""chorus.tensorflow and chorus.tensorflow.keras under chorusrun: the optimizers, the Keras callbacks, mixed precision."""
+import pytest
+
+from conftest import ok
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_optimizers_match_one_process_on_the_global_batch(ranks, n):
+    out = ok(ranks(n, "optimizer.py", timeout=600))
+    assert out.count("tf optimizer ok") == n
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_keras_callbacks(ranks, n, tmp_path):
+    out = ok(ranks(n, "callbacks.py", str(tmp_path), timeout=600))
+    assert out.count("tf callbacks ok") == n
+    assert "finished gradual learning rate warmup to 0.1" in out
+
+def test_mixed_precision(ranks):
+    out = ok(ranks(2, "mixed_precision.py", timeout=600))
+    assert out.count("tf mixed precision ok") == 2
+
