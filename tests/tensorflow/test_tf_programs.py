@@ -2,6 +2,7 @@
 
 from conftest import ok
 
+
 def test_seed_program_trains_with_only_the_import_changed(ranks, tmp_path, monkeypatch):
     """The seed's TensorFlow example on 2 ranks: 10 epochs, then evaluated on held-out digits."""
     import os
@@ -14,11 +15,6 @@ def test_seed_program_trains_with_only_the_import_changed(ranks, tmp_path, monke
     accuracies = [float(a) for a in re.findall(r"Accuracy: ([0-9.]+)", out)]
     assert len(accuracies) == 2 and min(accuracies) > 0.8, out[-3000:]
     assert (tmp_path / "checkpoint" / "mnist_model.h5").exists()
-
-
-def test_mixed_precision(ranks):
-    out = ok(ranks(2, "mixed_precision.py", timeout=600))
-    assert out.count("tf mixed precision ok") == 2
 
 
 def test_elastic_keras_state_across_a_new_worker(tmp_path):

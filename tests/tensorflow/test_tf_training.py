@@ -3,6 +3,7 @@ import pytest
 
 from conftest import ok
 
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_optimizers_match_one_process_on_the_global_batch(ranks, n):
     out = ok(ranks(n, "optimizer.py", timeout=600))
