@@ -236,8 +236,8 @@ void bindZero(py::module_& m) {
         py::gil_scoped_release release;
         e.saveShard(path, extra);
       })
-      .def("load_shards", [](Engine& e, const std::vector<std::string>& paths) {
+      .def("load_shards", [](Engine& e, const std::vector<std::string>& paths, const std::string& expected) {
         py::gil_scoped_release release;
-        e.loadShards(paths);
-      });
+        e.loadShards(paths, expected);
+      }, py::arg("paths"), py::arg("expected") = "");
 }

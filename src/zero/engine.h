@@ -126,7 +126,9 @@ class Engine {
   void saveShard(const std::string& path, const std::string& extraMeta) const;
   // Loads the fp32 state from the shards of a checkpoint (any world size, any stage),
   // one shard at a time, keeping only what overlaps this rank's partition.
-  void loadShards(const std::vector<std::string>& paths);
+  // expectedExtra (when not empty): every shard must carry this extraMeta (the
+  // save's identity), else the shards are of different saves and none is used.
+  void loadShards(const std::vector<std::string>& paths, const std::string& expectedExtra = "");
   // Whether this rank writes a shard (stage 0 keeps one replica, written by rank 0).
   bool writesShard() const { return stage_ > 0 || rank_ == 0; }
 

@@ -42,8 +42,19 @@ void Engine::saveShard(const std::string& path, const std::string& extraMeta) co
   f.write(path);
 }
 
-void Engine::loadShards(const std::vector<std::string>& paths) {
+void Engine::loadShards(const std::vector<std::string>& paths, const std::string& expectedExtra) {
   if (paths.empty()) throw InvalidArgument("ZeRO engine: no checkpoint shards to load");
+  // Every shard of one save, before any state is touched: a mixture of saves would load silently.
+  if (!expectedExtra.empty()) {
+    for (const auto& path : paths) {
+      const std::string extra = json::parse(ShardFile::readMeta(path)).value("extra", std::string());
+      if (extra != expectedExtra)
+        throw InvalidArgument("checkpoint shard '" + path + "' belongs to another save (" +
+                              (extra.empty() || extra == "{}" ? std::string("no save identity") : extra) +
+                              ") than the checkpoint's model states (" + expectedExtra +
+                              "): its files come from different saves; save again or restore the folder");
+    }
+  }
   // One shard at a time: copy whatever part of it overlaps this rank's pieces.
   std::vector<std::vector<const Piece*>> mine(spec_.numels.size());
   size_t needed = 0, got = 0;

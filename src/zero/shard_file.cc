@@ -133,4 +133,24 @@ ShardFile ShardFile::read(const std::string& path) {
   return f;
 }
 
+std::string ShardFile::readMeta(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  auto bad = [&](const std::string& why) -> Error {
+    return Error("checkpoint file '" + path + "' is " + why + "; it was not loaded");
+  };
+  if (!in) throw Error("checkpoint file '" + path + "' cannot be opened: " + std::strerror(errno));
+  std::string head(16, '\0');
+  if (!in.read(head.data(), 16) || std::memcmp(head.data(), kMagic, 8) != 0)
+    throw bad("not a chorus checkpoint file (bad magic)");
+  const uint64_t headerLen = readU64(head, 8);
+  if (headerLen > (64u << 20)) throw bad("corrupted (header length out of range)");
+  std::string header(headerLen, '\0');
+  if (!in.read(header.data(), static_cast<std::streamsize>(headerLen))) throw bad("truncated (in its header)");
+  try {
+    return nlohmann::json::parse(header).at("meta").get<std::string>();
+  } catch (const nlohmann::json::exception& e) {
+    throw bad(std::string("corrupted (header: ") + e.what() + ")");
+  }
+}
+
 }  // namespace chorus::zero

@@ -16,6 +16,8 @@ struct ShardFile {
   void write(const std::string& path) const;
   // Throws chorus::Error naming the path when the file is missing, truncated or corrupted.
   static ShardFile read(const std::string& path);
+  // Only the meta (the header at the file's start; the body is checked by read()).
+  static std::string readMeta(const std::string& path);
 };
 
 // Writes bytes to path atomically.

@@ -44,13 +44,17 @@ def save(engine, save_dir, tag, client_state, save_latest, exclude_frozen_parame
         raise ValueError(f"save_checkpoint: tag '{tag}' is not a valid folder name")
     path = os.path.join(save_dir, tag)
     ps = engine.process_set
+    # This save's identity, in every file of it: a load refuses files of different saves.
+    save_id = hvd.broadcast_object(os.urandom(8).hex() if ps.rank() == 0 else None, root_rank=ps.ranks[0]
+                                   if ps.ranks else 0, process_set=ps, name=f"ckpt.id.{tag}")
+    identity = json.dumps({"tag": tag, "step": engine.global_steps, "save_id": save_id}, sort_keys=True)
     error = None
     try:
         os.makedirs(path, exist_ok=True)
         if engine.core.writes_shard:
-            engine.core.save_shard(os.path.join(path, shard_name(ps.rank())), "{}")
+            engine.core.save_shard(os.path.join(path, shard_name(ps.rank())), identity)
         if ps.rank() == 0:
-            _save_model_states(engine, path, client_state, exclude_frozen_parameters)
+            _save_model_states(engine, path, client_state, exclude_frozen_parameters, identity)
     except Exception as e:  # noqa: BLE001 (any failure must reach every rank, not leave them waiting)
         error = e
     _agree(ps, error, "writing the checkpoint")
@@ -71,9 +75,10 @@ def _write_consolidation_script(save_dir):
     _core.write_file_atomic(os.path.join(save_dir, "zero_to_fp32.py"), text.encode())
 
 
-def _save_model_states(engine, path, client_state, exclude_frozen_parameters):
+def _save_model_states(engine, path, client_state, exclude_frozen_parameters, identity):
     ps = engine.process_set
     meta = {
+        "save": identity,
         "format": 1, "stage": engine.core.stage, "world": ps.size(), "dtype": str(engine.dtype),
         "shards": ps.size() if engine.core.stage > 0 else 1,
         "global_steps": engine.global_steps, "global_samples": engine.global_samples,
@@ -127,7 +132,7 @@ def load(engine, load_dir, tag, load_lr_scheduler_states):
                 got = f"'{names[k]}' {shapes[k]}" if k < len(names) else "nothing"
                 raise ValueError(f"load_checkpoint: parameter {k} of the model is '{n}' {s}, the checkpoint has {got}")
         raise ValueError(f"load_checkpoint: the checkpoint has {len(names)} parameters, the model {len(engine._names)}")
-    engine.core.load_shards([os.path.join(path, shard_name(r)) for r in range(meta["shards"])])
+    engine.core.load_shards([os.path.join(path, shard_name(r)) for r in range(meta["shards"])], meta.get("save", ""))
     for n, b in _buffers(engine.module):
         raw = blobs.get("buffer:" + n)
         if raw is None:

@@ -138,6 +138,27 @@ if rank == size - 1:
     engine.core = real_core
 engine.save_checkpoint(root, tag="t2")  # the runtime is still usable
 
+# --- a checkpoint whose last shard comes from an older save of the same tag is refused ---
+from chorus.deepspeed.zero_checkpoint import shard_name  # noqa: E402
+engine.save_checkpoint(root, tag="mix")
+last = os.path.join(root, "mix", shard_name(size - 1))
+if rank == 0:
+    os.link(last, last + ".older")
+hvd.barrier()
+loss = torch.nn.functional.mse_loss(engine(x[2 * rank:2 * rank + 2]), y[2 * rank:2 * rank + 2])
+engine.backward(loss)
+engine.step()
+engine.save_checkpoint(root, tag="mix")
+if rank == 0:
+    os.replace(last + ".older", last)
+hvd.barrier()
+try:
+    engine.load_checkpoint(root, tag="mix")
+    raise SystemExit("a checkpoint mixing two saves was loaded")
+except Exception as e:  # noqa: BLE001
+    assert "belongs to another save" in str(e) and shard_name(size - 1) in str(e), e
+engine.load_checkpoint(root, tag="t2")  # and a whole one still loads
+
 
 # --- register_external_parameter: a module whose forward uses another's weight ---
 class Head(torch.nn.Module):
