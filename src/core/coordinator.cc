@@ -85,15 +85,19 @@ void Coordinator::finishJoinIfComplete() {
   ready_.push_back(std::move(r));
 }
 
-// Joined ranks stand in for every op: zeros in reductions, no rows in gathers and
-// alltoalls, receivers in broadcasts; only a broadcast from a joined root cannot run.
-bool Coordinator::joinable(const Pending& p) const {
+// Joined ranks stand in for allreduce, reducescatter and alltoall: zeros in
+// reductions, no rows in alltoalls. Allgather and broadcast are refused while a
+// rank has joined, as Horovod refuses them; "" when the op can run.
+std::string Coordinator::unjoinable(const Pending& p) const {
   for (const auto& q : p.byRank) {
     if (!q) continue;
-    if (q->type == OpType::kBroadcast) return q->root >= 0 && q->root < size_ && !joined_[q->root];
-    return true;
+    if (q->type == OpType::kAllgather)
+      return "Allgather is not supported with Join at this time (specify sparse_to_dense=True if using "
+             "DistributedOptimizer)";
+    if (q->type == OpType::kBroadcast) return "Broadcast is not supported with Join at this time";
+    return "";
   }
-  return false;
+  return "";
 }
 
 void Coordinator::checkReady(const std::string& name) {
@@ -116,7 +120,7 @@ void Coordinator::checkReady(const std::string& name) {
     for (int r = 0; r < size_; ++r)
       if (!p.byRank[r] && joined_[r]) ++joinedMissing;
     if (joinedMissing != missing) return;
-    if (!joinable(p)) {
+    if (const std::string why = unjoinable(p); !why.empty()) {
       Response err;
       const Request& any = *std::find_if(p.byRank.begin(), p.byRank.end(),
                                          [](const auto& q) { return q.has_value(); })->operator->();
@@ -126,9 +130,8 @@ void Coordinator::checkReady(const std::string& name) {
       std::vector<int> joinedRanks;
       for (int r = 0; r < size_; ++r)
         if (joined_[r]) joinedRanks.push_back(r);
-      err.error = std::string(opTypeName(any.type)) + " '" + name +
-                  "' cannot run while ranks " + ranksOf(joinedRanks) +
-                  " have joined: its root has no data to send";
+      err.error = why + ": " + opTypeName(any.type) + " '" + name + "' while ranks " + ranksOf(joinedRanks) +
+                  " have joined";
       err.priority = any.priority;
       table_.erase(it);
       ++version_;

@@ -43,7 +43,7 @@ class Coordinator {
     Clock::time_point firstSeen;
   };
   void checkReady(const std::string& name);
-  bool joinable(const Pending& p) const;
+  std::string unjoinable(const Pending& p) const;
   Response build(const std::string& name, const Pending& p);
   std::string ranksOf(const std::vector<int>& setRanks) const;
   void emit(Response resp, const std::string& group, int groupSize);
