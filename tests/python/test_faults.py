@@ -58,3 +58,8 @@ def test_a_stopped_rank_is_named_by_its_global_rank(ranks):
     out = ranks(3, "stopped_rank.py", keep_going=True,
                 env={"CHORUS_CPU_OPERATIONS": "tcp", "CHORUS_TIMEOUT_SECONDS": "3"}).stdout
     assert "error: rank 0 timed out after 3000 ms waiting for rank(s) 2 " in out, out
+
+
+def test_duplicate_process_sets_are_refused(ranks):
+    out = ok(ranks(2, "dup_sets.py", env={"CHORUS_DYNAMIC_PROCESS_SETS": "1"}))
+    assert out.count("dup sets ok") == 2, out

@@ -20,3 +20,9 @@ def test_mixed_precision(ranks):
     out = ok(ranks(2, "mixed_precision.py", timeout=600))
     assert out.count("tf mixed precision ok") == 2
 
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_replicas_agree_after_uneven_data(ranks, n):
+    out = ok(ranks(n, "uneven_fit.py", timeout=600))
+    assert out.count("tf uneven ok") == n, out

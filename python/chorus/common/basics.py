@@ -150,6 +150,12 @@ def init(comm=None, process_sets=None):
         rank_lists = [list(r) for r in union]
     else:
         rank_lists = [ps._given for ps in static]
+    seen = set()
+    for ranks in rank_lists:  # as Horovod: one set per list of ranks
+        key = tuple(sorted(ranks))
+        if key in seen:
+            raise ValueError(f"init: the process set {sorted(ranks)} is given twice")
+        seen.add(key)
     _core.init(rank_lists, dynamic, mpi_handle)
     global_process_set._bind(0)
     _initialized_sets.clear()
@@ -277,6 +283,10 @@ def add_process_set(process_set):
         for target in added:  # removed together, as they were added
             target._siblings = added
         return ps
+    existing = [sorted(other._given) for other in _initialized_sets if other.process_set_id is not None]
+    existing.append(list(range(_core.size())))  # the global set
+    if sorted(ps._given) in existing:
+        raise ValueError(f"add_process_set: a process set with ranks {sorted(ps._given)} exists already")
     ps._bind(_core.add_process_set(ps._given))
     _initialized_sets.append(ps)
     return ps

@@ -21,7 +21,9 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     At the end of training it also joins (hvd.join): with dataset.shard(), as the
     seed program writes it, ranks can hold one batch more or less than others; a
     rank that ran out stands in for the gradient allreduces the others still run,
-    instead of leaving them unmatched (which, under Horovod, fails at the end)."""
+    instead of leaving them unmatched (which, under Horovod, fails at the end).
+    The steps the last ranks ran alone changed only their replicas: after the
+    join every rank takes the variables of the last rank to join."""
 
     def __init__(self, root_rank, device="", local_variables=None):
         super().__init__()
@@ -31,11 +33,11 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self.broadcast_done = False
         self._count = 0
 
-    def _broadcast(self):
+    def _broadcast(self, root_rank=None):
         variables = [v for v in list(self.model.variables) + _optimizer_variables(self.model)
                      if id(v) not in self.local_variables]
         with tf.device(self.device):
-            broadcast_variables(variables, root_rank=self.root_rank)
+            broadcast_variables(variables, root_rank=self.root_rank if root_rank is None else root_rank)
         self._count = len(variables)
 
     def on_train_begin(self, logs=None):
@@ -50,7 +52,8 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self.broadcast_done = True
 
     def on_train_end(self, logs=None):
-        join()
+        last = int(join())
+        self._broadcast(root_rank=last)  # the replicas agree again
 
 
 class MetricAverageCallback(keras.callbacks.Callback):
