@@ -63,3 +63,9 @@ def test_a_stopped_rank_is_named_by_its_global_rank(ranks):
 def test_duplicate_process_sets_are_refused(ranks):
     out = ok(ranks(2, "dup_sets.py", env={"CHORUS_DYNAMIC_PROCESS_SETS": "1"}))
     assert out.count("dup sets ok") == 2, out
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_sparse_gradients_and_optimizer_state(ranks, n):
+    out = ok(ranks(n, "sparse_and_state.py"))
+    assert out.count("sparse and state ok") == n, out

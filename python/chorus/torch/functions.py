@@ -43,6 +43,21 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
     """Makes every rank's optimizer state (step counts, moments, hyperparameters) root_rank's."""
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("broadcast_optimizer_state does not support LBFGS")
+    if not optimizer.state_dict()["state"]:
+        # As Horovod: an optimizer that has not stepped gets its state from one step
+        # on zero gradients (which stay, zeros rather than None); a DistributedOptimizer
+        # takes it with its wrapped class's step, without collectives.
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.requires_grad and p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                    if isinstance(optimizer, torch.optim.SparseAdam):
+                        p.grad = p.grad.to_sparse()
+        distributed = type(optimizer).__module__ == "chorus.torch.optimizer" or hasattr(optimizer, "_handles")
+        if distributed:
+            super(type(optimizer), optimizer).step()
+        else:
+            optimizer.step()
     state = broadcast_object(optimizer.state_dict(), root_rank, name="optimizer_state",
                              process_set=process_set)
     if rank() != root_rank:

@@ -468,6 +468,9 @@ def allgather(tensor, name=None, process_set=global_process_set, priority=0):
 
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set, priority=0):
+    """allgather of each tensor, in one negotiated op. Differentiable."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return list(_GroupedAllgather.apply(name, process_set, priority, *tensors))
     return _run_now(grouped_allgather_async, tensors, name, process_set, priority)
 
 
@@ -621,12 +624,47 @@ class _Reducescatter(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = _run_now(allgather_async, grad_output.contiguous(), process_set=ctx.process_set)
-        if ctx.op == Average:
-            grad = grad / _set_rank_and_size(ctx.process_set)[1]
-        if ctx.scale != 1.0:
-            grad = grad * ctx.scale
-        return grad, None, None, None, None, None, None
+        return (_reducescatter_grads(ctx, [grad_output])[0],) + (None,) * 6
+
+
+def _reducescatter_grads(ctx, grads):
+    """Horovod's definition: a Sum's gradient scaled by the set's size, then every
+    rank's gathered (an Average's gathered as it is)."""
+    if ctx.op == Sum:
+        n = _set_rank_and_size(ctx.process_set)[1]
+        grads = [g * n for g in grads]
+    return _run_now(grouped_allgather_async, [g.contiguous() for g in grads], process_set=ctx.process_set)
+
+
+class _GroupedReducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, priority, *tensors):
+        ctx.op = op
+        ctx.process_set = process_set
+        return tuple(_run_now(grouped_reducescatter_async, list(tensors), name, op, process_set, prescale_factor,
+                              postscale_factor, priority))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (None,) * 6 + tuple(_reducescatter_grads(ctx, list(grads)))
+
+
+class _GroupedAllgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, process_set, priority, *tensors):
+        ctx.dims = [t.shape[0] if t.dim() else 1 for t in tensors]
+        ctx.process_set = process_set
+        return tuple(_run_now(grouped_allgather_async, list(tensors), name, process_set, priority))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        # As allgather's: the gradients averaged over the set, each rank keeping its own rows.
+        averaged = _run_now(grouped_allreduce_async, [g.contiguous() for g in grads], op=Average,
+                            process_set=ctx.process_set)
+        dims = _run_now(allgather_async, torch.tensor([ctx.dims], dtype=torch.int64), process_set=ctx.process_set)
+        r, _ = _set_rank_and_size(ctx.process_set)
+        offsets = dims[:r].sum(0).tolist() if r else [0] * len(ctx.dims)
+        return (None,) * 3 + tuple(g.narrow(0, int(o), d) for g, o, d in zip(averaged, offsets, ctx.dims))
 
 
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
@@ -644,8 +682,12 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
                           process_set=global_process_set, prescale_factor=1.0,
                           postscale_factor=1.0, priority=0):
     pairs = [compression.compress(t) for t in tensors]
-    outs = _run_now(grouped_reducescatter_async, [p[0] for p in pairs], name, op, process_set,
-                    prescale_factor, postscale_factor, priority)
+    if torch.is_grad_enabled() and any(p[0].requires_grad for p in pairs):  # differentiable
+        outs = list(_GroupedReducescatter.apply(name, op, process_set, prescale_factor, postscale_factor, priority,
+                                                *[p[0] for p in pairs]))
+    else:
+        outs = _run_now(grouped_reducescatter_async, [p[0] for p in pairs], name, op, process_set,
+                        prescale_factor, postscale_factor, priority)
     return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
 
 

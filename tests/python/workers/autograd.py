@@ -39,13 +39,33 @@ Wa = [torch.arange(n * 2, dtype=torch.float64).reshape(n, 2) + 100 * k for k in 
 expect = torch.stack([Wa[k][r] for k in range(n)])
 assert torch.allclose(x.grad, expect), x.grad
 
-# reducescatter Sum: rank r's block of x_k feeds rank r's loss.
+# reducescatter, as Horovod defines its gradient (and chorus.tensorflow's): every
+# rank's output gradient gathered, a Sum's scaled by the set's size; uneven blocks too.
+for rows in (n + 1, 2 * n, 1):
+    counts = [rows // n + (1 if k < rows % n else 0) for k in range(n)]
+    Wr = [torch.full((counts[k], 2), float(k + 1), dtype=torch.float64) for k in range(n)]
+    for op, scale in ((hvd.Sum, n), (hvd.Average, 1)):
+        x = torch.ones(rows, 2, dtype=torch.float64, requires_grad=True)
+        (hvd.reducescatter(x, op=op, name=f"g.rs.{rows}.{op}") * Wr[r]).sum().backward()
+        assert torch.allclose(x.grad, torch.cat(Wr) * scale), (rows, op, x.grad)
+        # grouped: each tensor's gradient as the single op's
+        a = torch.ones(rows, 2, dtype=torch.float64, requires_grad=True)
+        b = torch.ones(rows, 2, dtype=torch.float64, requires_grad=True)
+        ga, gb = hvd.grouped_reducescatter([a, b], op=op, name=f"g.grs.{rows}.{op}")
+        ((ga + 2 * gb) * Wr[r]).sum().backward()
+        assert torch.allclose(a.grad, torch.cat(Wr) * scale) and torch.allclose(b.grad, 2 * torch.cat(Wr) * scale)
+
+# grouped allgather: each tensor's gradient as allgather's.
+x = torch.ones(r + 1, 2, dtype=torch.float64, requires_grad=True)
+y = torch.ones(1, 2, dtype=torch.float64, requires_grad=True)
+rows = sum(k + 1 for k in range(n))
+gx, gy = hvd.grouped_allgather([x, y], name="g.gag")
+((gx * Wg[r]).sum() + (gy * 3.0).sum()).backward()
+start = sum(k + 1 for k in range(r))
+assert torch.allclose(x.grad, (sum(Wg) / n)[start:start + r + 1]), x.grad
+assert torch.allclose(y.grad, torch.full((1, 2), 3.0, dtype=torch.float64)), y.grad
 rows = n + 1
-x = torch.ones(rows, 2, dtype=torch.float64, requires_grad=True)
 counts = [rows // n + (1 if k < rows % n else 0) for k in range(n)]
-Wr = [torch.full((counts[k], 2), float(k + 1), dtype=torch.float64) for k in range(n)]
-(hvd.reducescatter(x, op=hvd.Sum, name="g.rs") * Wr[r]).sum().backward()
-assert torch.allclose(x.grad, torch.cat(Wr)), x.grad
 
 # Without gradients to track (no requires_grad, or under no_grad) the results are
 # the same values and carry no graph.
