@@ -69,3 +69,8 @@ def test_duplicate_process_sets_are_refused(ranks):
 def test_sparse_gradients_and_optimizer_state(ranks, n):
     out = ok(ranks(n, "sparse_and_state.py"))
     assert out.count("sparse and state ok") == n, out
+
+
+def test_errors_of_horovods_types(ranks):
+    out = ok(ranks(2, "horovod_errors.py"))
+    assert out.count("horovod errors ok") == 2, out

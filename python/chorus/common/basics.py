@@ -314,7 +314,17 @@ def _set_id(process_set):
     if not isinstance(process_set, ProcessSet):
         raise ValueError(f"process_set must be a ProcessSet, got {type(process_set).__name__}")
     process_set._require_registered()
-    return process_set.process_set_id
+    pid = process_set.process_set_id
+    if pid != 0 and pid not in _known_ids and _core.is_initialized():
+        _known_ids.clear()  # sets came or went since: ask the core once
+        _known_ids.update(_core.process_set_ids())
+        if pid not in _known_ids:
+            raise ValueError(f"process set id {pid} is not a registered process set "
+                             f"(registered: {sorted(_known_ids)})")
+    return pid
+
+
+_known_ids = set()  # the registered process set ids last seen (_set_id's cache)
 
 
 def _set_of(set_id):

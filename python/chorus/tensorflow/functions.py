@@ -9,11 +9,17 @@ from chorus.tensorflow.compression import Compression
 from chorus.tensorflow.mpi_ops import Adasum, Average, Sum, _reduce_op
 
 
-def _sparse_allreduce(tensor, op, name, process_set, ignore_name_scope):
-    """IndexedSlices: every rank's rows gathered (duplicates add up when applied)."""
+def _sparse_allreduce(tensor, op, name, process_set, ignore_name_scope, prescale_factor=1.0, postscale_factor=1.0):
+    """IndexedSlices: every rank's rows gathered (duplicates add up when applied).
+    What Horovod refuses for them is NotImplementedError here too."""
+    if op == Adasum:
+        raise NotImplementedError("The Adasum reduction does not support IndexedSlices (sparse tensors); pass "
+                                  "sparse_as_dense=True to densify them")
     if op not in (Average, Sum):
-        raise ValueError("allreduce of IndexedSlices supports op=Average or op=Sum only "
-                         "(or densify them: sparse_as_dense=True)")
+        raise NotImplementedError("Only Sum and Average reductions are supported with tf.IndexedSlices "
+                                  "(or densify them: sparse_as_dense=True)")
+    if prescale_factor != 1.0 or postscale_factor != 1.0:
+        raise NotImplementedError("Pre/postscale are not supported with tf.IndexedSlices")
     values = mpi_ops.allgather(tensor.values, name=f"{name}.values" if name else None,
                                process_set=process_set, ignore_name_scope=ignore_name_scope)
     indices = mpi_ops.allgather(tensor.indices, name=f"{name}.indices" if name else None,
@@ -31,7 +37,8 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
     op = _reduce_op(op, average, "allreduce")
     if isinstance(tensor, tf.IndexedSlices):
         with tf.device(device_sparse):
-            return _sparse_allreduce(tensor, op, name, process_set, ignore_name_scope)
+            return _sparse_allreduce(tensor, op, name, process_set, ignore_name_scope, prescale_factor,
+                                     postscale_factor)
     with tf.device(device_dense):
         compressed, ctx = compression.compress(tf.convert_to_tensor(tensor))
         reduced = mpi_ops._allreduce(compressed, name=name, op=op, prescale_factor=prescale_factor,
@@ -53,7 +60,8 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
     for i, t in enumerate(tensors):
         if isinstance(t, tf.IndexedSlices):
             with tf.device(device_sparse):
-                out[i] = _sparse_allreduce(t, op, f"{name}.{i}" if name else None, process_set, ignore_name_scope)
+                out[i] = _sparse_allreduce(t, op, f"{name}.{i}" if name else None, process_set, ignore_name_scope,
+                                           prescale_factor, postscale_factor)
     if dense:
         with tf.device(device_dense):
             pairs = [compression.compress(tf.convert_to_tensor(tensors[i])) for i in dense]
@@ -70,7 +78,7 @@ def reducescatter(tensor, device_dense="", compression=Compression.none, op=Aver
                   postscale_factor=1.0):
     """Reduces tensor over the set and returns this rank's slice of the first dimension."""
     if op not in (Average, Sum):
-        raise ValueError(f"reducescatter supports op=Average or op=Sum, got {op!r}")
+        raise NotImplementedError(f"reducescatter supports op=Average or op=Sum only (as Horovod), got {op!r}")
     with tf.device(device_dense):
         compressed, ctx = compression.compress(tf.convert_to_tensor(tensor))
         out = mpi_ops._reducescatter(compressed, name=name, op=op, ignore_name_scope=ignore_name_scope,
@@ -83,7 +91,7 @@ def grouped_reducescatter(tensors, device_dense="", compression=Compression.none
                           process_set=global_process_set, ignore_name_scope=False, prescale_factor=1.0,
                           postscale_factor=1.0, name=None):
     if op not in (Average, Sum):
-        raise ValueError(f"grouped_reducescatter supports op=Average or op=Sum, got {op!r}")
+        raise NotImplementedError(f"grouped_reducescatter supports op=Average or op=Sum only, got {op!r}")
     with tf.device(device_dense):
         pairs = [compression.compress(tf.convert_to_tensor(t)) for t in tensors]
         outs = mpi_ops._grouped_reducescatter([c for c, _ in pairs], name=name, op=op,

@@ -587,7 +587,7 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set, pri
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0, priority=0):
     if op not in (Sum, Average):
-        raise ValueError("reducescatter supports op=Sum and op=Average")
+        raise NotImplementedError("reducescatter supports op=Sum and op=Average only (as Horovod)")
     staged = [_stage(t) for t in tensors]
     codes = [_dtype_code(t, "reducescatter") for t in staged]
     work = _start(staged, _core.grouped_reducescatter_async, [t.data_ptr() for t in staged], codes,
