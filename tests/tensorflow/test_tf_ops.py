@@ -25,3 +25,8 @@ def test_errors_are_tf_errors_with_chorus_message(ranks):
 def test_dynamic_process_sets(ranks):
     out = ok(ranks(4, "dynamic_sets.py"))
     assert out.count("tf dynamic sets ok") == 4
+
+
+def test_errors_of_horovods_types(ranks):
+    out = ok(ranks(2, "horovod_errors_tf.py"))
+    assert out.count("tf horovod errors ok") == 2, out
