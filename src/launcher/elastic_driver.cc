@@ -52,6 +52,7 @@ struct Worker {
 
 struct HostState {
   int failures = 0;
+  Clock::time_point lastDeath = Clock::time_point::min();
   Clock::time_point blacklistedUntil = Clock::time_point::min();
   bool blacklisted = false;
 };
@@ -67,6 +68,11 @@ class Driver {
   void updateHosts(bool first);
   void handleEnded(const Ended& e);
   void removeHost(const std::string& host, const std::string& why);
+  int hostWorkers(const std::string& host) const {  // workers ever started there
+    int n = 0;
+    for (const auto& w : workers_) n += w.host == host;
+    return n;
+  }
   void bumpUpdated(bool removedOnly);
   std::vector<Worker*> members();
   bool allWaiting(const std::vector<Worker*>& m);
@@ -143,7 +149,6 @@ void Driver::bumpUpdated(bool removedOnly) {
 
 void Driver::removeHost(const std::string& host, const std::string& why) {
   HostState& s = hostState_[host];
-  ++s.failures;
   s.blacklisted = true;
   if (e_.cooldownMax > 0) {
     std::uniform_real_distribution<double> d(e_.cooldownMin, e_.cooldownMax);
@@ -175,7 +180,28 @@ void Driver::handleEnded(const Ended& e) {
     endOpenLine();
     const std::string what = describe(e.status, sup_->spec(e.index).host);
     std::fprintf(stderr, "chorusrun: worker %s (rank %d) %s\n", w.id.c_str(), w.lastRank, what.c_str());
-    removeHost(w.host, "worker " + w.id + " " + what);
+    // A worker's death is that worker's failure. Its host goes when it cannot be
+    // reached (ssh's 255), when all its workers die together, or after repeated failures.
+    HostState& s = hostState_[w.host];
+    ++s.failures;
+    const auto now = Clock::now();
+    const bool together = now - s.lastDeath < std::chrono::seconds(2);
+    s.lastDeath = now;
+    bool othersAlive = false;
+    for (const auto& o : workers_) othersAlive |= o.host == w.host && o.alive && !o.leaving;
+    const bool unreachable = !isLocalHost(w.host) && WIFEXITED(e.status) && WEXITSTATUS(e.status) == 255;
+    if (unreachable) {
+      removeHost(w.host, "unreachable: worker " + w.id + " " + what);
+    } else if (!othersAlive && (together || hostWorkers(w.host) == 1)) {
+      removeHost(w.host, "all its workers died");
+    } else if (s.failures >= e_.blacklistAfter) {
+      removeHost(w.host, std::to_string(s.failures) + " worker failures (--blacklist-after-failures " +
+                             std::to_string(e_.blacklistAfter) + ")");
+    } else {
+      std::fprintf(stderr, "chorusrun: host %s stays (failure %d of %d before it is blacklisted); the job goes on "
+                           "with the other workers\n", w.host.c_str(), s.failures, e_.blacklistAfter);
+      bumpUpdated(true);
+    }
     return;
   }
 }
@@ -310,7 +336,12 @@ int Driver::run() {
     }
     const std::vector<Worker*> m = members();
     if (static_cast<int>(m.size()) < e_.minNp) {
-      if (shortSince == Clock::time_point::max()) shortSince = Clock::now();
+      if (shortSince == Clock::time_point::max()) {
+        shortSince = Clock::now();
+        std::fprintf(stderr, "chorusrun: %zu workers, fewer than --min-np %d: waiting up to %d s (--elastic-timeout) "
+                             "for the discovery script to offer usable hosts\n", m.size(), e_.minNp,
+                     static_cast<int>(e_.elasticTimeout));
+      }
       if (since(shortSince) > e_.elasticTimeout) {
         rc = fail("only " + std::to_string(m.size()) + " workers remain, fewer than --min-np " +
                   std::to_string(e_.minNp) + ", for more than " + std::to_string(static_cast<int>(e_.elasticTimeout)) +

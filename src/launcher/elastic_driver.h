@@ -23,6 +23,9 @@ struct ElasticOptions {
   double cooldownMin = 0;   // --blacklist-cooldown-range: a failed host comes back after
   double cooldownMax = 0;   // a random time in [min, max] x 2^(failures-1); 0 0: never
   double elasticTimeout = 600;
+  // A host is blacklisted when unreachable, when all its workers die together, or
+  // after this many of its workers have failed (--blacklist-after-failures).
+  int blacklistAfter = 3;
   double discoveryInterval = 1.0;
 };
 

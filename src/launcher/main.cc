@@ -61,6 +61,7 @@ int main(int argc, char** argv) {
       "--ssh-identity-file", "--ssh-options", "--network-interface", "--network-prefix", "--output-filename",
       "--num_nodes", "--num_gpus", "--num_procs", "--include", "--exclude", "--master_addr", "--master_port",
       "--min-np", "--max-np", "--host-discovery-script", "--slots-per-host", "--slots", "--reset-limit",
+      "--blacklist-after-failures",
       "--elastic-timeout", "--autotune-log-file", "--autotune-warmup-samples", "--autotune-steps-per-sample",
       "--autotune-bayes-opt-max-samples", "--autotune-gaussian-process-noise", "--python", "--enable_each_rank_log",
       "--log-level", "--timeline-filename"};
@@ -138,6 +139,9 @@ int main(int argc, char** argv) {
   app.add_option("--slots-per-host,--slots", el.slotsPerHost, "slots of a discovered host listed without ':N'")
       ->group(elastic);
   app.add_option("--reset-limit", el.resetLimit, "fail after this many resets")->group(elastic);
+  app.add_option("--blacklist-after-failures", el.blacklistAfter,
+                 "blacklist a host after this many worker failures (also when unreachable or all its workers die)")
+      ->group(elastic);
   app.add_option("--blacklist-cooldown-range", cooldown,
                  "MIN MAX: a failed host comes back after a random time in this range (seconds), doubled at "
                  "each failure; without it a failed host stays out")

@@ -15,6 +15,9 @@ from conftest import WORKERS, chorusrun
 from test_launch import no_leftovers
 
 TRAIN = os.path.join(WORKERS, "elastic_train.py")
+# These tests follow the job through a host's loss: its first failed worker takes the
+# host out (by default a host goes after 3 failures, or when all its workers die).
+BLACKLIST_AT_ONCE = ["--blacklist-after-failures", "1"]
 FORWARD = ["-x", "FAULT", "-x", "STEPS", "-x", "STEP_PAUSE", "-x", "PROCESS_SETS", "-x", "ZERO_STAGE"]  # to the workers on node2 too
 
 
@@ -55,7 +58,7 @@ def start(bed, env, script, result, *extra, fault=None, steps=24, pause=0.25, se
     if fault:
         e["FAULT"] = fault
     cmd = [chorusrun(), "--min-np", "2", "--max-np", "4", "--host-discovery-script", str(script),
-           "--slots-per-host", "2", *bed.ssh_args(), "--elastic-timeout", "20", *extra, *FORWARD,
+           "--slots-per-host", "2", *bed.ssh_args(), "--elastic-timeout", "20", *BLACKLIST_AT_ONCE, *extra, *FORWARD,
            "python", TRAIN, str(result)]
     return bed.popen("node1", cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -135,7 +138,7 @@ def test_fewer_than_min_np_fails_cleanly(bed, env, tmp_path):
     result = tmp_path / "result.json"
     e = dict(env, STEPS="200", STEP_PAUSE="0.1", CHORUS_TIMEOUT_SECONDS="10")
     cmd = [chorusrun(), "--min-np", "3", "--max-np", "4", "--host-discovery-script", str(script),
-           "--slots-per-host", "2", *bed.ssh_args(), "--elastic-timeout", "3", *FORWARD, "python", TRAIN,
+           "--slots-per-host", "2", *bed.ssh_args(), "--elastic-timeout", "3", *BLACKLIST_AT_ONCE, *FORWARD, "python", TRAIN,
            str(result)]
     proc = bed.popen("node1", cmd, env=dict(e, FAULT="kill:node2:0:3"), stdout=subprocess.PIPE,
                      stderr=subprocess.STDOUT, text=True)
@@ -193,7 +196,7 @@ def test_deepspeed_engine_resumes_from_its_commit(bed, env, tmp_path, stage):
     _, script = discovery(tmp_path, ["node1", "node2"])
     result, commits = tmp_path / "result.json", tmp_path / "commits"
     cmd = [chorusrun(), "--min-np", "2", "--max-np", "4", "--host-discovery-script", str(script),
-           "--slots-per-host", "2", *bed.ssh_args(), "--elastic-timeout", "20", *FORWARD, "python",
+           "--slots-per-host", "2", *bed.ssh_args(), "--elastic-timeout", "20", *BLACKLIST_AT_ONCE, *FORWARD, "python",
            os.path.join(WORKERS, "ds_elastic.py"), str(result), str(commits)]
     proc = bed.popen("node1", cmd, env=dict(env, FAULT="kill:node2:0:6", STEPS="16", CHORUS_TIMEOUT_SECONDS="10",
                                             ZERO_STAGE=str(stage)),
@@ -218,7 +221,7 @@ def test_libtorch_program_resumes(bed, env, tmp_path):
     _, script = discovery(tmp_path, ["node1", "node2"])
     result = tmp_path / "result.json"
     cmd = [chorusrun(), "--min-np", "2", "--max-np", "4", "--host-discovery-script", str(script),
-           "--slots-per-host", "2", *bed.ssh_args(), "--elastic-timeout", "20", *FORWARD,
+           "--slots-per-host", "2", *bed.ssh_args(), "--elastic-timeout", "20", *BLACKLIST_AT_ONCE, *FORWARD,
            os.path.join(BUILD, "train_torch_elastic"), str(result)]
     proc = bed.popen("node1", cmd, env=dict(env, FAULT="kill:node2:1:7", STEPS="20", CHORUS_TIMEOUT_SECONDS="10"),
                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -74,3 +74,21 @@ def test_sparse_gradients_and_optimizer_state(ranks, n):
 def test_errors_of_horovods_types(ranks):
     out = ok(ranks(2, "horovod_errors.py"))
     assert out.count("horovod errors ok") == 2, out
+
+
+def test_a_worker_killed_on_one_host_is_a_worker_failure(tmp_path):
+    listing = tmp_path / "hosts"
+    listing.write_text("localhost:3\n")
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {listing}\n")
+    script.chmod(0o755)
+    env = dict(os.environ, PYTHONPATH=os.path.join(BUILD, "python"), OMP_NUM_THREADS="1")
+    proc = subprocess.run([os.path.join(BUILD, "chorusrun"), "--min-np", "2", "--max-np", "3",
+                           "--host-discovery-script", str(script), "--elastic-timeout", "30",
+                           sys.executable, os.path.join(WORKERS, "elastic_one_host.py"), str(tmp_path / "killed")],
+                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout
+    assert "was killed by signal 9" in proc.stdout, proc.stdout
+    assert "host localhost stays (failure 1 of 3" in proc.stdout, proc.stdout
+    assert "host localhost is blacklisted" not in proc.stdout, proc.stdout
+    assert proc.stdout.count("done at step 12") >= 2, proc.stdout
