@@ -190,7 +190,10 @@ int runRankAgent(const std::string& cwd, const std::vector<std::string>& command
     entry.clear();
   }
   const char* beat = std::getenv("CHORUS_AGENT_TIMEOUT");
-  const double silence = beat ? std::atof(beat) : 10.0;  // the launcher writes every second
+  // The launcher writes every second. A lossy link stalls TCP for many seconds
+  // (retransmission backoff) while the connection lives: only a long silence is
+  // taken for a lost launcher (its death closes this input at once anyway).
+  const double silence = beat ? std::atof(beat) : 60.0;
   if (chdir(cwd.c_str()) != 0) {
     // As horovodrun: the rank starts in the home directory when the launcher's is not here.
   }
