@@ -150,3 +150,37 @@ def test_torch_distributed_beside_chorus_across_hosts(bed, env):
     for r in range(4):
         assert f"ok rank {r} size 4 local_rank {r % 2} local_size 2" in proc.stdout, proc.stdout
     no_leftovers(bed)
+
+
+def test_a_lossy_or_stalled_link_is_not_a_dead_peer(bed, env):
+    """20% of the packets into node2 dropped, and the launcher's ssh to node2 stopped for
+    15 s (its rank's agent hears nothing): the job goes on with the default timeouts."""
+    import signal
+    worker = os.path.join(WORKERS, "steady_job.py")
+    proc = bed.popen("node1", [chorusrun(), "-np", "4", "-H", "node1:2,node2:2", *bed.ssh_args(),
+                               "-x", "STEADY_SECONDS=30", "python", worker], env=env,
+                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        time.sleep(4)
+        bed.loss("node2", 20)
+        stopped = []
+        for pid in bed.pids("node1"):  # the launcher's ssh clients to node2 (bed.kill skips them)
+            try:
+                cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            if os.path.basename(cmd[0]) == b"ssh" and b"node2" in cmd:
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
+        time.sleep(15)
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+        out = proc.communicate(timeout=120)[0]
+    finally:
+        bed.loss("node2", 0)
+        if proc.poll() is None:
+            proc.kill()
+    assert stopped, "no ssh client to stop"
+    assert proc.returncode == 0, out
+    assert out.count("steady rank") == 4, out
+    no_leftovers(bed)

@@ -38,3 +38,8 @@ def test_elastic_keras_state_across_a_new_worker(tmp_path):
     assert proc.stdout.count("reset to 3 workers at epoch 1") == 2, proc.stdout
     assert proc.stdout.count("elastic keras done on 3 workers at epoch 3") == 3, proc.stdout
 
+
+
+def test_elastic_states_restore_what_was_synced(ranks):
+    out = ok(ranks(2, "elastic_state_sync.py"))
+    assert out.count("tf state sync ok") == 2, out

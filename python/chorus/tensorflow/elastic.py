@@ -64,6 +64,8 @@ class _VariablesState(ObjectState):
 
     def sync(self):
         broadcast_variables(self._variables(), root_rank=0)
+        # What was synced is what a later restore() brings back (rank 0's, on every rank).
+        self._saved_values = self._values()
         super().sync()
 
 
