@@ -30,3 +30,8 @@ def test_dynamic_process_sets(ranks):
 def test_errors_of_horovods_types(ranks):
     out = ok(ranks(2, "horovod_errors_tf.py"))
     assert out.count("tf horovod errors ok") == 2, out
+
+
+def test_horovod_api_pieces(ranks):
+    out = ok(ranks(2, "tf_api.py"))
+    assert out.count("tf api ok") == 2, out

@@ -48,6 +48,11 @@ class ProcessSet:
         self.process_set_id = set_id
         self.ranks = list(_core.process_set_ranks(set_id))
 
+    @property
+    def mpi_comm(self):
+        """The mpi4py communicator the set was made from (None for a list of ranks)."""
+        return self._comm
+
     def _require_registered(self):
         if self.process_set_id is None:
             raise ValueError(

@@ -13,8 +13,8 @@ from chorus.tensorflow.compression import Compression
 from chorus.tensorflow.mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather, alltoall, barrier,
                                        broadcast, broadcast_, grouped_allgather, join, local_rank_op,
                                        local_size_op, process_set_included_op, rank_op, size_op)
-from chorus.tensorflow.functions import (allgather_object, allreduce, broadcast_object, broadcast_object_fn,
-                                         broadcast_variables, grouped_allreduce, grouped_reducescatter,
+from chorus.tensorflow.functions import (allgather_object, allreduce, broadcast_global_variables,
+                                         broadcast_object, broadcast_object_fn, broadcast_variables, grouped_allreduce, grouped_reducescatter,
                                          reducescatter)
 from chorus.tensorflow.gradient_tape import DistributedGradientTape
 from chorus.tensorflow.optimizer import DistributedOptimizer

@@ -124,6 +124,15 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
     return tf.group(*[v.assign(mpi_ops.broadcast(v, root_rank, process_set=process_set)) for v in variables])
 
 
+def broadcast_global_variables(root_rank):
+    """TF1 graphs: root_rank's values for every global variable. Eagerly there are no
+    global variables to find: Horovod refuses, and so does this."""
+    if tf.executing_eagerly():
+        raise RuntimeError("hvd.broadcast_global_variables() does not support eager execution; use "
+                           "hvd.broadcast_variables(<model/optimizer variables>) instead")
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
+
+
 def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=global_process_set):
     """root_rank's Python object on every rank of the set (pickled)."""
     return objects.broadcast_object(obj, root_rank, name or type(obj).__name__, _set_id(process_set))
@@ -139,4 +148,5 @@ def allgather_object(obj, session=None, name=None, process_set=global_process_se
 
 
 __all__ = ["allreduce", "grouped_allreduce", "reducescatter", "grouped_reducescatter", "broadcast_variables",
+           "broadcast_global_variables",
            "broadcast_object", "broadcast_object_fn", "allgather_object", "Adasum"]

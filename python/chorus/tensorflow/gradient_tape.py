@@ -86,7 +86,27 @@ class _DistributedGradientTape(tf.GradientTape):
         grads = super().gradient(target, sources, output_gradients, unconnected_gradients)
         flat = tf.nest.flatten(grads)
         flat_sources = tf.nest.flatten(sources)
-        return tf.nest.pack_sequence_as(grads, self._chorus_reducer(flat, flat_sources))
+        reducer = self._chorus_reducer
+        if not reducer.process_set.included():  # a rank outside the set: its own gradients, as Horovod
+            return grads
+        local = self._chorus_local
+        shared = [i for i, v in enumerate(flat_sources) if id(_tf_variable(v)) not in local]
+        out = list(flat)
+        if len(shared) == len(flat):
+            out = reducer(flat, flat_sources)
+        elif shared:
+            for i, g in zip(shared, reducer([flat[i] for i in shared], [flat_sources[i] for i in shared])):
+                out[i] = g
+        if local and self._chorus_scale_local:
+            # A local source's gradient, scaled as the averaged ones are (Horovod's scale_local_gradients).
+            n = reducer.process_set.size()
+            out = [g / n if g is not None and i not in shared and reducer.op == Average else g
+                   for i, g in enumerate(out)]
+        return tf.nest.pack_sequence_as(grads, out)
+
+    def register_local_source(self, source):
+        """Gradients of this variable stay this rank's own (no collective), as Horovod's."""
+        self._chorus_local.add(id(_tf_variable(source)))
 
 
 def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compression=Compression.none,
@@ -99,4 +119,6 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
     tape.__dict__.update(gradtape.__dict__)  # the recording so far, shared
     tape._chorus_reducer = GradientReducer(device_dense, device_sparse, compression, sparse_as_dense, op,
                                            gradient_predivide_factor, num_groups, groups, process_set)
+    tape._chorus_local = set()
+    tape._chorus_scale_local = scale_local_gradients
     return tape

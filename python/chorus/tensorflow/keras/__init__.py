@@ -17,11 +17,10 @@ from chorus.tensorflow.keras.optimizer import DistributedOptimizer, is_distribut
 
 def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_factor=1.0, op=None,
               compression=Compression.none, process_set=global_process_set):
-    """A value (number, array, tensor) reduced over the ranks, as a NumPy value."""
-    out = _functions.allreduce(keras.ops.convert_to_tensor(value), average=average, op=op, name=name,
-                               prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                               compression=compression, process_set=process_set)
-    return keras.ops.convert_to_numpy(out)
+    """A value (number, array, tensor) reduced over the ranks, as a tensor (as Horovod's)."""
+    return _functions.allreduce(keras.ops.convert_to_tensor(value), average=average, op=op, name=name,
+                                prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                                compression=compression, process_set=process_set)
 
 
 def allgather(value, name=None, process_set=global_process_set):

@@ -14,6 +14,7 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.seed = seed
         self.epoch = 0
         self.processed_indices = set()
+        self.processed_num = 0  # samples the ranks processed this epoch (Horovod's count)
         self.num_replicas = 0
         self.rank = 0
         self.remaining_indices = []
@@ -26,11 +27,14 @@ class ElasticSampler(torch.utils.data.Sampler):
         """A new epoch: nothing processed yet; the shuffle depends on the epoch."""
         self.epoch = epoch
         self.processed_indices = set()
+        self.processed_num = 0
         self.reset()
 
     def record_batch(self, batch_idx, batch_size):
-        """Marks the batch_idx-th batch of this rank's shard as processed."""
+        """Marks the batch_idx-th batch of this rank's shard as processed (every rank
+        processes one: processed_num grows by batch_size * the number of ranks)."""
         self.record_indices(self.get_indices(batch_idx, batch_size))
+        self.processed_num += batch_size * self.num_replicas
 
     def record_indices(self, indices):
         self.processed_indices.update(indices)
@@ -40,11 +44,12 @@ class ElasticSampler(torch.utils.data.Sampler):
         return self.indices[start:min(start + batch_size, len(self.indices))]
 
     def state_dict(self):
-        return dict(epoch=self.epoch, processed_indices=set(self.processed_indices))
+        return dict(epoch=self.epoch, processed_indices=set(self.processed_indices), processed_num=self.processed_num)
 
     def load_state_dict(self, state_dict):
         self.epoch = state_dict["epoch"]
         self.processed_indices = set(state_dict["processed_indices"])
+        self.processed_num = state_dict.get("processed_num", len(self.processed_indices))
         self.reset()
 
     def reset(self):

@@ -1,0 +1,36 @@
+"""Horovod's TensorFlow API pieces that real code calls: broadcast_global_variables
+(refused eagerly, as Horovod), keras allreduce giving a tensor, ProcessSet.mpi_comm,
+DistributedGradientTape.register_local_source, a tape on a rank outside its set."""
+import tensorflow as tf
+
+import chorus.tensorflow as hvd
+import chorus.tensorflow.keras as hvdk
+
+ps = hvd.ProcessSet([0])
+hvd.init(process_sets=[ps])
+r, n = hvd.rank(), hvd.size()
+try:
+    hvd.broadcast_global_variables(0)
+    raise SystemExit("broadcast_global_variables ran eagerly")
+except RuntimeError as e:
+    assert "eager" in str(e), e
+assert isinstance(hvdk.allreduce(1.0 + r, op=hvd.Sum), tf.Tensor)
+assert ps.mpi_comm is None and hvd.ProcessSet([0, 1]).mpi_comm is None
+
+a = tf.Variable([1.0, 2.0])
+b = tf.Variable([3.0])
+with tf.GradientTape() as t:
+    loss = tf.reduce_sum(a * float(r + 1)) + tf.reduce_sum(b * float(r + 1))
+tape = hvd.DistributedGradientTape(t)
+tape.register_local_source(b)
+ga, gb = tape.gradient(loss, [a, b])
+mean = sum(k + 1 for k in range(n)) / n
+assert ga.numpy().tolist() == [mean, mean], ga  # averaged over the ranks
+assert gb.numpy().tolist() == [(r + 1) / n], gb  # this rank's own, scaled as the averaged ones
+
+# A rank outside the tape's process set gets its own gradients back, untouched.
+with tf.GradientTape() as t:
+    loss = tf.reduce_sum(a * float(r + 1))
+g = hvd.DistributedGradientTape(t, process_set=ps).gradient(loss, [a])[0]
+assert g.numpy().tolist() == [float(r + 1)] * 2, g
+print(f"tf api ok rank {r}", flush=True)
