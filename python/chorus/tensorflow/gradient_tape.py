@@ -38,9 +38,28 @@ class GradientReducer:
             return tf.convert_to_tensor(g)
         return g
 
+    def partial(self, grads, variables, local, scale_local=True):
+        """__call__ for all but the variables whose ids are in local: theirs stay this
+        rank's own (scaled as the averaged ones are, unless scale_local is false)."""
+        grads = list(grads)
+        if not local:
+            return self(grads, variables)
+        shared = [i for i, v in enumerate(variables) if id(_tf_variable(v)) not in local]
+        out = list(grads)
+        if shared and self.process_set.included():
+            for i, g in zip(shared, self([grads[i] for i in shared], [variables[i] for i in shared])):
+                out[i] = g
+        if scale_local and self.op == Average and self.process_set.included():
+            n = self.process_set.size()
+            out = [g / n if g is not None and i not in shared else g for i, g in enumerate(out)]
+        return out
+
     def __call__(self, grads, variables=None):
-        """The reduced gradients, None where a gradient is None."""
+        """The reduced gradients, None where a gradient is None; a rank outside the
+        process set gets its own gradients back, as Horovod's optimizers give them."""
         grads = list(grads)  # (reduced even on one rank: a traced step must not bake in the size)
+        if not self.process_set.included():
+            return grads
         idx = [i for i, g in enumerate(grads) if g is not None]
         present = [self._prepare(grads[i]) for i in idx]
         kw = dict(device_dense=self.device_dense, device_sparse=self.device_sparse, compression=self.compression,
@@ -86,22 +105,7 @@ class _DistributedGradientTape(tf.GradientTape):
         grads = super().gradient(target, sources, output_gradients, unconnected_gradients)
         flat = tf.nest.flatten(grads)
         flat_sources = tf.nest.flatten(sources)
-        reducer = self._chorus_reducer
-        if not reducer.process_set.included():  # a rank outside the set: its own gradients, as Horovod
-            return grads
-        local = self._chorus_local
-        shared = [i for i, v in enumerate(flat_sources) if id(_tf_variable(v)) not in local]
-        out = list(flat)
-        if len(shared) == len(flat):
-            out = reducer(flat, flat_sources)
-        elif shared:
-            for i, g in zip(shared, reducer([flat[i] for i in shared], [flat_sources[i] for i in shared])):
-                out[i] = g
-        if local and self._chorus_scale_local:
-            # A local source's gradient, scaled as the averaged ones are (Horovod's scale_local_gradients).
-            n = reducer.process_set.size()
-            out = [g / n if g is not None and i not in shared and reducer.op == Average else g
-                   for i, g in enumerate(out)]
+        out = self._chorus_reducer.partial(flat, flat_sources, self._chorus_local, self._chorus_scale_local)
         return tf.nest.pack_sequence_as(grads, out)
 
     def register_local_source(self, source):

@@ -34,3 +34,23 @@ with tf.GradientTape() as t:
 g = hvd.DistributedGradientTape(t, process_set=ps).gradient(loss, [a])[0]
 assert g.numpy().tolist() == [float(r + 1)] * 2, g
 print(f"tf api ok rank {r}", flush=True)
+
+# PartialDistributedOptimizer: the local layer trains on this rank's gradient alone.
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+keras.utils.set_random_seed(0)
+shared_layer, local_layer = keras.layers.Dense(2, use_bias=False), keras.layers.Dense(1, use_bias=False)
+model = keras.Sequential([keras.Input((3,)), shared_layer, local_layer])
+start = [w.copy() for w in model.get_weights()]
+opt = hvdk.PartialDistributedOptimizer(keras.optimizers.SGD(1.0), local_layers=[local_layer])
+x = np.full((1, 3), float(r + 1), np.float32)
+with tf.GradientTape() as t:
+    loss = tf.reduce_sum(model(x))
+grads = t.gradient(loss, model.trainable_variables)
+opt.apply(grads, model.trainable_variables)
+moved = [s - w for s, w in zip(start, model.get_weights())]
+all_moves = hvd.allgather_object([m.tolist() for m in moved])
+assert all(np.allclose(m[0], all_moves[0][0]) for m in all_moves), "the shared layer moved differently"
+assert np.allclose(moved[1], grads[1].numpy() / n), (moved[1], grads[1].numpy())  # local, scaled by 1/n
+print(f"tf partial ok rank {r}", flush=True)

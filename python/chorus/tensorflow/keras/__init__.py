@@ -12,7 +12,7 @@ from chorus.tensorflow.compression import Compression
 from chorus.tensorflow.functions import allgather_object, broadcast_object
 from chorus.tensorflow.mpi_ops import Adasum, Average, Max, Min, Product, Sum
 from chorus.tensorflow.keras import callbacks
-from chorus.tensorflow.keras.optimizer import DistributedOptimizer, is_distributed
+from chorus.tensorflow.keras.optimizer import DistributedOptimizer, PartialDistributedOptimizer, is_distributed
 
 
 def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_factor=1.0, op=None,

@@ -5,6 +5,7 @@ import tensorflow as tf
 
 from chorus.common.basics import global_process_set
 from chorus.tensorflow.compression import Compression
+from chorus.tensorflow.functions import _tf_variable
 from chorus.tensorflow.gradient_tape import GradientReducer
 from chorus.tensorflow.mpi_ops import Average
 
@@ -18,7 +19,10 @@ class _DistributedKerasOptimizer:
         grads, trainable_variables = list(grads), list(trainable_variables)
         if self._chorus_bpps > 1:
             return self._chorus_accumulate(grads, trainable_variables)
-        return super().apply(self._chorus_reducer(grads, trainable_variables), trainable_variables)
+        return super().apply(self._chorus_reduce(grads, trainable_variables), trainable_variables)
+
+    def _chorus_reduce(self, grads, variables):
+        return self._chorus_reducer.partial(grads, variables, self._chorus_local, self._chorus_scale_local)
 
     def _chorus_accumulate(self, grads, variables):
         """backward_passes_per_step: sums gradients locally; every bpps-th call
@@ -39,7 +43,7 @@ class _DistributedKerasOptimizer:
         def step():
             scale = 1.0 / self._chorus_bpps if self._chorus_average_aggregated else 1.0
             summed = [a.read_value() * scale if p else None for a, p in zip(self._chorus_acc, present)]
-            apply(self._chorus_reducer(summed, variables), variables)
+            apply(self._chorus_reduce(summed, variables), variables)
             for a in self._chorus_acc:
                 a.assign(tf.zeros_like(a))
             return tf.constant(True)
@@ -79,6 +83,26 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     dist._chorus_bpps = int(backward_passes_per_step)
     dist._chorus_average_aggregated = bool(average_aggregated_gradients)
     dist._chorus_acc = None
+    dist._chorus_local = set()
+    dist._chorus_scale_local = scale_local_gradients
+    return dist
+
+
+def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
+                                compression=Compression.none, sparse_as_dense=False, gradient_predivide_factor=1.0,
+                                op=Average, backward_passes_per_step=1, average_aggregated_gradients=False,
+                                groups=None, process_set=global_process_set, local_layers=None,
+                                scale_local_gradients=True):
+    """DistributedOptimizer whose local_layers keep their own gradients (each rank
+    trains its copy of them), as Horovod's PartialDistributedOptimizer."""
+    dist = DistributedOptimizer(optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
+                                gradient_predivide_factor, op, backward_passes_per_step,
+                                average_aggregated_gradients, 0, groups, process_set, scale_local_gradients)
+    layers = local_layers if isinstance(local_layers, (list, tuple)) else ([local_layers] if local_layers else [])
+    for layer in layers:
+        if not isinstance(layer, keras.layers.Layer):
+            raise ValueError(f"local_layers must hold Keras layers, got {type(layer).__name__}")
+        dist._chorus_local.update(id(_tf_variable(v)) for v in layer.trainable_weights)
     return dist
 
 
