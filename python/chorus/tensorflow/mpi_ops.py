@@ -149,8 +149,11 @@ def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
         got = broadcast(tf.convert_to_tensor(v), root_rank,
                         name=f"{base}.{_normalize_name(v.name)}" if _executing_eagerly() else None,
                         process_set=process_set)
-        v.assign(got)
-        out.append(v.read_value() if hasattr(v, "read_value") else got)
+        if _executing_eagerly():
+            v.assign(got)
+            out.append(v.read_value() if hasattr(v, "read_value") else got)
+        else:  # in a graph the value returned is the assignment's, so fetching it runs the assignment
+            out.append(v.assign(got, read_value=True))
     return out
 
 
