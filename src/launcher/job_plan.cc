@@ -266,6 +266,7 @@ int launch(LaunchOptions o) {
 
   Job job;
   job.keepGoing = o.keepGoing;
+  if (o.ssh.port > 0) job.sshPort = o.ssh.port;
   job.verbose = o.verbose;
   job.outputDir = o.outputDir;
   for (int r = 0, l = 0; r < o.np; ++r) {

@@ -14,7 +14,11 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <map>
 #include <string>
+#include <vector>
+
+#include "rendezvous/wire.h"
 
 namespace chorus::launcher {
 
@@ -92,6 +96,27 @@ int removeJobSegments(const std::string& jobId) {
   return removed;
 }
 
+namespace {
+// A rank failed while ranks on other hosts still run: name the hosts the launcher
+// cannot reach any more (a link down), with their ranks, since the failure is
+// most likely that (the failed rank was waiting for them).
+void reportUnreachable(const Supervisor& sup, const Job& job) {
+  std::map<std::string, std::vector<int>> byHost;
+  for (int i = 0; i < static_cast<int>(job.ranks.size()); ++i)
+    if (!job.ranks[i].host.empty() && sup.isRunning(i)) byHost[job.ranks[i].host].push_back(i);
+  for (const auto& [host, ranks] : byHost) {
+    try {
+      ::close(rendezvous::connectWithRetry(host, job.sshPort, std::chrono::seconds(3), "host " + host));
+    } catch (const std::exception&) {
+      std::string list;
+      for (int r : ranks) list += (list.empty() ? "" : ", ") + std::to_string(r);
+      std::fprintf(stderr, "chorusrun: host %s does not answer (its sshd, port %d, within 3 s): ranks %s there "
+                           "lost their link to the job\n", host.c_str(), job.sshPort, list.c_str());
+    }
+  }
+}
+}  // namespace
+
 int runJob(const Job& job) {
   using Clock = std::chrono::steady_clock;
   const int np = static_cast<int>(job.ranks.size());
@@ -124,6 +149,7 @@ int runJob(const Job& job) {
         std::fprintf(stderr, "chorusrun: rank %d %s; the other ranks run on (--keep-going)\n", e.index, what.c_str());
       } else {
         std::fprintf(stderr, "chorusrun: rank %d %s; stopping the other ranks\n", e.index, what.c_str());
+        reportUnreachable(sup, job);
         stopAll(SIGTERM);
       }
     }

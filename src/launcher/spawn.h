@@ -15,6 +15,7 @@ struct Job {
   bool verbose = false;
   double killGraceSeconds = 5.0;
   std::string outputDir;  // horovodrun's --output-filename: DIR/rank.N/stdout and stderr
+  int sshPort = 22;       // remote hosts' sshd, probed when a rank fails while theirs still run
 };
 
 // Runs the job to the end. Returns 0 when every rank exited 0; otherwise the

@@ -171,6 +171,8 @@ void Supervisor::signalAll(int sig) {
   for (size_t i = 0; i < procs_.size(); ++i) signal(static_cast<int>(i), sig);
 }
 
+bool Supervisor::isRunning(int index) const { return procs_.at(static_cast<size_t>(index)).running; }
+
 int Supervisor::running() const {
   int n = 0;
   for (const auto& p : procs_) n += p.running;

@@ -45,6 +45,7 @@ class Supervisor {
   void signal(int index, int sig);
   void signalAll(int sig);
   int running() const;
+  bool isRunning(int index) const;
   bool running(int index) const { return procs_[index].running; }
   bool outputOpen() const;
   const RankSpec& spec(int index) const { return procs_[index].spec; }

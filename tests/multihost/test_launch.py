@@ -184,3 +184,24 @@ def test_a_lossy_or_stalled_link_is_not_a_dead_peer(bed, env):
     assert proc.returncode == 0, out
     assert out.count("steady rank") == 4, out
     no_leftovers(bed)
+
+
+def test_a_link_down_names_the_host_and_its_ranks(bed, env):
+    """node2's link pulled in a non-elastic job: the job ends, and the launcher says which
+    host went and which ranks with it; the ranks' errors name them by global rank."""
+    worker = os.path.join(WORKERS, "steady_job.py")
+    proc = bed.popen("node1", [chorusrun(), "-np", "4", "-H", "node1:2,node2:2", *bed.ssh_args(),
+                               "-x", "STEADY_SECONDS=60", "-x", "CHORUS_TIMEOUT_SECONDS=6", "python", worker],
+                     env=dict(env, CHORUS_TIMEOUT_SECONDS="6"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                     text=True)
+    try:
+        time.sleep(5)
+        bed.link("node2", False)
+        out = proc.communicate(timeout=120)[0]
+    finally:
+        bed.link("node2", True)
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0, out
+    assert "host node2 does not answer" in out and "ranks 2, 3 there lost their link to the job" in out, out
+    assert re.search(r"rank\(s\) [23]", out) or re.search(r"rank [23] ", out), out
