@@ -153,7 +153,8 @@ TEST(ChorusRun, StoreRefusesRequestsWithoutTheSecret) {
   auto r = run(kRun + " -np 2 " + kWorker + " bad_secret");
   EXPECT_EQ(r.exitCode, 0) << r.output;
   EXPECT_EQ(count(r.output, "refused as expected"), 2) << r.output;
-  // Both refusals fall within a second: one warning line for them.
+  // The first refusal from an address is logged with its reason; the second only counts
+  // toward that address's summary line.
   EXPECT_EQ(count(r.output, "[chorus WARNING] chorus store: refused a connection from 127.0.0.1:"), 1) << r.output;
   EXPECT_NE(r.output.find("wrong job secret"), std::string::npos) << r.output;
 }
