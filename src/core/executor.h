@@ -147,7 +147,8 @@ class Executor {
   std::atomic<int64_t> batches_{0};
   std::atomic<int64_t> tensors_{0};
   mutable std::mutex tallyMu_;
-  std::map<std::pair<int, std::string>, OpStat> tallies_;
+  // A handful of (op, path) rows, found by a scan: nothing is allocated per collective.
+  std::vector<std::pair<OpType, OpStat>> tallies_;
 };
 
 // Allocates an output through the entry's allocator, or in storage the Work owns.

@@ -33,7 +33,7 @@ class OpSpans {
     for (size_t i = 0; t_ && i < n_; ++i) t_->opEnd(rs_[i]->name);
     size_t bytes = 0;
     for (size_t i = 0; i < n_; ++i) bytes += rs_[i]->bytes();
-    ex_.tally(rs_[0]->type, transport_.c_str(), n_, bytes,
+    ex_.tally(rs_[0]->type, transport_, n_, bytes,
               std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
   }
 
@@ -42,7 +42,7 @@ class OpSpans {
   Timeline* t_;
   const Response* const* rs_;
   size_t n_;
-  std::string transport_;
+  const char* transport_;  // a transport's static name
   std::chrono::steady_clock::time_point start_;
 };
 
@@ -229,11 +229,15 @@ void Executor::abortDevice() {
 
 void Executor::tally(OpType type, const char* path, size_t tensors, size_t bytes, double seconds, bool counts) {
   std::lock_guard<std::mutex> lock(tallyMu_);
-  OpStat& t = tallies_[{static_cast<int>(type), path}];
-  if (t.op.empty()) {
-    t.op = opTypeName(type);
-    t.path = path;
+  auto it = std::find_if(tallies_.begin(), tallies_.end(),
+                         [&](const auto& row) { return row.first == type && row.second.path == path; });
+  if (it == tallies_.end()) {
+    tallies_.push_back({type, OpStat{}});
+    it = tallies_.end() - 1;
+    it->second.op = opTypeName(type);
+    it->second.path = path;
   }
+  OpStat& t = it->second;
   if (counts) ++t.count;
   t.tensors += static_cast<int64_t>(tensors);
   t.bytes += static_cast<int64_t>(bytes);
@@ -241,9 +245,16 @@ void Executor::tally(OpType type, const char* path, size_t tensors, size_t bytes
 }
 
 std::vector<OpStat> Executor::opStats() const {
-  std::lock_guard<std::mutex> lock(tallyMu_);
+  std::vector<std::pair<OpType, OpStat>> rows;
+  {
+    std::lock_guard<std::mutex> lock(tallyMu_);
+    rows = tallies_;
+  }
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first < b.first : a.second.path < b.second.path;
+  });
   std::vector<OpStat> out;
-  for (const auto& [key, t] : tallies_) out.push_back(t);
+  for (auto& row : rows) out.push_back(std::move(row.second));
   return out;
 }
 

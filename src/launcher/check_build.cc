@@ -47,7 +47,7 @@ void line(bool on, const std::string& what) { std::printf("    [%s] %s\n", on ? 
 
 }  // namespace
 
-int printCheckBuild(const LaunchOptions& o, const char* /*arg0*/) {
+int printCheckBuild(const LaunchOptions& o) {
   LaunchOptions probe = o;
   probe.command = {"probe.py"};
   probe.noPython = probe.module = false;

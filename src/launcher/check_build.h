@@ -6,6 +6,6 @@ namespace chorus::launcher {
 
 // Prints the frameworks (probed by importing them in the Python that runs
 // scripts), controllers and tensor operations; returns chorusrun's exit code.
-int printCheckBuild(const LaunchOptions& o, const char* arg0);
+int printCheckBuild(const LaunchOptions& o);
 
 }  // namespace chorus::launcher

@@ -210,7 +210,7 @@ int main(int argc, char** argv) {
       std::printf("chorus %s\n", CHORUS_VERSION);
       return 0;
     }
-    if (checkBuild) return chorus::launcher::printCheckBuild(o, argv[0]);
+    if (checkBuild) return chorus::launcher::printCheckBuild(o);
     if (!logLevel.empty() && std::string(" trace debug info warning error fatal ").find(" " + logLevel + " ") ==
                                   std::string::npos)
       throw std::invalid_argument("--log-level '" + logLevel + "' is not one of trace, debug, info, warning, error, fatal");

@@ -97,9 +97,9 @@ int removeJobSegments(const std::string& jobId) {
 }
 
 namespace {
-// A rank failed while ranks on other hosts still run: name the hosts the launcher
-// cannot reach any more (a link down), with their ranks, since the failure is
-// most likely that (the failed rank was waiting for them).
+// A rank failed while ranks on other hosts were running: name the hosts the
+// launcher cannot reach any more (a link down), with their ranks, since the
+// failure is most likely that (the failed rank was waiting for them).
 void reportUnreachable(const Supervisor& sup, const Job& job) {
   std::map<std::string, std::vector<int>> byHost;
   for (int i = 0; i < static_cast<int>(job.ranks.size()); ++i)
@@ -149,8 +149,8 @@ int runJob(const Job& job) {
         std::fprintf(stderr, "chorusrun: rank %d %s; the other ranks run on (--keep-going)\n", e.index, what.c_str());
       } else {
         std::fprintf(stderr, "chorusrun: rank %d %s; stopping the other ranks\n", e.index, what.c_str());
-        reportUnreachable(sup, job);
-        stopAll(SIGTERM);
+        stopAll(SIGTERM);          // first: the probes below take seconds
+        reportUnreachable(sup, job);  // (the stopped ranks are reaped later: still "running" here)
       }
     }
     if (stopSignal() && !stopping) {

@@ -126,22 +126,18 @@ class Server : public TcpStoreServer {
       size_t k = 0;
       for (auto it = pending_.begin(); it != pending_.end(); ++k) {
         const bool ready = k + 1 < fds.size() && (fds[k + 1].revents & (POLLIN | POLLHUP | POLLERR));
-        std::string why;
-        bool admit = false;
-        if (ready) {
-          step(*it, &why, &admit);
-        } else if (now >= it->deadline) {
-          why = "no handshake within " + std::to_string(static_cast<int>(opts_.handshakeSeconds)) + " s";
+        Handshake h = ready ? step(*it) : Handshake::kWaiting;
+        if (h == Handshake::kWaiting && now >= it->deadline) {  // a trickle is cut too
+          refusals_.refuse(it->peer, "no handshake within " + std::to_string(static_cast<int>(opts_.handshakeSeconds)) +
+                                         " s");
+          h = Handshake::kRefused;
         }
-        if (admit) {
-          startClient(it->fd);
-        } else if (!why.empty()) {
-          if (why != kAlreadyCounted) refusals_.refuse(it->peer, why);
-          ::close(it->fd);
-        } else {
+        if (h == Handshake::kWaiting) {
           ++it;
           continue;
         }
+        if (h == Handshake::kAdmitted) startClient(it->fd);
+        else ::close(it->fd);
         it = pending_.erase(it);
       }
       if (fds[0].revents & POLLIN) acceptAll(now);
@@ -166,26 +162,28 @@ class Server : public TcpStoreServer {
     }
   }
 
-  // Reads what the connection sent; sets *why to refuse it, or *admit once its
-  // hello carries the secret.
-  void step(Pending& p, std::string* why, bool* admit) {
+  enum class Handshake { kWaiting, kAdmitted, kRefused };
+
+  // Reads what the connection sent: admitted once its hello carries the secret;
+  // refused (and counted, before the client can see an answer) otherwise.
+  Handshake step(Pending& p) {
+    auto refuse = [&](const std::string& why) {
+      refusals_.refuse(p.peer, why);
+      return Handshake::kRefused;
+    };
     char chunk[512];
     const size_t want = p.buf.size() < 4 ? 4 - p.buf.size() : 4 + announced(p) - p.buf.size();
     const ssize_t n = ::recv(p.fd, chunk, std::min(sizeof(chunk), want), 0);
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
-    if (n <= 0) {
-      *why = p.buf.empty() ? "closed without a handshake" : "a truncated handshake (" + std::to_string(p.buf.size()) +
-                                                                 " bytes, then closed)";
-      return;
-    }
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return Handshake::kWaiting;
+    if (n <= 0)
+      return refuse(p.buf.empty() ? "closed without a handshake"
+                                  : "a truncated handshake (" + std::to_string(p.buf.size()) + " bytes, then closed)");
     p.buf.append(chunk, static_cast<size_t>(n));
-    if (p.buf.size() < 4) return;
-    if (announced(p) > kMaxHello) {
-      *why = "a frame of " + std::to_string(announced(p)) + " bytes before authenticating (the handshake is at most " +
-             std::to_string(kMaxHello) + ")";
-      return;
-    }
-    if (p.buf.size() < 4 + announced(p)) return;
+    if (p.buf.size() < 4) return Handshake::kWaiting;
+    if (announced(p) > kMaxHello)
+      return refuse("a frame of " + std::to_string(announced(p)) +
+                    " bytes before authenticating (the handshake is at most " + std::to_string(kMaxHello) + ")");
+    if (p.buf.size() < 4 + announced(p)) return Handshake::kWaiting;
     std::string secret;
     try {
       const std::vector<char> hello(p.buf.begin() + 4, p.buf.end());
@@ -193,18 +191,14 @@ class Server : public TcpStoreServer {
       if (static_cast<StoreOp>(r.get<uint8_t>()) != StoreOp::kHello) throw Error("not a store handshake");
       secret = r.getString();
     } catch (const std::exception& e) {
-      *why = std::string("a malformed handshake (") + e.what() + ")";
-      return;
+      return refuse(std::string("a malformed handshake (") + e.what() + ")");
     }
-    ByteWriter out;
     const bool ok = secretsEqual(secret, secret_);
-    if (!ok) {  // counted before the client can see the answer
-      refusals_.refuse(p.peer, secret.empty() ? "no job secret" : "wrong job secret");
-      *why = kAlreadyCounted;
-    }
+    if (!ok) refuse(secret.empty() ? "no job secret" : "wrong job secret");
+    ByteWriter out;
     out.put<uint8_t>(static_cast<uint8_t>(ok ? StoreStatus::kOk : StoreStatus::kRefused));
     rendezvous::sendFrame(p.fd, out.data());  // small: fits the socket's buffer without blocking
-    *admit = ok;
+    return ok ? Handshake::kAdmitted : Handshake::kRefused;
   }
 
   static size_t announced(const Pending& p) {
@@ -325,7 +319,6 @@ class Server : public TcpStoreServer {
   }
 
   static constexpr size_t kMaxHello = 4096;
-  static constexpr const char* kAlreadyCounted = "(counted)";
   std::string secret_;
   StoreServerOptions opts_;
   rendezvous::RefusalLog refusals_;

@@ -40,6 +40,16 @@ def ranks():
     return Ranks()
 
 
+def discovery_script(tmp_path, *hosts):
+    """An elastic job's host discovery script that lists hosts ("localhost:3")."""
+    listing = tmp_path / "hosts"
+    listing.write_text("".join(f"{h}\n" for h in hosts))
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {listing}\n")
+    script.chmod(0o755)
+    return script
+
+
 def ok(proc):
     assert proc.returncode == 0, proc.stdout
     return proc.stdout

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import BUILD, WORKERS, ok
+from conftest import BUILD, WORKERS, discovery_script, ok
 
 
 def test_start_timeout_from_the_environment_is_obeyed(ranks):
@@ -77,11 +77,7 @@ def test_errors_of_horovods_types(ranks):
 
 
 def test_a_worker_killed_on_one_host_is_a_worker_failure(tmp_path):
-    listing = tmp_path / "hosts"
-    listing.write_text("localhost:3\n")
-    script = tmp_path / "discover.sh"
-    script.write_text(f"#!/bin/sh\ncat {listing}\n")
-    script.chmod(0o755)
+    script = discovery_script(tmp_path, "localhost:3")
     env = dict(os.environ, PYTHONPATH=os.path.join(BUILD, "python"), OMP_NUM_THREADS="1")
     proc = subprocess.run([os.path.join(BUILD, "chorusrun"), "--min-np", "2", "--max-np", "3",
                            "--host-discovery-script", str(script), "--elastic-timeout", "30",

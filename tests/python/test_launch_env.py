@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from conftest import BUILD, WORKERS, have_mpi, ok
+from conftest import BUILD, WORKERS, discovery_script, have_mpi, ok
 
 WORKER = os.path.join(WORKERS, "launch_env.py")
 LAUNCHER_VARS = ("CHORUS_", "HOROVOD_", "OMPI_", "PMI", "SLURM_", "TORCHELASTIC_")
@@ -134,11 +134,7 @@ def test_torch_distributed_inside_chorusrun():
 
 
 def test_torch_distributed_in_elastic_job(tmp_path):
-    listing = tmp_path / "hosts"
-    listing.write_text("localhost:2\n")
-    script = tmp_path / "discover.sh"
-    script.write_text(f"#!/bin/sh\ncat {listing}\n")
-    script.chmod(0o755)
+    script = discovery_script(tmp_path, "localhost:2")
     proc = subprocess.run([os.path.join(BUILD, "chorusrun"), "--min-np", "2", "--max-np", "2",
                            "--host-discovery-script", str(script), "--elastic-timeout", "30",
                            sys.executable, WORKER, "--dist"],

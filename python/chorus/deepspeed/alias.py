@@ -45,9 +45,11 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             return None
         return importlib.util.spec_from_loader(fullname, self)
 
+    def __init__(self):
+        self._specs = {}  # the modules' own specs while importlib sets the alias's
+
     def create_module(self, spec):
         module = importlib.import_module("chorus." + spec.name)
-        self._specs = getattr(self, "_specs", {})
         self._specs[spec.name] = module.__spec__
         return module
 

@@ -175,7 +175,8 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
     def _mark_zero3(self, i, p):
         """What DeepSpeed's ZeRO-3 parameters carry, the engine behind them."""
         import weakref
-        p.ds_id = getattr(p, "ds_id", None) if hasattr(p, "ds_id") else partition_parameters._new_id()
+        if not hasattr(p, "ds_id"):
+            p.ds_id = partition_parameters._new_id()
         p.ds_shape = torch.Size(self._shapes[i])
         p.ds_numel = int(p.ds_shape.numel())
         p.ds_process_set = self.process_set
