@@ -19,4 +19,25 @@ if [ "$(cat "$venv/.pins" 2>/dev/null)" != "$want" ]; then
   "$py" -m pip install -q --disable-pip-version-check "${pins[@]}" >&2
   echo "$want" > "$venv/.pins"
 fi
+
+# Overlays: folders put first on PYTHONPATH over the venv's torch (no second torch).
+#   overlays/hf4        Transformers 4.48 and Accelerate 1.3, as many projects still pin them
+#   overlays/deepspeed  the real DeepSpeed, the reference chorus.deepspeed is checked against
+#                       (DS_ACCELERATOR=cpu; its CPU ops build at first use, under torch_extensions)
+overlay() {
+  local name="$1"
+  shift
+  local dir="$venv/overlays/$name"
+  if [ "$(cat "$dir/.pins" 2>/dev/null)" != "$*" ]; then
+    echo "installing $* into $dir" >&2
+    rm -rf "$dir"
+    DS_BUILD_OPS=0 "$py" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation \
+      --target "$dir" "$@" >&2
+    echo "$*" > "$dir/.pins"
+  fi
+}
+overlay hf4 transformers==4.48.3 accelerate==1.3.0 huggingface-hub==0.36.2 tokenizers==0.21.4 \
+  requests==2.34.2 urllib3==2.8.0 idna==3.21 charset-normalizer==3.5.3 certifi==2026.10.19.post1
+overlay deepspeed deepspeed==0.19.8 hjson==3.1.0 py-cpuinfo==9.0.0 ninja==1.13.2 msgpack==1.2.4 einops==0.8.2 \
+  nvidia-ml-py==13.615.71
 echo "$py"

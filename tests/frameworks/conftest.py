@@ -12,13 +12,25 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 BUILD = os.environ.get("CHORUS_BUILD_DIR", os.path.join(REPO, "build"))
 WORKERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers")
 PYTHON = os.environ.get("CHORUS_TORCH2_PYTHON", sys.executable)
+# scripts/torch2-venv.sh's overlays: hf4 (Transformers 4.48, Accelerate 1.3), deepspeed (the real one).
+OVERLAYS = os.path.join(os.path.dirname(os.path.dirname(PYTHON)), "overlays")
 
 
-def env(**extra):
+def overlay(name):
+    """An overlay's folder; a test that needs a missing one fails, naming the script that makes it."""
+    path = os.path.join(OVERLAYS, name)
+    if not os.path.exists(os.path.join(path, ".pins")):
+        pytest.fail(f"overlay {name!r} is missing at {path}: run scripts/torch2-venv.sh (CHORUS_TORCH2_PYTHON "
+                    f"must be that venv's python)")
+    return path
+
+
+def env(overlays=(), chorus=True, **extra):
     e = {k: v for k, v in os.environ.items()
          if not k.startswith(("CHORUS_RANK", "CHORUS_SIZE", "OMPI_", "PMI", "SLURM_"))
          and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    e["PYTHONPATH"] = os.path.join(BUILD, "python")
+    e["PYTHONPATH"] = os.pathsep.join([overlay(o) for o in overlays] + ([os.path.join(BUILD, "python")] if chorus
+                                                                          else []))
     e.setdefault("OMP_NUM_THREADS", "1")
     e["TRANSFORMERS_VERBOSITY"] = "error"
     e["HF_HUB_OFFLINE"] = "1"
@@ -26,9 +38,9 @@ def env(**extra):
     return e
 
 
-def run(cmd, timeout=300, cwd=None, **extra):
-    proc = subprocess.run(cmd, env=env(**extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=timeout, cwd=cwd)
+def run(cmd, timeout=300, cwd=None, overlays=(), chorus=True, **extra):
+    proc = subprocess.run(cmd, env=env(overlays, chorus, **extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=timeout, cwd=cwd)
     assert proc.returncode == 0, proc.stdout[-20000:]
     return proc.stdout
 
@@ -40,6 +52,20 @@ def chorusrun(n, script, *args, timeout=300, **extra):
 
 def single(script, *args, timeout=300, **extra):
     return run([PYTHON, os.path.join(WORKERS, script), *map(str, args)], timeout=timeout, **extra)
+
+
+def deepspeed_env(overlays=()):
+    """The real DeepSpeed on the CPU, without chorus: its overlay first on the path
+    (before the venv's `deepspeed` alias), its CPU ops built once per build folder."""
+    return dict(overlays=("deepspeed",) + tuple(overlays), chorus=False, DS_ACCELERATOR="cpu",
+                TORCH_EXTENSIONS_DIR=os.path.join(BUILD, "torch_extensions"))
+
+
+def real_deepspeed(n, script, *args, timeout=600, overlays=()):
+    """script under the real DeepSpeed on n ranks, started by torchrun as DeepSpeed's users start it."""
+    out = run([PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n),
+               os.path.join(WORKERS, script), *map(str, args)], timeout=timeout, **deepspeed_env(overlays))
+    return out
 
 
 def losses(out):
@@ -62,4 +88,5 @@ def have(module):
     return subprocess.run([PYTHON, "-c", f"import {module}"], env=env(), capture_output=True).returncode == 0
 
 
-__all__ = ["BUILD", "PYTHON", "WORKERS", "chorusrun", "single", "losses", "run", "env", "have", "shutil"]
+__all__ = ["BUILD", "PYTHON", "WORKERS", "chorusrun", "single", "losses", "run", "env", "have", "shutil", "overlay",
+           "deepspeed_env", "real_deepspeed"]

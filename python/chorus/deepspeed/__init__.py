@@ -12,7 +12,7 @@ from chorus.deepspeed import accelerator, checkpoint, comm, ops, runtime, utils,
 from chorus.deepspeed import config as _config
 from chorus.deepspeed import elastic  # noqa: F401  (deepspeed.elastic.DeepSpeedState)
 from chorus.deepspeed.engine import DeepSpeedEngine
-from chorus.deepspeed.scheduler import WarmupDecayLR, WarmupLR
+from chorus.deepspeed.runtime.lr_schedules import WarmupDecayLR, WarmupLR
 
 from chorus.deepspeed._version import DEEPSPEED_API_VERSION as __version__  # the DeepSpeed API implemented
 

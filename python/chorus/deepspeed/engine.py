@@ -13,7 +13,6 @@ from chorus.deepspeed.engine_queries import EngineQueries
 from chorus.deepspeed.optimizer import ZeroOptimizer, translate
 from chorus.deepspeed.runtime import lr_schedules
 from chorus.deepspeed.runtime.zero import partition_parameters
-from chorus.deepspeed.scheduler import WarmupDecayLR, WarmupLR
 from chorus.torch.mpi_ops import _dtype_code
 
 _ZERO_FORMULA = {0: lambda n: (16, 0), 1: lambda n: (4, 12 / n), 2: lambda n: (2, 14 / n), 3: lambda n: (0, 16 / n)}
@@ -72,12 +71,7 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
             self._bind_client()
         self.lr_scheduler = lr_scheduler
         if lr_scheduler is None and cfg["scheduler"] is not None:
-            kind = cfg["scheduler"]["type"]
-            if kind in ("WarmupLR", "WarmupDecayLR"):
-                cls = WarmupDecayLR if kind == "WarmupDecayLR" else WarmupLR
-                self.lr_scheduler = cls(self.optimizer, config_text, self.process_set.size())
-            else:
-                self.lr_scheduler = lr_schedules.from_config(self.optimizer, self._raw_config["scheduler"])
+            self.lr_scheduler = lr_schedules.from_config(self.optimizer, self._raw_config["scheduler"])
         self.global_steps = 0
         self.global_samples = 0
         self.micro_steps = 0

@@ -3,9 +3,12 @@ chorus.deepspeed (the alias). A tiny GPT-2 from a config, random weights, random
 token data, CPU. Prints every step's loss; rank 0 writes the starting weights (for
 the reference) and, with --resume, continues from the checkpoint at step 10.
 
-    hf_trainer.py MODE OUT [--resume] [--reference INIT]
+    hf_trainer.py MODE OUT [--resume] [--reference]
 MODE: z2 | z3 | z2_offload | z3_offload. --reference: one plain torch process on the
-global batch, no DeepSpeed, starting from the weights in INIT.
+global batch, no DeepSpeed. Every run builds its model from the same seed and writes
+the weights it starts from to OUT/init.pt (gathered under ZeRO-3), so that a test can
+check that DeepSpeed, chorus and the plain process start alike. The same script runs
+under the real DeepSpeed (started by torchrun) and under chorus.
 """
 import argparse
 import json
@@ -57,7 +60,7 @@ def main():
     ap.add_argument("mode")
     ap.add_argument("out")
     ap.add_argument("--resume", action="store_true")
-    ap.add_argument("--reference")
+    ap.add_argument("--reference", action="store_true")
     a = ap.parse_args()
     common = dict(output_dir=a.out, max_steps=STEPS, learning_rate=5e-3, warmup_steps=3, weight_decay=0.0,
                   max_grad_norm=1.0, logging_steps=1, save_steps=SAVE, save_strategy="steps", report_to=[],
@@ -78,7 +81,7 @@ def main():
                         embd_pdrop=0.0, attn_pdrop=0.0)
     model = AutoModelForCausalLM.from_config(config)  # under ZeRO-3: built inside deepspeed.zero.Init
     if a.reference:
-        model.load_state_dict(torch.load(a.reference))
+        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     elif not a.resume:
         import deepspeed
         params = list(model.parameters())
@@ -87,9 +90,9 @@ def main():
             print(f"zero.Init partitioned {len(params)} parameters", flush=True)
         with deepspeed.zero.GatheredParameters(params):
             state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        if args.process_index == 0:
-            os.makedirs(a.out, exist_ok=True)
-            torch.save(state, os.path.join(a.out, "init.pt"))
+    if not a.resume and args.process_index == 0:
+        os.makedirs(a.out, exist_ok=True)
+        torch.save(state, os.path.join(a.out, "init.pt"))
     trainer = Trainer(model=model, args=args, train_dataset=Data(), callbacks=[PrintLoss()])
     if a.resume:
         trainer.train(resume_from_checkpoint=os.path.join(a.out, f"checkpoint-{SAVE}"))

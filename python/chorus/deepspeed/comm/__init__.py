@@ -23,6 +23,8 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
     tensor-parallel groups) and torch.distributed's default group, unless running."""
     if not _hvd.is_initialized():
         _hvd.init(process_sets="dynamic")
+    if _dist.is_initialized():
+        _keep_torch_groups_at_exit()
     if dist_init_required is False or _dist.is_initialized():
         return
     if os.environ.get("CHORUS_ELASTIC_WORKER"):
@@ -32,17 +34,37 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
         dist_backend = get_accelerator().communication_backend_name()
     _dist.init_process_group(backend=dist_backend, init_method=init_method or "env://", timeout=timeout,
                              rank=_hvd.rank(), world_size=_hvd.size())
-    # Torch's gloo threads must not meet interpreter shutdown still running.
+    _keep_torch_groups_at_exit()
+
+
+_keeping = []
+
+
+def _keep_torch_groups_at_exit():
+    """torch.distributed's groups are left to the process's exit, as DeepSpeed leaves
+    them, and never destroyed while the interpreter finalizes: ~ProcessGroupGloo
+    joins its worker threads holding the GIL, and a worker still releasing a
+    finished work's tensors waits for the GIL, so a finished program hung there."""
+    if _keeping:
+        return
     import atexit
-    atexit.register(_end_torch_group)
+    _keeping.append(True)
+    atexit.register(_keep_groups)
 
 
-def _end_torch_group():
+def _keep_groups():
+    import ctypes
+    import time
     if _dist.is_initialized():
-        try:
-            _dist.destroy_process_group()
-        except Exception:  # noqa: BLE001 (exiting: nothing to report to)
+        try:  # every rank done and no work in flight (the wait releases the GIL)
+            _dist.barrier(async_op=True).wait(timeout=timedelta(seconds=30))
+        except Exception:  # noqa: BLE001 (a peer gone: nothing to wait for)
             pass
+        time.sleep(0.05)  # the workers drop the finished works' tensors
+    from torch.distributed import distributed_c10d as c10d
+    world = getattr(c10d, "_world", None)
+    for group in list(getattr(world, "pg_map", {}) or {}):
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))  # outlives finalization: no destructor runs
 
 
 def is_initialized():

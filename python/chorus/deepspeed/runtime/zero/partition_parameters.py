@@ -24,7 +24,9 @@ _orig_torch_full = torch.full
 _orig_torch_arange = torch.arange
 _orig_torch_eye = torch.eye
 _orig_torch_randn = torch.randn
-_CONSTRUCTORS = ("empty", "zeros", "ones", "full", "arange", "eye", "randn")
+_orig_torch_tensor = torch.tensor
+_orig_module_apply = torch.nn.Module.apply
+_CONSTRUCTORS = ("tensor", "empty", "zeros", "ones", "full", "arange", "eye", "randn")
 
 _next_id = [0]
 _external = {}  # id(module) -> parameters registered with register_external_parameter
@@ -97,9 +99,13 @@ def _engine_of(param):
 
 
 def _convert(param, process_set):
-    """Makes param a ZeRO-3 parameter: this rank's slice in ds_tensor, an empty placeholder as its data."""
+    """Makes param a ZeRO-3 parameter: this rank's slice (of the set's first rank's
+    values, as DeepSpeed broadcasts them) in ds_tensor, an empty placeholder as its data."""
     if hasattr(param, "ds_id"):
         return
+    if process_set.size() > 1:
+        root = process_set.ranks[0] if process_set.ranks else 0
+        hvd.broadcast_(param.data, root_rank=root, name=f"zero.init.{_next_id[0]}", process_set=process_set)
     param.ds_id = _new_id()
     param.ds_shape = param.shape
     param.ds_numel = param.numel()
@@ -208,11 +214,62 @@ class Init:
 
         @functools.wraps(orig)
         def init(module, *args, **kwargs):
-            orig(module, *args, **kwargs)
-            ctx._partition_module(module)
+            # Partition once, when the most derived __init__ returns: a subclass may still
+            # change what its base classes' __init__ built.
+            outermost = not module.__dict__.get("_chorus_zero_building", False)
+            if outermost:
+                module.__dict__["_chorus_zero_building"] = True
+            try:
+                orig(module, *args, **kwargs)
+            finally:
+                if outermost:
+                    del module.__dict__["_chorus_zero_building"]
+            if outermost:
+                if any(p.is_meta for p in module.parameters(recurse=False)):
+                    ctx._partition_after_to_empty(module)
+                else:
+                    ctx._partition_module(module)
 
         self._patched[cls] = orig
         cls.__init__ = init
+
+    def _partition_after_to_empty(self, module):
+        """A module built on the meta device (torch.nn.utils.skip_init) is partitioned
+        when to_empty gives it storage."""
+        orig, ctx = module.to_empty, self
+
+        @functools.wraps(orig)
+        def to_empty(*args, **kwargs):
+            out = orig(*args, **kwargs)
+            del module.to_empty
+            for m in module.modules():
+                ctx._partition_module(m)
+            return out
+
+        module.to_empty = to_empty
+
+    @staticmethod
+    def _apply_gathered(apply):
+        """Module.apply as zero.Init runs it: fn sees each module's parameters whole
+        (gathered), and what the set's first rank's fn wrote is partitioned back on
+        every rank. Transformers 4.x initializes weights this way in post_init."""
+
+        @functools.wraps(apply)
+        def wrapped_apply(module, fn):
+            if getattr(fn, "_chorus_gathers", False):
+                return apply(module, fn)
+
+            @functools.wraps(fn)
+            def gathered_fn(m):
+                params = sorted((p for p in m.parameters(recurse=False) if hasattr(p, "ds_id")),
+                                key=lambda p: p.ds_id)
+                with GatheredParameters(params, modifier_rank=0):
+                    fn(m)
+
+            gathered_fn._chorus_gathers = True
+            return apply(module, gathered_fn)
+
+        return wrapped_apply
 
     def __enter__(self):
         if not self.enabled:
@@ -229,6 +286,8 @@ class Init:
             ctx._wrap_init(cls)
 
         torch.nn.Module.__init_subclass__ = init_subclass
+        self._orig_apply = torch.nn.Module.apply
+        torch.nn.Module.apply = self._apply_gathered(_orig_module_apply)
         device = torch.device(get_accelerator().current_device_name())
         self._constructors = {}
         for name in _CONSTRUCTORS:
@@ -247,6 +306,7 @@ class Init:
             del torch.nn.Module.__init_subclass__
         else:
             torch.nn.Module.__init_subclass__ = self._orig_init_subclass
+        torch.nn.Module.apply = self._orig_apply
         for name, fn in self._constructors.items():
             setattr(torch, name, fn)
         Init._active -= 1
