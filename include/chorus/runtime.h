@@ -134,7 +134,9 @@ class Runtime {
   bool glooEnabled() const;
   // Where torch.distributed's env:// rendezvous meets in this job (MASTER_ADDR,
   // MASTER_PORT): the launcher's when it set them, else a port free on rank 0's
-  // host that rank 0 chose at init (elastic jobs: every round anew).
+  // host that rank 0 chose at init (elastic jobs: every round anew), outside the
+  // ephemeral range and held by rank 0 until shutdown: torch.distributed's
+  // TCPStore (SO_REUSEADDR) can listen on it, other programs cannot take it.
   std::pair<std::string, int> torchMaster() const;
   const Config& config() const;
 

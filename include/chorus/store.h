@@ -49,6 +49,18 @@ struct StoreServerOptions {
 std::unique_ptr<TcpStoreServer> startTcpStoreServer(const std::string& bindHost, int port,
                                                     const std::string& secret,
                                                     const StoreServerOptions& options = {});
+// For a store whose port every rank derives alike (torchrun's MASTER_PORT+1,
+// Slurm's job numbers) and that someone else may have taken: the server
+// listens on the first of `ports` that no socket has (one in use, even only
+// bound, means the next); throws naming them when all are. A client tries the
+// same ports in the same order and keeps the first whose server admits the job
+// secret (a stranger on a port is passed over: it fails the handshake).
+std::unique_ptr<TcpStoreServer> startTcpStoreServerOnFirstFree(const std::string& bindHost,
+                                                               const std::vector<int>& ports,
+                                                               const std::string& secret,
+                                                               const StoreServerOptions& options = {});
+std::shared_ptr<Store> connectTcpStoreOnFirstOf(const std::string& host, const std::vector<int>& ports,
+                                                const std::string& secret, std::chrono::milliseconds timeout);
 // A random hex secret for a new job.
 std::string generateSecret();
 

@@ -43,8 +43,9 @@ void finish(LaunchEnv& e, const Getter& get, const std::string& identity) {
   const std::string given = value(get, "CHORUS_SECRET");
   e.secretGiven = !given.empty();
   e.secret = e.secretGiven ? given : "derived:" + digest("secret/" + identity);
-  if (get("CHORUS_RENDEZVOUS_PORT")) {
+  if (get("CHORUS_RENDEZVOUS_PORT")) {  // the user's choice: that port alone
     e.storePort = parseInt(get, "CHORUS_RENDEZVOUS_PORT", 1, 65535);
+    e.storePorts = {e.storePort};
     e.portSource = "CHORUS_RENDEZVOUS_PORT";
   }
   if (get("CHORUS_RENDEZVOUS_ADDR")) e.storeAddr = value(get, "CHORUS_RENDEZVOUS_ADDR");
@@ -60,7 +61,11 @@ std::optional<LaunchEnv> fromTorch(const Getter& get) {
   const int master = parseInt(get, "MASTER_PORT", 1, 65535);
   // MASTER_PORT is torch.distributed's (its TCPStore, or torchrun's agent
   // store): chorus's store takes the next one.
-  e.storePort = master < 65535 ? master + 1 : master - 1;
+  // Candidates: the ports above it, then (at the top of the range) those below.
+  auto room = [&e] { return static_cast<int>(e.storePorts.size()) < kStorePortCandidates; };
+  for (int p = master + 1; p <= 65535 && room(); ++p) e.storePorts.push_back(p);
+  for (int p = master - 1; p >= 1 && room(); --p) e.storePorts.push_back(p);
+  e.storePort = e.storePorts.front();
   e.portSource = "MASTER_PORT+1";
   finish(e, get,
          "torch/" + e.storeAddr + ":" + std::to_string(master) + "/" + std::to_string(e.size) + "/" +
@@ -87,7 +92,10 @@ std::optional<LaunchEnv> fromSlurm(const Getter& get) {
   e.storeAddr = firstSlurmHost(nodes);
   const std::string job = value(get, "SLURM_JOB_ID"), step = value(get, "SLURM_STEP_ID");
   // A port every task computes alike from the job's numbers, in [20000, 40000).
-  e.storePort = 20000 + static_cast<int>(std::strtoull(digest(job + "." + step).c_str(), nullptr, 16) % 20000);
+  // Candidates: the next ones, round within that range.
+  const int first = static_cast<int>(std::strtoull(digest(job + "." + step).c_str(), nullptr, 16) % 20000);
+  for (int i = 0; i < kStorePortCandidates; ++i) e.storePorts.push_back(20000 + (first + i) % 20000);
+  e.storePort = e.storePorts.front();
   e.portSource = "derived from SLURM_JOB_ID and SLURM_STEP_ID";
   finish(e, get, "slurm/" + job + "." + step + "/" + nodes + "/" + std::to_string(e.size));
   return e;

@@ -5,15 +5,21 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace chorus {
+
+// How many ports a derived store port stands for: rank 0 serves on the first
+// of them that is free, the others try them in the same order.
+constexpr int kStorePortCandidates = 8;
 
 struct LaunchEnv {
   std::string family;  // "torch", "slurm" or "mpi" (the MPI bootstrap takes over)
   int rank = -1;
   int size = 0;
   std::string storeAddr;  // where rank 0's store is reached
-  int storePort = 0;      // where rank 0 serves it
+  int storePort = 0;      // where rank 0 serves it: the first of storePorts that is free
+  std::vector<int> storePorts;  // storePort and the candidates after it (one port when it was given)
   std::string portSource;  // how the port was chosen, for messages
   std::string secret;     // CHORUS_SECRET, else derived from the job's own variables
   bool secretGiven = false;

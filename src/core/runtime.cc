@@ -139,7 +139,12 @@ void RuntimeImpl::init(Config cfg) {
   config = cfg;
   rank = cfg.rank;
   size = cfg.size;
-  if (cfg.elasticWorker.empty()) store = openStore(cfg);  // (an elastic worker's joined its round through it)
+  if (cfg.elasticWorker.empty()) {  // (an elastic worker's joined its round through it)
+    store = storePorts_.empty() ? openStore(cfg)
+                                : connectTcpStoreOnFirstOf(cfg.rendezvousAddr, storePorts_, cfg.secret,
+                                                           ms(cfg.startTimeoutSeconds));
+    storePorts_.clear();
+  }
   // Each init is a new generation so that a re-init never reads stale keys.
   if (cfg.elasticWorker.empty()) {
     const int64_t gen = store->add("chorus/generation/" + std::to_string(rank), 1);
@@ -283,21 +288,29 @@ void RuntimeImpl::bootstrapFromEnv(Config& cfg, const LaunchEnv& env) {
   cfg.rank = env.rank;
   cfg.size = env.size;
   if (cfg.jobId == "nojob") cfg.jobId = env.jobId;
+  const std::string candidates =
+      env.storePorts.size() > 1 ? ", or the next free of " + std::to_string(env.storePorts.size()) + " candidates" : "";
   CHORUS_INFO(cfg.rank, "started by " << env.family << ": rank " << env.rank << " of " << env.size << ", store at "
-                                      << env.storeAddr << ":" << env.storePort << " (" << env.portSource << "), "
+                                      << env.storeAddr << ":" << env.storePort << " (" << env.portSource
+                                      << candidates << "), "
                                       << (env.secretGiven ? "secret from CHORUS_SECRET" : "secret derived from the job's variables"));
   if (cfg.store) return;
+  cfg.rendezvousAddr = env.storeAddr;
+  cfg.rendezvousPort = env.storePort;
+  cfg.secret = env.secret;
   if (cfg.rank == 0) {
     try {
-      storeServer_ = startTcpStoreServer("0.0.0.0", env.storePort, env.secret);
+      // A port given is served as it is; a derived one may be taken: the next free candidate.
+      storeServer_ = env.storePorts.size() > 1 ? startTcpStoreServerOnFirstFree("0.0.0.0", env.storePorts, env.secret)
+                                               : startTcpStoreServer("0.0.0.0", env.storePort, env.secret);
     } catch (const Error& e) {
       throw Error(std::string(e.what()) + " (chorus's rendezvous port under " + env.family + " is " + env.portSource +
                   "; choose another with CHORUS_RENDEZVOUS_PORT)");
     }
+    cfg.rendezvousPort = storeServer_->port();
+  } else if (env.storePorts.size() > 1) {
+    storePorts_ = env.storePorts;  // which of them rank 0 got, the handshake tells
   }
-  cfg.rendezvousAddr = env.storeAddr;
-  cfg.rendezvousPort = env.storePort;
-  cfg.secret = env.secret;
 }
 
 void RuntimeImpl::chooseTorchMaster() {
@@ -312,7 +325,8 @@ void RuntimeImpl::chooseTorchMaster() {
     std::string host = config.bindAddress;
     if (host.empty() && !config.iface.empty()) host = net::addressOfInterface(config.iface);
     if (host.empty()) host = "127.0.0.1";
-    const std::string v = host + " " + std::to_string(net::freePort());
+    torchPortHeld_ = net::holdFreePort();  // held until shutdown: torch's TCPStore binds beside it
+    const std::string v = host + " " + std::to_string(torchPortHeld_.port());
     store->set(key, std::vector<char>(v.begin(), v.end()));
   }
   const auto v = store->get(key, ms(config.startTimeoutSeconds));
@@ -449,6 +463,7 @@ void RuntimeImpl::shutdown() {
   device.reset();
   store.reset();
   storeServer_.reset();
+  torchPortHeld_.release();
   mpi_.reset();
   {
     std::lock_guard<std::mutex> lock(mu_);

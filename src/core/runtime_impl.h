@@ -15,6 +15,7 @@
 #include "core/name_registry.h"
 #include "core/process_set_table.h"
 #include "core/timeline.h"
+#include "rendezvous/net_address.h"
 
 namespace chorus {
 
@@ -109,6 +110,8 @@ class RuntimeImpl {
   std::unique_ptr<TcpStoreServer> storeServer_;
  public:
   std::pair<std::string, int> torchMaster_;  // see Runtime::torchMaster
+  std::vector<int> storePorts_;              // a derived store port's candidates, until connected
+  net::HeldPort torchPortHeld_;              // rank 0: the port it chose for torchMaster_, until shutdown
  private:
   std::mutex mu_;
   std::map<std::string, int64_t> counters_;

@@ -86,10 +86,12 @@ std::vector<std::string> rankCommand(const LaunchOptions& o, const std::vector<s
 }
 
 std::map<std::string, std::string> torchEnvironment(const LaunchOptions& o, const std::string& storeAddr,
-                                                    const std::string& rank0Host, bool rank0Local) {
+                                                    const std::string& rank0Host, bool rank0Local,
+                                                    net::HeldPort* held) {
   std::string addr = o.masterAddr;
   if (addr.empty()) addr = rank0Local ? storeAddr : rank0Host;
-  const int port = o.masterPort > 0 ? o.masterPort : net::freePort();
+  if (o.masterPort <= 0) *held = net::holdFreePort();
+  const int port = o.masterPort > 0 ? o.masterPort : held->port();
   return {{"MASTER_ADDR", addr}, {"MASTER_PORT", std::to_string(port)}};
 }
 
@@ -256,7 +258,8 @@ int launch(LaunchOptions o) {
   if (o.jobId.find_first_of("/ ") != std::string::npos) throw std::invalid_argument("--job-id may not contain '/' or spaces");
   const std::string addr = storeAddress(o, remote);
   auto server = startTcpStoreServer(addr, o.storePort, secret);
-  const auto torchEnv = torchEnvironment(o, addr, place[0].host, place[0].local);
+  net::HeldPort masterPort;  // until runJob returns: the job's lifetime
+  const auto torchEnv = torchEnvironment(o, addr, place[0].host, place[0].local, &masterPort);
 
   int localCount = 0;
   for (const auto& p : place) localCount += p.local;

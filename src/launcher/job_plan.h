@@ -7,6 +7,7 @@
 
 #include "launcher/remote.h"
 #include "launcher/supervisor.h"
+#include "rendezvous/net_address.h"
 
 namespace chorus::launcher {
 
@@ -43,9 +44,14 @@ std::vector<std::string> resolveCommand(const LaunchOptions& o);
 // One rank's command: DeepSpeed's launcher puts --local_rank=N right after the script.
 std::vector<std::string> rankCommand(const LaunchOptions& o, const std::vector<std::string>& command, int localRank);
 // What torch.distributed gets in every rank of a job (MASTER_ADDR, MASTER_PORT):
-// rank 0's host as the others reach it, and a port free there.
+// rank 0's host as the others reach it, and a port free there. A port chorusrun
+// chooses is held in *held until the job ends (see net::HeldPort), so that
+// nothing else takes it before rank 0's torch.distributed listens on it; that
+// guard covers rank 0 on this host (a remote rank 0 gets a port outside the
+// ephemeral range, chosen here).
 std::map<std::string, std::string> torchEnvironment(const LaunchOptions& o, const std::string& storeAddr,
-                                                    const std::string& rank0Host, bool rank0Local);
+                                                    const std::string& rank0Host, bool rank0Local,
+                                                    net::HeldPort* held);
 // Where the store listens (see docs/launching.md); remote: the hosts other than this one.
 std::string storeAddress(const LaunchOptions& o, const std::vector<std::string>& remote);
 std::string selfPath();    // this chorusrun, which remote hosts run as the rank agent

@@ -83,6 +83,9 @@ bool pump(Stream& s) {
     if (end == len) {  // no end of line yet: hold it
       if (s.pending.empty()) s.pendingSince = std::chrono::steady_clock::now();
       s.pending.append(buf + at, end - at);
+      // A line that never ends must not grow chorusrun: past the bound it goes
+      // out as it is, open, and its continuation follows under the same tag.
+      if (s.pending.size() >= kMaxPending) flushPending(s);
       break;
     }
     s.pending.append(buf + at, end - at);

@@ -3,11 +3,15 @@
 // starting with its rank's tag ("[1]<stderr>:"); a line redrawn after '\r' (a
 // progress bar) gets one tag per redraw, and a line left open by one stream is
 // ended before another stream writes.
-#include <cstdio>
 #include <chrono>
+#include <cstddef>
+#include <cstdio>
 #include <string>
 
 namespace chorus::launcher {
+
+// What a stream holds of a line not yet ended, at most (plus one read).
+constexpr size_t kMaxPending = 64 * 1024;
 
 struct Stream {
   int fd = -1;
@@ -18,7 +22,8 @@ struct Stream {
   bool redraw = false;  // a '\r' came: the next text redraws the line, tag first
   bool cut = false;     // another stream ended this one's line: its own newline is spent
   // The end of a line not yet ended: held a moment, so that one line written in
-  // pieces (print() under python -u) is not cut by another rank's output.
+  // pieces (print() under python -u) is not cut by another rank's output; held
+  // only up to kMaxPending bytes, then written out (the line stays open).
   std::string pending;
   std::chrono::steady_clock::time_point pendingSince;
 };

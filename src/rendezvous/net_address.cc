@@ -8,7 +8,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <random>
 
 #include "chorus/error.h"
 
@@ -119,19 +123,115 @@ bool isThisHost(const std::string& host) {
   return false;
 }
 
-int freePort() {
+std::pair<int, int> ephemeralPortRange() {
+  std::ifstream in("/proc/sys/net/ipv4/ip_local_port_range");
+  int lo = 0, hi = 0;
+  if (in >> lo >> hi && 0 < lo && lo <= hi && hi <= 65535) return {lo, hi};
+  return {32768, 60999};
+}
+
+HeldPort& HeldPort::operator=(HeldPort&& o) noexcept {
+  if (this != &o) {
+    release();
+    fd_ = o.fd_;
+    port_ = o.port_;
+    o.fd_ = -1;
+  }
+  return *this;
+}
+
+void HeldPort::release() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+namespace {
+// A socket bound to port (0: the kernel's pick) on every address, v6 and v4
+// when the host has IPv6, without SO_REUSEADDR: it fails while anyone at all
+// holds the port. Returns the fd, or -1 with errno set.
+int bindPlain(int port, bool* v6) {
+  if (*v6) {
+    const int fd = ::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0) {
+      const int zero = 0;
+      setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
+      sockaddr_in6 a{};
+      a.sin6_family = AF_INET6;
+      a.sin6_addr = in6addr_any;
+      a.sin6_port = htons(static_cast<uint16_t>(port));
+      if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) return fd;
+      const int err = errno;
+      ::close(fd);
+      if (err != EADDRNOTAVAIL && err != EAFNOSUPPORT) {
+        errno = err;
+        return -1;
+      }
+    }
+    *v6 = false;  // no IPv6 here: IPv4 alone from now on
+  }
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw Error(std::string("socket: ") + std::strerror(errno));
+  if (fd < 0) return -1;
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_ANY);
-  socklen_t len = sizeof(a);
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-                  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
-  const std::string why = std::strerror(errno);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) return fd;
+  const int err = errno;
   ::close(fd);
-  if (!ok) throw Error("cannot find a free TCP port: " + why);
-  return ntohs(a.sin_port);
+  errno = err;
+  return -1;
+}
+
+int boundPort(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
+  return ntohs(ss.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port
+                                        : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+}
+
+// Bound plainly (the probe), the socket takes SO_REUSEADDR only now: the port
+// never passes through a moment where it is free, and from now on a server
+// with SO_REUSEADDR can bind and listen beside it.
+HeldPort hold(int fd) {
+  const int one = 1;
+  if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0) {
+    const std::string why = std::strerror(errno);
+    ::close(fd);
+    throw Error("cannot hold a TCP port (SO_REUSEADDR): " + why);
+  }
+  return HeldPort(fd, boundPort(fd));
+}
+}  // namespace
+
+HeldPort holdFreePort() {
+  const auto [lo, hi] = ephemeralPortRange();
+  constexpr int kFirst = 1024, kLast = 65535;
+  const int below = std::max(0, std::min(lo, kLast + 1) - kFirst);  // kFirst .. lo-1
+  const int above = std::max(0, kLast - std::max(hi, kFirst - 1));  // hi+1 .. kLast
+  bool v6 = true;
+  std::string why = "the ephemeral range " + std::to_string(lo) + "-" + std::to_string(hi) +
+                    " leaves no port outside it";
+  if (below + above > 0) {
+    std::random_device seed;
+    std::mt19937 gen(seed());
+    std::uniform_int_distribution<int> pick(0, below + above - 1);
+    for (int tries = 0; tries < 256; ++tries) {
+      const int i = pick(gen);
+      const int port = i < below ? kFirst + i : hi + 1 + (i - below);
+      const int fd = bindPlain(port, &v6);
+      if (fd >= 0) return hold(fd);
+      if (errno != EADDRINUSE && errno != EACCES) throw Error(std::string("cannot probe TCP port ") +
+                                                             std::to_string(port) + ": " + std::strerror(errno));
+      why = "256 random ports outside the ephemeral range " + std::to_string(lo) + "-" + std::to_string(hi) +
+            " were all taken";
+    }
+  }
+  // No port outside the range: the kernel's pick, held (a weaker guard: bind(0) with
+  // SO_REUSEADDR elsewhere may share a port no one listens on yet).
+  const int fd = bindPlain(0, &v6);
+  if (fd < 0) throw Error("cannot find a free TCP port (" + why + "): " + std::strerror(errno));
+  return hold(fd);
 }
 
 }  // namespace chorus::net

@@ -3,6 +3,7 @@
 // launcher and an mpirun-started rank 0 bind the store to, and what every rank
 // binds its TCP transport to when a job spans hosts.
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace chorus::net {
@@ -24,8 +25,41 @@ std::string addressInPrefix(const std::string& cidr);
 std::string sourceAddressTo(const std::string& host);
 // Whether host names this machine: localhost, its host name, or an address of its own.
 bool isThisHost(const std::string& host);
-// A TCP port free on every address of this host now (the kernel's pick), for a
-// server another program starts later: torch.distributed's MASTER_PORT.
-int freePort();
+
+// The ports the kernel picks itself (bind to port 0, outgoing connections):
+// /proc/sys/net/ipv4/ip_local_port_range, else Linux's default 32768..60999.
+std::pair<int, int> ephemeralPortRange();
+
+// A TCP port chosen for a server that another program starts later
+// (torch.distributed's MASTER_PORT), kept from everyone else until then.
+// The port lies outside the ephemeral range, so that no bind to port 0 and no
+// outgoing connection can take it; it was free for a plain bind (no
+// SO_REUSEADDR) on every address, v4 and v6; and this object keeps a socket
+// bound to it with SO_REUSEADDR, never listening. On Linux that socket lets a
+// server that sets SO_REUSEADDR (torch's TCPStore does) bind and listen on the
+// port, while a plain bind (another job's probe) fails with EADDRINUSE.
+class HeldPort {
+ public:
+  HeldPort() = default;
+  HeldPort(int fd, int port) : fd_(fd), port_(port) {}
+  HeldPort(HeldPort&& o) noexcept : fd_(o.fd_), port_(o.port_) { o.fd_ = -1; }
+  HeldPort& operator=(HeldPort&& o) noexcept;
+  HeldPort(const HeldPort&) = delete;
+  HeldPort& operator=(const HeldPort&) = delete;
+  ~HeldPort() { release(); }
+
+  int port() const { return port_; }
+  bool held() const { return fd_ >= 0; }
+  void release();  // the port is anyone's again
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
+
+// Chooses a port at random among 1024..65535 outside the ephemeral range and
+// holds it (see HeldPort). When the range leaves no port outside it, the
+// kernel's pick is held instead. Throws chorus::Error when no port is free.
+HeldPort holdFreePort();
 
 }  // namespace chorus::net

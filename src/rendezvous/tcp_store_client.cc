@@ -1,6 +1,11 @@
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <mutex>
+#include <thread>
 
 #include "chorus/error.h"
 #include "chorus/store.h"
@@ -13,25 +18,41 @@ namespace {
 using rendezvous::StoreOp;
 using rendezvous::StoreStatus;
 
+// A candidate port is given a moment to connect and to answer the hello: a
+// stranger there costs each round this much, this job's store answers at once.
+constexpr std::chrono::milliseconds kCandidateConnect{300};
+constexpr std::chrono::milliseconds kCandidateHandshake{2000};
+constexpr std::chrono::milliseconds kMinHandshake{500};
+
 class TcpStore : public Store {
  public:
-  TcpStore(std::string host, int port, std::string secret, std::chrono::milliseconds timeout)
-      : host_(std::move(host)), port_(port), secret_(std::move(secret)) {
-    fd_ = rendezvous::connectWithRetry(host_, port_, timeout);
+  // fd: connected to host:port; the handshake must be answered within handshakeTimeout
+  // (a stranger on the port that never answers is an error, not a hang).
+  TcpStore(std::string host, int port, std::string secret, int fd, std::chrono::milliseconds handshakeTimeout)
+      : host_(std::move(host)), port_(port), secret_(std::move(secret)), fd_(fd) {
+    setTimeout(handshakeTimeout);
     // The handshake: the secret first, before the store reads anything else.
     ByteWriter w;
     w.put<uint8_t>(static_cast<uint8_t>(StoreOp::kHello));
     w.putString(secret_);
     std::vector<char> reply;
+    errno = 0;
     if (!rendezvous::sendFrame(fd_, w.data()) || !rendezvous::recvFrame(fd_, &reply) || reply.empty()) {
+      const bool slow = errno == EAGAIN || errno == EWOULDBLOCK;
       ::close(fd_);
+      fd_ = -1;
+      if (slow)
+        throw Timeout("the rendezvous store at " + where() + " did not answer the handshake within " +
+                      std::to_string(handshakeTimeout.count()) + " ms");
       throw PeerFailure("the rendezvous store at " + where() + " closed the connection during the handshake");
     }
     if (static_cast<StoreStatus>(reply[0]) != StoreStatus::kOk) {
       ::close(fd_);
+      fd_ = -1;
       throw InvalidArgument("the rendezvous store at " + where() +
                             " refused the request: missing or wrong job secret (CHORUS_SECRET)");
     }
+    setTimeout(std::chrono::milliseconds(0));  // requests wait as long as they say
   }
   ~TcpStore() override {
     if (fd_ >= 0) ::close(fd_);
@@ -102,6 +123,11 @@ class TcpStore : public Store {
     }
   }
   std::string where() const { return host_ + ":" + std::to_string(port_); }
+  void setTimeout(std::chrono::milliseconds t) {
+    timeval tv{static_cast<time_t>(t.count() / 1000), static_cast<suseconds_t>(t.count() % 1000 * 1000)};
+    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  }
 
   std::string host_;
   int port_;
@@ -113,7 +139,41 @@ class TcpStore : public Store {
 
 std::shared_ptr<Store> connectTcpStore(const std::string& host, int port, const std::string& secret,
                                        std::chrono::milliseconds connectTimeout) {
-  return std::make_shared<TcpStore>(host, port, secret, connectTimeout);
+  const auto start = std::chrono::steady_clock::now();
+  const int fd = rendezvous::connectWithRetry(host, port, connectTimeout);
+  const auto left = connectTimeout - std::chrono::duration_cast<std::chrono::milliseconds>(
+                                         std::chrono::steady_clock::now() - start);
+  return std::make_shared<TcpStore>(host, port, secret, fd, std::max(left, kMinHandshake));
+}
+
+std::shared_ptr<Store> connectTcpStoreOnFirstOf(const std::string& host, const std::vector<int>& ports,
+                                                const std::string& secret, std::chrono::milliseconds timeout) {
+  using std::chrono::milliseconds;
+  using std::chrono::steady_clock;
+  if (ports.empty()) throw InvalidArgument("store: no candidate port to connect to");
+  if (ports.size() == 1) return connectTcpStore(host, ports[0], secret, timeout);
+  const auto deadline = steady_clock::now() + timeout;
+  std::vector<std::string> last(ports.size(), "no attempt made");
+  // Round after round over the candidates, in order: rank 0 may not listen yet.
+  do {
+    for (size_t i = 0; i < ports.size(); ++i) {
+      const auto left = std::chrono::duration_cast<milliseconds>(deadline - steady_clock::now());
+      try {
+        const milliseconds connect = std::clamp(left, milliseconds(1), kCandidateConnect);
+        const int fd = rendezvous::connectWithRetry(host, ports[i], connect);
+        const milliseconds handshake = std::max(std::min(left, kCandidateHandshake), kMinHandshake);
+        return std::make_shared<TcpStore>(host, ports[i], secret, fd, handshake);
+      } catch (const Error& e) {  // not this job's store (yet): the next candidate
+        last[i] = e.what();
+      }
+    }
+    std::this_thread::sleep_for(milliseconds(50));
+  } while (steady_clock::now() < deadline);
+  std::string why;
+  for (size_t i = 0; i < ports.size(); ++i) why += "\n  port " + std::to_string(ports[i]) + ": " + last[i];
+  throw Timeout("no rendezvous store with this job's secret answered at " + host + " on any of its " +
+                std::to_string(ports.size()) + " candidate ports within " + std::to_string(timeout.count()) +
+                " ms; the last attempt at each:" + why);
 }
 
 }  // namespace chorus

@@ -50,6 +50,33 @@ std::string peerName(int fd) {
   return std::string(host) + ":" + serv;
 }
 
+// A non-blocking socket listening on bindHost:port, or -1 with *why (and
+// *inUse when another socket has the port). reuse: SO_REUSEADDR, for a port
+// the caller names, so that a restart binds beside its predecessor's TIME_WAIT
+// connections; without it the bind also fails beside a socket that merely
+// holds the port (net::HeldPort), as a candidate of a derived port should.
+int listenOn(const std::string& bindHost, int port, bool reuse, std::string* why, bool* inUse) {
+  *inUse = false;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(bindHost.c_str(), std::to_string(port).c_str(), &hints, &res) != 0)
+    throw InvalidArgument("store: cannot resolve bind address '" + bindHost + "'");
+  const int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  const int one = 1;
+  if (fd >= 0 && reuse) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  const bool ok = fd >= 0 && ::bind(fd, res->ai_addr, res->ai_addrlen) == 0 && ::listen(fd, 128) == 0;
+  const int err = errno;
+  freeaddrinfo(res);
+  if (ok) return fd;
+  if (fd >= 0) ::close(fd);
+  *inUse = err == EADDRINUSE;
+  *why = std::strerror(err);
+  return -1;
+}
+
 // A connection that has not yet shown the job secret: it holds a socket and at
 // most kMaxHello bytes, for at most the handshake time, and no thread.
 struct Pending {
@@ -68,26 +95,10 @@ struct Client {
 
 class Server : public TcpStoreServer {
  public:
-  Server(const std::string& bindHost, int port, std::string secret, const StoreServerOptions& o)
+  // listenFd: listening already (see listenOn).
+  Server(int listenFd, std::string secret, const StoreServerOptions& o)
       : secret_(std::move(secret)), opts_(o),
-        refusals_(std::chrono::milliseconds(static_cast<int64_t>(o.summarySeconds * 1000))) {
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE;
-    addrinfo* res = nullptr;
-    int rc = getaddrinfo(bindHost.c_str(), std::to_string(port).c_str(), &hints, &res);
-    if (rc != 0) throw InvalidArgument("store: cannot resolve bind address '" + bindHost + "'");
-    listenFd_ = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    int one = 1;
-    setsockopt(listenFd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (::bind(listenFd_, res->ai_addr, res->ai_addrlen) != 0 || ::listen(listenFd_, 128) != 0) {
-      std::string why = std::strerror(errno);
-      freeaddrinfo(res);
-      ::close(listenFd_);
-      throw Error("store: cannot listen on " + bindHost + ":" + std::to_string(port) + ": " + why);
-    }
-    freeaddrinfo(res);
+        refusals_(std::chrono::milliseconds(static_cast<int64_t>(o.summarySeconds * 1000))), listenFd_(listenFd) {
     sockaddr_storage ss{};
     socklen_t len = sizeof(ss);
     getsockname(listenFd_, reinterpret_cast<sockaddr*>(&ss), &len);
@@ -333,12 +344,43 @@ class Server : public TcpStoreServer {
 };
 }  // namespace
 
-std::unique_ptr<TcpStoreServer> startTcpStoreServer(const std::string& bindHost, int port, const std::string& secret,
-                                                    const StoreServerOptions& options) {
+namespace {
+void checkOptions(const std::string& secret, const StoreServerOptions& options) {
   if (secret.empty()) throw InvalidArgument("store: a job secret is required");
   if (options.maxPending < 1 || options.handshakeSeconds <= 0 || options.summarySeconds <= 0)
     throw InvalidArgument("store: maxPending must be >= 1 and the handshake and summary times > 0");
-  return std::make_unique<Server>(bindHost, port, secret, options);
+}
+}  // namespace
+
+std::unique_ptr<TcpStoreServer> startTcpStoreServer(const std::string& bindHost, int port, const std::string& secret,
+                                                    const StoreServerOptions& options) {
+  checkOptions(secret, options);
+  std::string why;
+  bool inUse = false;
+  const int fd = listenOn(bindHost, port, true, &why, &inUse);
+  if (fd < 0) throw Error("store: cannot listen on " + bindHost + ":" + std::to_string(port) + ": " + why);
+  return std::make_unique<Server>(fd, secret, options);
+}
+
+std::unique_ptr<TcpStoreServer> startTcpStoreServerOnFirstFree(const std::string& bindHost,
+                                                               const std::vector<int>& ports,
+                                                               const std::string& secret,
+                                                               const StoreServerOptions& options) {
+  checkOptions(secret, options);
+  if (ports.empty()) throw InvalidArgument("store: no candidate port to listen on");
+  std::string tried;
+  for (int port : ports) {
+    std::string why;
+    bool inUse = false;
+    const int fd = listenOn(bindHost, port, false, &why, &inUse);
+    if (fd >= 0) {
+      if (!tried.empty()) CHORUS_INFO(0, "chorus store: " << tried << " taken; listening on " << port);
+      return std::make_unique<Server>(fd, secret, options);
+    }
+    if (!inUse) throw Error("store: cannot listen on " + bindHost + ":" + std::to_string(port) + ": " + why);
+    tried += (tried.empty() ? "port " : ", ") + std::to_string(port);
+  }
+  throw Error("store: cannot listen on " + bindHost + ": every candidate port is in use (" + tried + ")");
 }
 
 std::string generateSecret() {

@@ -1,13 +1,20 @@
 // Process-level behaviour through chorusrun: what only real processes show.
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sched.h>
+#include <sys/socket.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
+#include <map>
 #include <regex>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -265,6 +272,130 @@ TEST(ChorusRun, LinesWrittenInPiecesStayWhole) {
               std::string::npos)
         << r.output;
   }
+}
+
+}  // namespace
+
+namespace {
+
+// chorusrun's output read as it comes, never kept whole: the 'x's each rank's
+// tag stands before, and whatever else came (bounded).
+struct TaggedCount {
+  std::map<int, int64_t> xs;  // by rank; -1: 'x's on a line without a tag
+  std::string other;
+  int64_t peakKiB = -1;       // chorusrun's peak RSS (and its reaped children's)
+  int exitCode = -1;
+};
+
+TaggedCount runCounting(const std::vector<std::string>& args) {
+  TaggedCount out;
+  int fds[2];
+  if (pipe(fds) != 0) return out;
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(fds[1], 1);
+    dup2(fds[1], 2);
+    close(fds[0]);
+    close(fds[1]);
+    std::vector<char*> argv;
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  close(fds[1]);
+  bool lineStart = true, inTag = false;
+  std::string tag;
+  int rank = -1;
+  auto note = [&](char c) {
+    if (out.other.size() < 4096) out.other.push_back(c);
+  };
+  std::vector<char> buf(1 << 16);
+  ssize_t n;
+  while ((n = read(fds[0], buf.data(), buf.size())) > 0) {
+    for (ssize_t i = 0; i < n; ++i) {
+      const char c = buf[i];
+      if (c == '\n') {
+        lineStart = true;
+        inTag = false;
+        continue;
+      }
+      if (lineStart && c == '[') {
+        lineStart = false;
+        inTag = true;
+        tag.clear();
+        continue;
+      }
+      if (inTag) {
+        if (c != ':' && tag.size() < 32) {
+          tag.push_back(c);
+          continue;
+        }
+        inTag = false;
+        rank = tag.size() > 9 && tag.compare(tag.size() - 9, 9, "]<stdout>") == 0 ? std::atoi(tag.c_str()) : -2;
+        if (rank == -2) note('?');
+        continue;
+      }
+      if (lineStart) rank = -1;  // text without a tag
+      lineStart = false;
+      if (c == 'x') ++out.xs[rank];
+      else note(c);
+    }
+  }
+  close(fds[0]);
+  int status = 0;
+  rusage ru{};
+  if (wait4(pid, &status, 0, &ru) == pid) {
+    out.peakKiB = ru.ru_maxrss;
+    out.exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  return out;
+}
+
+TEST(ChorusRun, ALineThatNeverEndsDoesNotGrowChorusrun) {
+  // Two ranks write 100 MiB each without a newline. chorusrun holds at most a
+  // bounded piece of an open line: every byte arrives, each piece under its
+  // rank's tag, and chorusrun stays small (it held the whole line before).
+  constexpr int64_t kBytes = 100LL << 20;
+  const auto r = runCounting({kRun, "-np", "2", "sh", "-c", "head -c 100M /dev/zero | tr '\\0' x"});
+  EXPECT_EQ(r.exitCode, 0) << r.other;
+  EXPECT_EQ(r.xs.count(-1), 0u) << r.xs.at(-1) << " bytes arrived without a tag";
+  EXPECT_EQ(r.xs.count(0) ? r.xs.at(0) : 0, kBytes) << r.other;
+  EXPECT_EQ(r.xs.count(1) ? r.xs.at(1) : 0, kBytes) << r.other;
+  EXPECT_EQ(r.other, "") << "text besides the ranks' bytes and tags";
+  EXPECT_GT(r.peakKiB, 0);
+  EXPECT_LT(r.peakKiB, 64 * 1024) << "chorusrun's peak RSS, KiB";
+}
+
+}  // namespace
+
+namespace {
+
+// Under torchrun's variables rank 0 serves chorus's store on MASTER_PORT+1;
+// when a program that never answers has that port, rank 0 serves on the next
+// candidate and rank 1, passing over the stranger, finds it.
+TEST(TorchVariables, AStorePortTakenByAStrangerMovesToTheNextCandidate) {
+  const int stranger = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  ASSERT_EQ(::bind(stranger, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(::listen(stranger, 16), 0);
+  getsockname(stranger, reinterpret_cast<sockaddr*>(&a), &len);
+  const int taken = ntohs(a.sin_port);
+  auto rankCmd = [&](int r) {
+    return "(RANK=" + std::to_string(r) + " WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+           std::to_string(taken - 1) + " CHORUS_START_TIMEOUT=30 " + kWorker + " mismatch; echo rank" +
+           std::to_string(r) + " exit $?)";
+  };
+  auto r = run("sh -c '" + rankCmd(0) + " & " + rankCmd(1) + "; wait'");
+  ::close(stranger);
+  EXPECT_NE(r.output.find("rank0 exit 0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank1 exit 0"), std::string::npos) << r.output;
+  for (int rank = 0; rank < 2; ++rank)
+    EXPECT_NE(r.output.find("next collective on rank " + std::to_string(rank) + " gave 2"), std::string::npos)
+        << r.output;
 }
 
 }  // namespace

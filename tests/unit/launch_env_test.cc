@@ -3,6 +3,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "chorus/error.h"
 #include "core/launch_env.h"
@@ -77,6 +78,31 @@ TEST(LaunchEnv, SlurmVariables) {
   EXPECT_NE(detectLaunchEnv(env.getter())->storePort, e->storePort);
   env.vars.erase("SLURM_STEP_NODELIST");
   EXPECT_THROW(detectLaunchEnv(env.getter()), InvalidArgument);
+}
+
+// A derived port may be taken: rank 0 serves on the first free of a fixed
+// list that every rank computes alike; a port the user gave is that port alone.
+TEST(LaunchEnv, DerivedStorePortsComeWithTheirCandidates) {
+  FakeEnv torch{{{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "29500"}}};
+  auto e = detectLaunchEnv(torch.getter());
+  EXPECT_EQ(e->storePorts, (std::vector<int>{29501, 29502, 29503, 29504, 29505, 29506, 29507, 29508}));
+  torch.vars["MASTER_PORT"] = "65533";  // at the top: the ports below MASTER_PORT, which is never one
+  e = detectLaunchEnv(torch.getter());
+  EXPECT_EQ(e->storePorts, (std::vector<int>{65534, 65535, 65532, 65531, 65530, 65529, 65528, 65527}));
+  EXPECT_EQ(e->storePort, 65534);
+  torch.vars["CHORUS_RENDEZVOUS_PORT"] = "4000";
+  EXPECT_EQ(detectLaunchEnv(torch.getter())->storePorts, (std::vector<int>{4000}));
+
+  FakeEnv slurm{{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_STEP_NODELIST", "n1"},
+                 {"SLURM_JOB_ID", "4242"}, {"SLURM_STEP_ID", "0"}}};
+  e = detectLaunchEnv(slurm.getter());
+  ASSERT_EQ(e->storePorts.size(), static_cast<size_t>(kStorePortCandidates));
+  EXPECT_EQ(e->storePorts[0], e->storePort);
+  for (size_t i = 1; i < e->storePorts.size(); ++i) {  // the next ones, round within [20000, 40000)
+    EXPECT_EQ(e->storePorts[i], e->storePorts[i - 1] == 39999 ? 20000 : e->storePorts[i - 1] + 1);
+  }
+  slurm.vars["SLURM_PROCID"] = "1";
+  EXPECT_EQ(detectLaunchEnv(slurm.getter())->storePorts, e->storePorts);
 }
 
 TEST(LaunchEnv, SlurmNodeLists) {

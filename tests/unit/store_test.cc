@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "chorus/chorus.h"
+#include "rendezvous/net_address.h"
 
 namespace chorus {
 namespace {
@@ -108,20 +109,51 @@ TEST(TcpStore, StrangersGetNothingBeforeTheHandshake) {
     EXPECT_TRUE(closedByStore(fd, 2000ms)) << "an oversized announcement kept its connection";
     ::close(fd);
   }
-  // One byte a while: the handshake deadline closes it, though bytes keep coming.
-  const int slow = connectRaw(server->port());
-  const auto start = std::chrono::steady_clock::now();
-  bool closed = false;
-  for (int i = 0; i < 40 && !closed; ++i) {
-    (void)!::write(slow, "\x05", 1);
-    closed = closedByStore(slow, 100ms);
-  }
-  EXPECT_TRUE(closed) << "a trickling connection stayed past the handshake deadline";
-  EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
-  ::close(slow);
   // A request before the handshake is a malformed handshake.
   sendRaw(server->port(), frame(std::string("\x02\x05right\x01k", 9)));
-  EXPECT_EQ(server->refusedCount(), 4);
+  EXPECT_EQ(server->refusedCount(), 3);
+  auto good = connectTcpStore("127.0.0.1", server->port(), "right", 5s);
+  good->set("k", {'1'});
+  EXPECT_EQ(good->get("k", 1s), (std::vector<char>{'1'}));
+}
+
+// The hello a client sends: [u32 length][kHello][u32 length]secret.
+std::string helloFrame(const std::string& secret) {
+  const uint32_t n = static_cast<uint32_t>(secret.size());
+  return frame("\x05" + std::string(reinterpret_cast<const char*>(&n), 4) + secret);
+}
+
+TEST(TcpStore, AHandshakeTricklingPastTheDeadlineIsCut) {
+  StoreServerOptions o;
+  o.handshakeSeconds = 1;
+  auto server = startTcpStoreServer("127.0.0.1", 0, "right", o);
+  ::testing::internal::CaptureStderr();
+  // A right hello (14 bytes, its header announcing 10: well within the 4 KiB
+  // limit), its header at once, then its body a byte every 200 ms: the whole
+  // would take 2 s, the deadline cuts it at 1 s, though bytes keep coming.
+  const std::string hello = helloFrame("right");
+  ASSERT_EQ(hello.size(), 14u);
+  const int slow = connectRaw(server->port());
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_EQ(::send(slow, hello.data(), 4, MSG_NOSIGNAL), 4);
+  size_t sent = 4;
+  bool closed = closedByStore(slow, 200ms);
+  while (!closed && sent < hello.size()) {
+    (void)!::send(slow, hello.data() + sent++, 1, MSG_NOSIGNAL);
+    closed = closedByStore(slow, 200ms);
+  }
+  const auto cutAfter = std::chrono::steady_clock::now() - start;
+  ::close(slow);
+  std::this_thread::sleep_for(100ms);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(closed) << "a trickled handshake was admitted after " << sent << " bytes";
+  EXPECT_LT(sent, hello.size()) << "the whole handshake arrived before the store cut it";
+  EXPECT_GE(cutAfter, 900ms) << "cut before its deadline";
+  EXPECT_LT(cutAfter, 1900ms);
+  EXPECT_EQ(server->refusedCount(), 1);
+  EXPECT_NE(log.find("no handshake within 1 s"), std::string::npos) << log;
+  EXPECT_EQ(log.find("a frame of"), std::string::npos) << log;
+  // The store goes on: the same hello at once is admitted.
   auto good = connectTcpStore("127.0.0.1", server->port(), "right", 5s);
   good->set("k", {'1'});
   EXPECT_EQ(good->get("k", 1s), (std::vector<char>{'1'}));
@@ -211,6 +243,89 @@ TEST(TcpStore, RanksRendezvousThroughIt) {
   }
   for (auto& t : ranks) t.join();
   for (double v : results) EXPECT_EQ(v, 6);
+}
+
+// Listens on a kernel-picked port and never answers: connections complete in
+// its backlog, hellos go unanswered (a stranger on a candidate port).
+int silentListener(int* port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  EXPECT_EQ(::listen(fd, 16), 0);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  *port = ntohs(a.sin_port);
+  return fd;
+}
+
+// Rank 0 serves on a port every rank derives (MASTER_PORT+1 under torchrun);
+// when others have it, rank 0 takes the next candidate and the ranks find it.
+TEST(TcpStore, ADerivedPortTakenByOthersMovesToTheNextCandidate) {
+  auto otherJob = startTcpStoreServer("127.0.0.1", 0, "another job's secret");
+  int strangerPort = 0;
+  const int stranger = silentListener(&strangerPort);
+  net::HeldPort held = net::holdFreePort();  // bound, not listening: another job's MASTER_PORT
+  net::HeldPort ours = net::holdFreePort();
+  const std::vector<int> ports{otherJob->port(), strangerPort, held.port(), ours.port()};
+  // Rank 1 starts looking before rank 0 listens.
+  std::shared_ptr<Store> rank1;
+  std::string rank1Error;
+  std::thread looking([&] {
+    try {
+      rank1 = connectTcpStoreOnFirstOf("127.0.0.1", ports, "job", 30s);
+    } catch (const std::exception& e) {
+      rank1Error = e.what();
+    }
+  });
+  std::this_thread::sleep_for(300ms);
+  ours.release();
+  auto server = startTcpStoreServerOnFirstFree("127.0.0.1", ports, "job");
+  EXPECT_EQ(server->port(), ports[3]);
+  looking.join();
+  ASSERT_TRUE(rank1) << rank1Error;
+  rank1->set("k", {'1'});
+  auto rank0 = connectTcpStore("127.0.0.1", server->port(), "job", 5s);
+  EXPECT_EQ(rank0->get("k", 1s), (std::vector<char>{'1'}));
+  EXPECT_GE(otherJob->refusedCount(), 1);  // rank 1 asked there first, and was turned away
+  EXPECT_EQ(otherJob->connectionCount(), 0);
+  // The held port stayed its owner's: its server (SO_REUSEADDR) can still listen there.
+  const int owner = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int one = 1;
+  setsockopt(owner, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(held.port()));
+  EXPECT_EQ(::bind(owner, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0) << std::strerror(errno);
+  EXPECT_EQ(::listen(owner, 8), 0) << std::strerror(errno);
+  ::close(owner);
+  ::close(stranger);
+}
+
+TEST(TcpStore, EveryCandidateTakenIsAnErrorNamingThem) {
+  auto otherJob = startTcpStoreServer("127.0.0.1", 0, "another job's secret");
+  net::HeldPort held = net::holdFreePort();
+  try {
+    startTcpStoreServerOnFirstFree("127.0.0.1", {otherJob->port(), held.port()}, "job");
+    ADD_FAILURE() << "a store listened on a taken port";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("every candidate port is in use"), std::string::npos) << what;
+    EXPECT_NE(what.find(std::to_string(otherJob->port())), std::string::npos) << what;
+    EXPECT_NE(what.find(std::to_string(held.port())), std::string::npos) << what;
+  }
+  // A client finds no store of its job there, and says what it met at each port.
+  try {
+    connectTcpStoreOnFirstOf("127.0.0.1", {otherJob->port(), held.port()}, "job", 1s);
+    ADD_FAILURE() << "a client settled on another job's store";
+  } catch (const Timeout& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("port " + std::to_string(otherJob->port()) + ": the rendezvous store"), std::string::npos)
+        << what;
+    EXPECT_NE(what.find("wrong job secret"), std::string::npos) << what;
+    EXPECT_NE(what.find("port " + std::to_string(held.port()) + ": could not connect"), std::string::npos) << what;
+  }
 }
 
 TEST(MemoryStore, Basics) {
