@@ -3,9 +3,9 @@ chorus.deepspeed (the alias). A tiny GPT-2 from a config, random weights, random
 token data, CPU. Prints every step's loss; rank 0 writes the starting weights (for
 the reference) and, with --resume, continues from the checkpoint at step 10.
 
-    hf_trainer.py MODE OUT [--resume] [--reference]
+    hf_trainer.py MODE OUT [--resume] [--reference [--init FILE]]
 MODE: z2 | z3 | z2_offload | z3_offload. --reference: one plain torch process on the
-global batch, no DeepSpeed. Every run builds its model from the same seed and writes
+global batch, no DeepSpeed (--init: starting from FILE's weights). Every run builds its model from the same seed and writes
 the weights it starts from to OUT/init.pt (gathered under ZeRO-3), so that a test can
 check that DeepSpeed, chorus and the plain process start alike. The same script runs
 under the real DeepSpeed (started by torchrun) and under chorus.
@@ -61,6 +61,8 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--reference", action="store_true")
+    ap.add_argument("--init")
+    ap.add_argument("--init-only", action="store_true", help="write init.pt and stop")
     a = ap.parse_args()
     common = dict(output_dir=a.out, max_steps=STEPS, learning_rate=5e-3, warmup_steps=3, weight_decay=0.0,
                   max_grad_norm=1.0, logging_steps=1, save_steps=SAVE, save_strategy="steps", report_to=[],
@@ -81,6 +83,8 @@ def main():
                         embd_pdrop=0.0, attn_pdrop=0.0)
     model = AutoModelForCausalLM.from_config(config)  # under ZeRO-3: built inside deepspeed.zero.Init
     if a.reference:
+        if a.init:
+            model.load_state_dict(torch.load(a.init))
         state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     elif not a.resume:
         import deepspeed
@@ -93,6 +97,8 @@ def main():
     if not a.resume and args.process_index == 0:
         os.makedirs(a.out, exist_ok=True)
         torch.save(state, os.path.join(a.out, "init.pt"))
+    if a.init_only:
+        return
     trainer = Trainer(model=model, args=args, train_dataset=Data(), callbacks=[PrintLoss()])
     if a.resume:
         trainer.train(resume_from_checkpoint=os.path.join(a.out, f"checkpoint-{SAVE}"))

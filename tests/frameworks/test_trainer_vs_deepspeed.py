@@ -1,0 +1,45 @@
+"""Transformers' Trainer with a DeepSpeed config at ZeRO-2 and ZeRO-3, under
+Transformers 4.48 (with Accelerate 1.3, as many projects still pin them) and 5.x:
+the same script under the real DeepSpeed 0.19.8 (torchrun, 2 ranks), under chorus
+(chorusrun, 2 ranks) and as one plain torch process on the global batch. chorus
+starts from DeepSpeed's very weights (under ZeRO-3 built inside zero.Init, where
+Transformers 4.x initializes through Module.apply: not the plain process's weights,
+GPT-2's scaled c_proj init does not reach partitioned children under DeepSpeed
+either), the plain process from the seed's at ZeRO-2 and from DeepSpeed's at
+ZeRO-3; all log the same losses."""
+import pytest
+
+from conftest import PYTHON, chorusrun, losses, real_deepspeed, run, single
+
+# The Trainer logs losses rounded to 4 decimals.
+TOL = 1.5e-4
+STEPS = list(range(1, 21))
+
+
+def same_weights(a, b):
+    code = (f"import torch; a = torch.load({str(a)!r}); b = torch.load({str(b)!r}); "
+            "assert sorted(a) == sorted(b), (sorted(a), sorted(b)); "
+            "bad = [k for k in a if not torch.equal(a[k].float(), b[k].float())]; assert not bad, bad; "
+            "print('same', len(a))")
+    assert "same" in run([PYTHON, "-c", code])
+
+
+@pytest.mark.parametrize("mode", ["z2", "z3"])
+@pytest.mark.parametrize("transformers", ["4.48", "5"])
+def test_trainer_follows_deepspeed(transformers, mode, tmp_path):
+    overlays = ("hf4",) if transformers == "4.48" else ()
+    version = run([PYTHON, "-c", "import transformers; print(transformers.__version__)"], overlays=overlays)
+    assert version.strip().startswith(transformers), version
+    real = real_deepspeed(2, "hf_trainer.py", mode, tmp_path / "deepspeed", overlays=overlays)
+    ours = chorusrun(2, "hf_trainer.py", mode, tmp_path / "chorus", overlays=overlays)
+    init = ["--init", tmp_path / "deepspeed" / "init.pt"] if mode == "z3" else []
+    plain = single("hf_trainer.py", mode, tmp_path / "plain", "--reference", *init, overlays=overlays)
+    if mode == "z3":
+        assert "zero.Init partitioned" in real and "[0]<stdout>:zero.Init partitioned" in ours, ours[-3000:]
+    same_weights(tmp_path / "chorus" / "init.pt", tmp_path / "deepspeed" / "init.pt")
+    same_weights(tmp_path / "plain" / "init.pt", tmp_path / "deepspeed" / "init.pt")
+    want, got, alone = losses(real), losses(ours), losses(plain)
+    assert sorted(want) == STEPS and sorted(got) == STEPS and sorted(alone) == STEPS, (want, got, alone)
+    for step in STEPS:
+        assert abs(got[step] - want[step]) <= TOL, (step, got[step], want[step])
+        assert abs(alone[step] - want[step]) <= TOL, (step, alone[step], want[step])
