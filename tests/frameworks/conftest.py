@@ -84,9 +84,18 @@ def deepspeed_alias():
     yield
 
 
+def same_weights(a, b, atol=0.0):
+    """The state dicts saved in files a and b hold the same keys and values (within atol)."""
+    code = (f"import torch; a = torch.load({str(a)!r}); b = torch.load({str(b)!r}); "
+            "assert sorted(a) == sorted(b), (sorted(a), sorted(b)); "
+            f"bad = [k for k in a if not torch.allclose(a[k].float(), b[k].float(), rtol=0, atol={atol!r})]; "
+            "assert not bad, bad; print('same', len(a))")
+    assert "same" in run([PYTHON, "-c", code])
+
+
 def have(module):
     return subprocess.run([PYTHON, "-c", f"import {module}"], env=env(), capture_output=True).returncode == 0
 
 
 __all__ = ["BUILD", "PYTHON", "WORKERS", "chorusrun", "single", "losses", "run", "env", "have", "shutil", "overlay",
-           "deepspeed_env", "real_deepspeed"]
+           "deepspeed_env", "real_deepspeed", "same_weights"]
