@@ -8,7 +8,6 @@
 #include "chorus/chorus.h"
 #include "zero/cpu_adam.h"
 #include "zero/engine.h"
-#include "zero/lr_schedule.h"
 #include "zero/shard_file.h"
 
 namespace py = pybind11;
@@ -56,11 +55,6 @@ py::dict configDict(const zero::DsConfig& c) {
   if (c.scheduler.present) {
     py::dict s;
     s["type"] = c.scheduler.type;
-    s["warmup_min_lr"] = c.scheduler.warmupMinLr;
-    s["warmup_max_lr"] = c.scheduler.warmupMaxLr;
-    s["warmup_num_steps"] = c.scheduler.warmupNumSteps;
-    s["warmup_type"] = c.scheduler.warmupType;
-    s["total_num_steps"] = c.scheduler.totalNumSteps;
     d["scheduler"] = s;
   } else {
     d["scheduler"] = py::none();
@@ -90,9 +84,6 @@ zero::GroupHyper groupHyper(const py::dict& g) {
 void bindZero(py::module_& m) {
   m.def("ds_config_parse", [](const std::string& json, int world) {
     return configDict(zero::DsConfig::parse(json, world));
-  });
-  m.def("scheduled_lr", [](const std::string& json, int world, int64_t iteration) {
-    return zero::scheduledLr(zero::DsConfig::parse(json, world).scheduler, iteration);
   });
   m.def("write_file_atomic", [](const std::string& path, const py::bytes& data) {
     std::string s = data;

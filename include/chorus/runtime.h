@@ -136,7 +136,7 @@ class Runtime {
   // MASTER_PORT): the launcher's when it set them, else a port free on rank 0's
   // host that rank 0 chose at init (elastic jobs: every round anew), outside the
   // ephemeral range and held by rank 0 until shutdown: torch.distributed's
-  // TCPStore (SO_REUSEADDR) can listen on it, other programs cannot take it.
+  // TCPStore (SO_REUSEADDR) can listen on it; bind(0) and other jobs' choosers cannot take it.
   std::pair<std::string, int> torchMaster() const;
   const Config& config() const;
 

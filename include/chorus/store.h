@@ -52,9 +52,11 @@ std::unique_ptr<TcpStoreServer> startTcpStoreServer(const std::string& bindHost,
 // For a store whose port every rank derives alike (torchrun's MASTER_PORT+1,
 // Slurm's job numbers) and that someone else may have taken: the server
 // listens on the first of `ports` that no socket has (one in use, even only
-// bound, means the next); throws naming them when all are. A client tries the
+// bound, means the next; one left only in TIME_WAIT is taken); throws naming
+// them when all are. A client tries the
 // same ports in the same order and keeps the first whose server admits the job
-// secret (a stranger on a port is passed over: it fails the handshake).
+// secret (another job's store, which refuses the secret, and a silent program are passed
+// over; a program that answers "admitted" is trusted: the handshake proves the secret one way).
 std::unique_ptr<TcpStoreServer> startTcpStoreServerOnFirstFree(const std::string& bindHost,
                                                                const std::vector<int>& ports,
                                                                const std::string& secret,

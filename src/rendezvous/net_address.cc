@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -204,9 +206,45 @@ HeldPort hold(int fd) {
 }
 }  // namespace
 
+namespace {
+// "1,2-5,..." from /proc/sys/net/ipv4/ip_local_reserved_ports: ports the admin keeps for services.
+bool reservedPort(int port) {
+  std::ifstream in("/proc/sys/net/ipv4/ip_local_reserved_ports");
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    int a = 0, b = 0;
+    const int n = std::sscanf(item.c_str(), "%d-%d", &a, &b);
+    if ((n == 1 && port == a) || (n == 2 && port >= a && port <= b)) return true;
+  }
+  return false;
+}
+}  // namespace
+
+bool onlyTimeWaitOn(int port) {
+  // /proc/net/tcp{,6}: "sl local_address(hex ip:hex port) rem_address st ..."; st 06 is TIME_WAIT.
+  // A socket that is only bound (a held port) is listed nowhere: it reads as taken.
+  bool any = false;
+  for (const char* path : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(path);
+    std::string line;
+    std::getline(in, line);  // the header
+    while (std::getline(in, line)) {
+      char local[64] = {0}, remote[64] = {0};
+      unsigned state = 0;
+      if (std::sscanf(line.c_str(), "%*d: %63s %63s %x", local, remote, &state) != 3) continue;
+      const char* colon = std::strrchr(local, ':');
+      if (!colon || std::strtol(colon + 1, nullptr, 16) != port) continue;
+      if (state != 0x06) return false;
+      any = true;
+    }
+  }
+  return any;
+}
+
 HeldPort holdFreePort() {
   const auto [lo, hi] = ephemeralPortRange();
-  constexpr int kFirst = 1024, kLast = 65535;
+  // From 10000: below it sit the well-known and registered ports of services a host may start later.
+  constexpr int kFirst = 10000, kLast = 65535;
   const int below = std::max(0, std::min(lo, kLast + 1) - kFirst);  // kFirst .. lo-1
   const int above = std::max(0, kLast - std::max(hi, kFirst - 1));  // hi+1 .. kLast
   bool v6 = true;
@@ -219,6 +257,7 @@ HeldPort holdFreePort() {
     for (int tries = 0; tries < 256; ++tries) {
       const int i = pick(gen);
       const int port = i < below ? kFirst + i : hi + 1 + (i - below);
+      if (reservedPort(port)) continue;
       const int fd = bindPlain(port, &v6);
       if (fd >= 0) return hold(fd);
       if (errno != EADDRINUSE && errno != EACCES) throw Error(std::string("cannot probe TCP port ") +

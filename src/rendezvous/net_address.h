@@ -57,9 +57,13 @@ class HeldPort {
   int port_ = 0;
 };
 
-// Chooses a port at random among 1024..65535 outside the ephemeral range and
-// holds it (see HeldPort). When the range leaves no port outside it, the
+// Chooses a port at random among 10000..65535 outside the ephemeral range and
+// the reserved ports, and holds it (see HeldPort). When the range leaves no port outside it, the
 // kernel's pick is held instead. Throws chorus::Error when no port is free.
 HeldPort holdFreePort();
+
+// Whether the only sockets on TCP port are in TIME_WAIT (a server that just
+// closed): such a port can be bound again with SO_REUSEADDR.
+bool onlyTimeWaitOn(int port);
 
 }  // namespace chorus::net

@@ -23,6 +23,7 @@
 #include "core/byte_io.h"
 #include "core/logging.h"
 #include "rendezvous/kv_table.h"
+#include "rendezvous/net_address.h"
 #include "rendezvous/refusal_log.h"
 #include "rendezvous/wire.h"
 
@@ -67,7 +68,10 @@ int listenOn(const std::string& bindHost, int port, bool reuse, std::string* why
   const int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   const int one = 1;
   if (fd >= 0 && reuse) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  const bool ok = fd >= 0 && ::bind(fd, res->ai_addr, res->ai_addrlen) == 0 && ::listen(fd, 128) == 0;
+  // SO_REUSEADDR once bound, even after a plain bind: the connections this server
+  // accepts inherit it, so the TIME_WAIT they leave does not keep a restart out.
+  const bool ok = fd >= 0 && ::bind(fd, res->ai_addr, res->ai_addrlen) == 0 &&
+                  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) == 0 && ::listen(fd, 128) == 0;
   const int err = errno;
   freeaddrinfo(res);
   if (ok) return fd;
@@ -372,7 +376,10 @@ std::unique_ptr<TcpStoreServer> startTcpStoreServerOnFirstFree(const std::string
   for (int port : ports) {
     std::string why;
     bool inUse = false;
-    const int fd = listenOn(bindHost, port, false, &why, &inUse);
+    // A plain bind first, so that another job's held port reads as taken; a port
+    // left only in TIME_WAIT (this job's store before a re-init) is bound again.
+    int fd = listenOn(bindHost, port, false, &why, &inUse);
+    if (fd < 0 && inUse && net::onlyTimeWaitOn(port)) fd = listenOn(bindHost, port, true, &why, &inUse);
     if (fd >= 0) {
       if (!tried.empty()) CHORUS_INFO(0, "chorus store: " << tried << " taken; listening on " << port);
       return std::make_unique<Server>(fd, secret, options);

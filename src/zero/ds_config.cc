@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <vector>
 
 #include "chorus/error.h"
@@ -161,24 +162,13 @@ DsConfig DsConfig::parse(const std::string& text, int world) {
     if (!s.contains("type")) throw InvalidArgument("DeepSpeed config: 'scheduler.type' is required");
     c.scheduler.present = true;
     c.scheduler.type = get<std::string>(s, "type", "scheduler", "");
-    const bool warmup = c.scheduler.type == "WarmupLR" || c.scheduler.type == "WarmupDecayLR";
-    // The others' parameters are checked where they are computed (runtime/lr_schedules.py).
-    if (!warmup && c.scheduler.type != "WarmupCosineLR" && c.scheduler.type != "OneCycle" &&
-        c.scheduler.type != "LRRangeTest")
+    static const std::set<std::string> kTypes = {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle",
+                                                 "LRRangeTest"};
+    if (!kTypes.count(c.scheduler.type))
       throw InvalidArgument("DeepSpeed config: 'scheduler.type' " + c.scheduler.type +
                             " is not one of WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest");
-    if (warmup && s.contains("params")) {
-      const json& p = s["params"];
-      checkKeys(p, "scheduler.params", {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type",
-                                         "total_num_steps", "last_batch_iteration"});
-      c.scheduler.warmupMinLr = get<double>(p, "warmup_min_lr", "scheduler.params", 0.0);
-      c.scheduler.warmupMaxLr = get<double>(p, "warmup_max_lr", "scheduler.params", 1e-3);
-      c.scheduler.warmupNumSteps = get<int64_t>(p, "warmup_num_steps", "scheduler.params", 1000);
-      c.scheduler.warmupType = get<std::string>(p, "warmup_type", "scheduler.params", "log");
-      c.scheduler.totalNumSteps = get<int64_t>(p, "total_num_steps", "scheduler.params", 0);
-    }
-    if (c.scheduler.type == "WarmupDecayLR" && c.scheduler.totalNumSteps <= 0)
-      throw InvalidArgument("DeepSpeed config: 'scheduler.params.total_num_steps' is required for WarmupDecayLR");
+    if (s.contains("params") && !s["params"].is_object())
+      throw InvalidArgument("DeepSpeed config: 'scheduler.params' must be an object");
   }
 
   if (j.contains("fp16")) {

@@ -23,12 +23,11 @@ struct DsConfig {
     bool adamWMode = true;  // DeepSpeed's type Adam decouples weight decay unless adam_w_mode is false
   } optimizer;
 
+  // The schedule itself is Python's (deepspeed.runtime.lr_schedules, DeepSpeed's very
+  // numbers), which also checks its params; here only the type is checked.
   struct Scheduler {
     bool present = false;
-    std::string type;  // WarmupLR or WarmupDecayLR
-    double warmupMinLr = 0, warmupMaxLr = 1e-3;
-    int64_t warmupNumSteps = 1000, totalNumSteps = 0;
-    std::string warmupType = "log";
+    std::string type;
   } scheduler;
 
   double gradientClipping = 0.0;

@@ -34,6 +34,6 @@ def test_lr_schedules_equal_deepspeeds(tmp_path):
     got = json.loads((tmp_path / "chorus.json").read_text())
     assert "/overlays/deepspeed/" in want["deepspeed"], want["deepspeed"]
     assert "chorus" in got["deepspeed"], got["deepspeed"]
-    assert len(want["schedules"]) == 16 and len(want["engine"]) == 5
+    assert len(want["schedules"]) == 16 and len(want["engine"]) == 6
     diffs = differences(want["schedules"], got["schedules"]) + differences(want["engine"], got["engine"], ("engine",))
     assert not diffs, f"{len(diffs)} values differ from DeepSpeed's, the first: {diffs[:5]}"

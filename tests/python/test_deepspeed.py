@@ -22,6 +22,14 @@ def test_stages_match_single_process_training(ranks, n, zero_env):
     assert out.count("stage=3 bf16 offload=True adam gas=1") == n  # the matrix ran
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_zero_init_hooks_as_deepspeeds(ranks, n):
+    """zero.Init: rank 0's values everywhere, Module.apply on whole parameters, a
+    subclass's changes kept, skip_init's meta children partitioned (workers/zero_init_hooks.py)."""
+    out = ok(ranks(n, "zero_init_hooks.py"))
+    assert all(f"[{r}]<stdout>:ok {r}" in out for r in range(n)), out
+
+
 def test_loss_scaler_follows_deepspeeds_schedule(ranks):
     out = ok(ranks(2, "zero_scaler.py"))
     assert out.count("zero scaler ok") == 2

@@ -303,6 +303,25 @@ TEST(TcpStore, ADerivedPortTakenByOthersMovesToTheNextCandidate) {
   ::close(stranger);
 }
 
+TEST(TcpStore, ARestartedStoreGetsItsPortBackFromTimeWait) {
+  // A re-init under torchrun: the same candidates, the first left in TIME_WAIT by the
+  // store that just closed. It is this job's to take again, not a reason to move on.
+  net::HeldPort first = net::holdFreePort(), second = net::holdFreePort();
+  const std::vector<int> ports{first.port(), second.port()};
+  first.release();
+  second.release();
+  {
+    auto server = startTcpStoreServerOnFirstFree("127.0.0.1", ports, "job");
+    ASSERT_EQ(server->port(), ports[0]);
+    auto client = connectTcpStore("127.0.0.1", server->port(), "job", 5s);
+    client->set("k", {'1'});
+    server.reset();  // the server closes first: its side of the connection waits in TIME_WAIT
+  }
+  ASSERT_TRUE(net::onlyTimeWaitOn(ports[0])) << "the test needs port " << ports[0] << " in TIME_WAIT";
+  auto again = startTcpStoreServerOnFirstFree("127.0.0.1", ports, "job");
+  EXPECT_EQ(again->port(), ports[0]);
+}
+
 TEST(TcpStore, EveryCandidateTakenIsAnErrorNamingThem) {
   auto otherJob = startTcpStoreServer("127.0.0.1", 0, "another job's secret");
   net::HeldPort held = net::holdFreePort();

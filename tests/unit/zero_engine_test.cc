@@ -10,7 +10,6 @@
 #include "comm/shm/shared_pool.h"
 #include "harness.h"
 #include "zero/engine.h"
-#include "zero/lr_schedule.h"
 #include "zero/shard_file.h"
 
 namespace chorus::zero {
@@ -157,26 +156,6 @@ TEST(ShardFile, RoundTripsAndRefusesDamageByName) {
   expectRefused(flipped, "corrupted");
   ::unlink(path.c_str());
   EXPECT_THROW(ShardFile::read(path), Error);
-}
-
-TEST(LrSchedule, WarmupThenDecayAsDeepSpeedDefinesThem) {
-  DsConfig::Scheduler s;
-  s.type = "WarmupDecayLR";
-  s.warmupMinLr = 0.1;
-  s.warmupMaxLr = 1.1;
-  s.warmupNumSteps = 10;
-  s.totalNumSteps = 20;
-  s.warmupType = "linear";
-  EXPECT_DOUBLE_EQ(scheduledLr(s, -1), 0.1);
-  EXPECT_DOUBLE_EQ(scheduledLr(s, 0), 0.1);
-  EXPECT_DOUBLE_EQ(scheduledLr(s, 5), 0.6);
-  EXPECT_DOUBLE_EQ(scheduledLr(s, 10), 1.1);
-  EXPECT_DOUBLE_EQ(scheduledLr(s, 15), 0.6);
-  EXPECT_DOUBLE_EQ(scheduledLr(s, 25), 0.1);
-  s.type = "WarmupLR";
-  s.warmupType = "log";
-  EXPECT_NEAR(scheduledLr(s, 3), 0.1 + std::log(4.0) / std::log(10.0), 1e-12);
-  EXPECT_DOUBLE_EQ(scheduledLr(s, 50), 1.1);
 }
 
 }  // namespace

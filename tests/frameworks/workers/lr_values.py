@@ -53,6 +53,8 @@ ENGINE_CASES = [
     {"type": "OneCycle", "params": {"cycle_min_lr": 0.001, "cycle_max_lr": 0.01, "cycle_first_step_size": 8,
                                     "decay_step_size": 3, "decay_lr_rate": 0.2}},
     {"type": "LRRangeTest", "params": {"lr_range_test_min_lr": 0.001, "lr_range_test_step_size": 4}},
+    {"type": "WarmupLR", "params": {"warmup_min_lr": [0.001], "warmup_max_lr": [0.03], "warmup_num_steps": 6,
+                                    "warmup_type": "linear"}},  # per-group lists
 ]
 
 

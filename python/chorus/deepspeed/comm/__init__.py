@@ -60,11 +60,17 @@ def _keep_groups():
             _dist.barrier(async_op=True).wait(timeout=timedelta(seconds=30))
         except Exception:  # noqa: BLE001 (a peer gone: nothing to wait for)
             pass
-        time.sleep(0.05)  # the workers drop the finished works' tensors
+        # The barrier's work completes before the worker that ran an earlier work has
+        # dropped it; a moment with the GIL free lets it. (Kept groups never run their
+        # destructor, so this only spares that worker a wait at finalization.)
+        time.sleep(0.05)
     from torch.distributed import distributed_c10d as c10d
-    world = getattr(c10d, "_world", None)
-    for group in list(getattr(world, "pg_map", {}) or {}):
-        ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))  # outlives finalization: no destructor runs
+    world = getattr(c10d, "_world", None)  # torch >= 2.0; torch 1.x keeps the map in _pg_map
+    groups = list(getattr(world, "pg_map", None) or getattr(c10d, "_pg_map", None) or {})
+    groups.append(c10d.GroupMember.WORLD)
+    for group in groups:
+        if group is not None:
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))  # outlives finalization: no destructor runs
 
 
 def is_initialized():

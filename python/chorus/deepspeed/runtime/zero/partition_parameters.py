@@ -25,7 +25,6 @@ _orig_torch_arange = torch.arange
 _orig_torch_eye = torch.eye
 _orig_torch_randn = torch.randn
 _orig_torch_tensor = torch.tensor
-_orig_module_apply = torch.nn.Module.apply
 _CONSTRUCTORS = ("tensor", "empty", "zeros", "ones", "full", "arange", "eye", "randn")
 
 _next_id = [0]
@@ -225,7 +224,9 @@ class Init:
                 if outermost:
                     del module.__dict__["_chorus_zero_building"]
             if outermost:
-                if any(p.is_meta for p in module.parameters(recurse=False)):
+                # Built on the meta device (its own parameters or its children's: skip_init
+                # calls to_empty on the module it built): partitioned when storage comes.
+                if any(p.is_meta for p in module.parameters()):
                     ctx._partition_after_to_empty(module)
                 else:
                     ctx._partition_module(module)
@@ -287,7 +288,7 @@ class Init:
 
         torch.nn.Module.__init_subclass__ = init_subclass
         self._orig_apply = torch.nn.Module.apply
-        torch.nn.Module.apply = self._apply_gathered(_orig_module_apply)
+        torch.nn.Module.apply = self._apply_gathered(self._orig_apply)
         device = torch.device(get_accelerator().current_device_name())
         self._constructors = {}
         for name in _CONSTRUCTORS:
