@@ -29,15 +29,16 @@ model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.L
 optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
                                      named_parameters=model.named_parameters())
 sampler = hvd.elastic.ElasticSampler(data, shuffle=True, seed=1)
-me = os.environ.get("CHORUS_ELASTIC_WORKER", f"rank{hvd.rank()}")
+# A worker that replaces a dead one keeps its host:slot name: the pid tells them apart.
+me = (os.environ.get("CHORUS_ELASTIC_WORKER", f"rank{hvd.rank()}"), os.getpid())
 
 
 @hvd.elastic.run
 def train(state):
     workers = hvd.allgather_object(me)
     if hvd.rank() == 0:
-        left = sorted(set(state.workers) - set(workers))
-        joined = sorted(set(workers) - set(state.workers)) if state.workers else []
+        left = sorted(name for name, _ in set(state.workers) - set(workers))
+        joined = sorted(name for name, _ in set(workers) - set(state.workers)) if state.workers else []
         print(f"resuming from commit epoch {state.epoch} batch {state.batch} with {hvd.size()} workers"
               + (f"; left: {', '.join(left)}" if left else "") + (f"; joined: {', '.join(joined)}" if joined else ""),
               flush=True)

@@ -84,6 +84,7 @@ struct Config {
   // by chorusrun); rank and size then come from the driver's rounds.
   std::string elasticWorker;
   double elasticTimeoutSeconds = 600.0;
+  int64_t elasticStartRound = 0;  // joins only rounds after this one
 
   // Process sets given at init (static), and whether add/remove is allowed.
   std::vector<std::vector<int>> processSets;

@@ -29,6 +29,9 @@ const std::vector<SettingInfo>& settingsTable() {
        "Job secret; the store refuses requests without it."},
       {"CHORUS_ELASTIC_WORKER", "", "(set by chorusrun)",
        "Identity of an elastic worker (host:slot); its rank and size then come from the elastic driver."},
+      {"CHORUS_ELASTIC_ROUND", "", "(set by chorusrun)",
+       "The elastic round current when this worker was started; it joins a later one only (a worker "
+       "replacing a dead one with the same identity must not take the dead one's place in its round)."},
       {"CHORUS_ELASTIC_TIMEOUT", "HOROVOD_ELASTIC_TIMEOUT", "600",
        "Seconds an elastic worker waits to be given a place in the job before it fails."},
       {"CHORUS_BIND_ADDR", "", "(auto)",
@@ -231,6 +234,7 @@ void Config::applyEnv() {
   if (readSetting("CHORUS_LOG_LEVEL", &v)) logLevel = parseLevel(v);
   if (elasticWorker.empty() && readSetting("CHORUS_ELASTIC_WORKER", &v)) elasticWorker = v;
   readNumber("CHORUS_ELASTIC_TIMEOUT", &elasticTimeoutSeconds);
+  readNumber("CHORUS_ELASTIC_ROUND", &elasticStartRound);
   if (timeline.empty() && readSetting("CHORUS_TIMELINE", &v)) timeline = v;
   if (readSetting("CHORUS_TIMELINE_MARK_CYCLES", &v)) timelineMarkCycles = (v == "1" || v == "true");
   readNumber("CHORUS_METRICS_PORT", &metricsPort);

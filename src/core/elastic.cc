@@ -1,5 +1,6 @@
 // An elastic worker's rendezvous: its rank and size come from the driver's
 // latest round that includes it, not from its environment.
+#include <algorithm>
 #include <chrono>
 #include <sstream>
 #include <thread>
@@ -49,6 +50,7 @@ void RuntimeImpl::elasticRendezvous(Config& cfg) {
 
 void RuntimeImpl::elasticJoin(Config& cfg) {
   store = openStore(cfg);
+  elasticRound_ = std::max(elasticRound_, cfg.elasticStartRound);
   elasticRendezvous(cfg);
   elasticPending_ = {cfg.rank, cfg.size};
   CHORUS_INFO(cfg.rank, "elastic: worker " << cfg.elasticWorker << " joined round " << elasticRound_ << " as rank "

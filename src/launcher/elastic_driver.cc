@@ -118,6 +118,8 @@ void Driver::startWorker(const std::string& host, int slot) {
   w.started = static_cast<int64_t>(workers_.size());
   std::map<std::string, std::string> env = jobEnvironment(o_, addr_, server_->port(), secret_);
   env["CHORUS_ELASTIC_WORKER"] = w.id;
+  // A replacement keeps its predecessor's id: the round that one was in is not its.
+  env["CHORUS_ELASTIC_ROUND"] = std::to_string(round_);
   env["HOROVOD_ELASTIC"] = "1";
   env["CHORUS_ELASTIC_TIMEOUT"] = std::to_string(e_.elasticTimeout);
   // A host whose link dies must count as failed soon: ssh gives up after ~6 s.
