@@ -63,6 +63,12 @@ std::unique_ptr<DevicePath> makeHierarchicalPath(const std::shared_ptr<DeviceBac
                                                  std::unique_ptr<DevicePath> local, std::unique_ptr<DevicePath> cross,
                                                  std::unique_ptr<DevicePath> flat, int localRank, int localSize);
 
+// The NCCL path over the given NCCL functions (ncclApi() for the real one;
+// tests drive its watchdog over the host stand-in with functions of their own).
+struct NcclApi;
+std::unique_ptr<DevicePath> makeNcclPathWith(const NcclApi& api, const std::shared_ptr<DeviceBackend>& backend,
+                                             int ordinal, Communicator& cpu, const DevicePathOptions& opts);
+
 // The staged path alone (tests; the factory's fallback).
 std::unique_ptr<DevicePath> makeStagedPath(const std::shared_ptr<DeviceBackend>& backend, int ordinal,
                                            Communicator& cpu, const DevicePathOptions& opts);

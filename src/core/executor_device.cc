@@ -27,23 +27,6 @@ class Activity {
   const std::string& name_;
 };
 
-// Makes the set's device current on the thread that runs an op (chorus's, or a
-// caller's driving the cycle), as kernel launches need, and restores it after.
-class OnDevice {
- public:
-  OnDevice(DeviceBackend& b, int ordinal) : b_(b), prev_(b.current()) {
-    if (prev_ != ordinal) b_.setCurrent(ordinal);
-    else prev_ = -1;
-  }
-  ~OnDevice() {
-    if (prev_ >= 0) b_.setCurrent(prev_);
-  }
-
- private:
-  DeviceBackend& b_;
-  int prev_;
-};
-
 // Postscale, then Average's division, on the device (what the path did not fold in).
 void postProcessOn(DeviceBackend& b, const Response& r, void* buf, size_t n, int size, void* stream) {
   if (r.postscale != 1.0) b.scale(r.dtype, buf, buf, n, r.postscale, stream);
@@ -109,7 +92,7 @@ void DeviceRunner::allreduce(const Response* const* group, size_t n, EntryTable&
     present += entries.count(group[i]->name);
   }
   void* s = stream_.get();
-  OnDevice on(*b_, ordinal_);
+  CurrentDevice on(*b_, ordinal_);
   if (present == 0) {  // joined: zeros, in the same calls as the others
     path_->allreduceJoined(total, head.dtype, head.op, fold ? fold : 1.0, s);
     return;
@@ -168,7 +151,7 @@ void DeviceRunner::run(const Response& r, EntryTable& entries, const Release& re
   const int n = cpu_.size(), me = cpu_.rank();
   const size_t rb = static_cast<size_t>(numElements(tailOf(r.shape))) * dtypeSize(r.dtype);
   void* s = stream_.get();
-  OnDevice on(*b_, ordinal_);
+  CurrentDevice on(*b_, ordinal_);
   std::exception_ptr allocErr;
   switch (r.type) {
     case OpType::kAllgather: {

@@ -30,6 +30,7 @@ class DeviceRunner {
   ~DeviceRunner();  // after the work queued on its stream (it uses the buffers)
   const char* transport() const { return path_->transport(); }
   const std::string& reason() const { return why_; }
+  int ordinal() const { return ordinal_; }
 
   // A fused allreduce of CUDA tensors (ranks that joined take part with zeros).
   void allreduce(const Response* const* group, size_t n, EntryTable& entries, const Release& release);

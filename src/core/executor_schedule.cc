@@ -201,11 +201,18 @@ size_t Executor::runSome(const Response* src, size_t count, EntryTable& entries,
 }
 
 DeviceRunner& Executor::device(const Response& r, EntryTable& entries) {
-  if (device_) return *device_;
-  if (!deviceSettings_.backend) throw Error("CUDA tensors reached a process set with no device settings");
   // This rank's device for the set: its tensor's (a rank that joined: the current one).
   auto it = entries.find(r.name);
   const int ordinal = it != entries.end() ? it->second.input.device : -1;
+  if (device_) {
+    // The set's communicator and streams are on one device per rank (as NCCL's are).
+    if (ordinal >= 0 && ordinal != device_->ordinal())
+      throw InvalidArgument("'" + r.name + "': process set " + std::to_string(setId_) + " runs this rank's CUDA ops on cuda:" +
+                            std::to_string(device_->ordinal()) + ", this tensor is on cuda:" + std::to_string(ordinal) +
+                            " (one device per rank and process set)");
+    return *device_;
+  }
+  if (!deviceSettings_.backend) throw Error("CUDA tensors reached a process set with no device settings");
   auto runner = std::make_unique<DeviceRunner>(deviceSettings_, ordinal, comm_, timeline_, setId_);
   std::lock_guard<std::mutex> lock(deviceMu_);
   device_ = std::move(runner);

@@ -65,7 +65,7 @@ class RuntimeImpl {
   // The device backend for CUDA tensors: config.device, else CUDA (opened on
   // first use; throws chorus::Error saying what is missing).
   std::shared_ptr<DeviceBackend> deviceBackend();
-  std::shared_ptr<DeviceStream> p2pStream;  // receives' copies up (made on first use)
+  std::map<int, std::shared_ptr<DeviceStream>> p2pStreams;  // receives' copies up, per device (made on first use)
   // Pinned buffers of receives whose copy up may still be queued, each with the
   // event after it: kept until it has passed (a Work may be gone before that).
   struct InFlightCopy {

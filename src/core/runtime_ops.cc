@@ -93,6 +93,7 @@ std::shared_ptr<DeviceEvent> readyEvent(RuntimeImpl& impl, TensorList inputs, co
   if (dev < 0) return nullptr;
   auto backend = impl.deviceBackend();  // (throws saying what is missing)
   auto ready = std::make_shared<DeviceEvent>(backend, dev);
+  CurrentDevice on(*backend, dev);  // (a null stream is the current device's default stream)
   backend->record(ready->get(), opts.stream);
   return ready;
 }

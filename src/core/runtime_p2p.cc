@@ -31,15 +31,16 @@ void RuntimeImpl::stopP2p() {
   p2p.reset();
   p2pDriver.reset();
   releaseCopiesUp(true);
-  p2pStream.reset();
+  p2pStreams.clear();
 }
 
 void RuntimeImpl::releaseCopiesUp(bool wait) {
   std::lock_guard<std::mutex> lock(copiesMu);
   while (!copiesUp.empty()) {
     DeviceEvent& e = *copiesUp.front().done;
+    CurrentDevice on(e.backend(), e.ordinal());
     if (wait) e.backend().synchronize(e.get());
-    else if (!e.backend().query(e.get())) break;  // (in order: one side stream)
+    else if (!e.backend().query(e.get())) break;  // (in order: one side stream per device)
     copiesUp.pop_front();
   }
 }
@@ -81,6 +82,8 @@ std::vector<Work> RuntimeImpl::postP2p(const std::vector<P2pOp>& ops, int32_t se
     std::function<void()> landed;  // a CUDA receive: its copy up
     if (op.tensor.device >= 0) {
       auto b = deviceBackend();
+      const int dev = op.tensor.device;
+      CurrentDevice on(*b, dev);  // (the caller's null stream is its device's)
       const size_t bytes = op.tensor.bytes();
       std::shared_ptr<void> pinned(b->allocPinned(bytes), [b](void* p) {
         try {
@@ -90,16 +93,22 @@ std::vector<Work> RuntimeImpl::postP2p(const std::vector<P2pOp>& ops, int32_t se
       });
       work->owned.push_back(pinned);
       r.data = pinned.get();
-      work->deviceDone = std::make_shared<DeviceEvent>(b, op.tensor.device);
+      work->deviceDone = std::make_shared<DeviceEvent>(b, dev);
       if (op.send) {  // (host-synchronous: the bytes must be down before they go)
         b->copy(pinned.get(), op.tensor.data, bytes, stream);
         b->record(work->deviceDone->get(), stream);
         b->synchronize(work->deviceDone->get());
       } else {
-        if (!p2pStream) p2pStream = std::make_shared<DeviceStream>(b, op.tensor.device);
-        auto side = p2pStream;
+        auto& side = p2pStreams[dev];
+        if (!side) side = std::make_shared<DeviceStream>(b, dev);
+        // The copy up waits for what the caller's stream held at the post (earlier
+        // writes to the tensor; a block its allocator recycles).
+        auto posted = std::make_shared<DeviceEvent>(b, dev);
+        b->record(posted->get(), stream);
         void* dst = op.tensor.data;
-        landed = [this, b, side, dst, pinned, bytes, work] {
+        landed = [this, b, dev, side, posted, dst, pinned, bytes, work] {
+          CurrentDevice on(*b, dev);  // (the point-to-point thread's)
+          b->streamWait(side->get(), posted->get());
           b->copy(dst, pinned.get(), bytes, side->get());
           b->record(work->deviceDone->get(), side->get());
           std::lock_guard<std::mutex> lock(copiesMu);

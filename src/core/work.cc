@@ -113,7 +113,10 @@ std::exception_ptr Work::error() const { return state_->error(); }
 namespace chorus {
 
 void Work::streamWait(void* stream) const {
-  if (const auto& e = state_->deviceDone) e->backend().streamWait(stream, e->get());
+  if (const auto& e = state_->deviceDone) {
+    CurrentDevice on(e->backend(), e->ordinal());  // (a null stream is the current device's)
+    e->backend().streamWait(stream, e->get());
+  }
 }
 
 void Work::synchronizeDevice() const {

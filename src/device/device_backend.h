@@ -19,7 +19,7 @@ namespace chorus {
 
 // Bumped whenever this interface changes: a backend library built against
 // another version is refused by the loader, not called.
-inline constexpr int kDeviceBackendAbi = 1;
+inline constexpr int kDeviceBackendAbi = 2;
 
 // One piece of a batched copy (into or out of a fusion buffer); scale != 1
 // multiplies as it copies (dtype of the whole batch).
@@ -38,6 +38,9 @@ class DeviceBackend {
   virtual int count() const = 0;  // devices visible to this process
   virtual int current() const = 0;  // the calling thread's device
   virtual void setCurrent(int ordinal) = 0;
+  // Whether this process already has the device's context: making a device
+  // current that has none creates one (hundreds of MiB on a GPU nobody uses).
+  virtual bool active(int ordinal) const = 0;
   // Names the physical device (PCI bus id): two ranks on one host with the same
   // identity share a GPU (NCCL refuses them; chorus stages through host memory).
   virtual std::string identity(int ordinal) const = 0;

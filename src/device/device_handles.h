@@ -9,9 +9,37 @@
 
 namespace chorus {
 
+// Makes ordinal the calling thread's device for a scope (kernel launches and
+// the null stream follow it). The previous device comes back only if it has a
+// context: restoring a device 0 nobody used would create one. ordinal < 0: none.
+class CurrentDevice {
+ public:
+  CurrentDevice(DeviceBackend& b, int ordinal) : b_(b) {
+    if (ordinal < 0) return;
+    const int prev = b.current();
+    if (prev == ordinal && b.active(ordinal)) return;
+    b.setCurrent(ordinal);
+    if (prev != ordinal && b.active(prev)) prev_ = prev;
+  }
+  ~CurrentDevice() {
+    if (prev_ < 0) return;
+    try {
+      b_.setCurrent(prev_);
+    } catch (...) {
+    }
+  }
+  CurrentDevice(const CurrentDevice&) = delete;
+  CurrentDevice& operator=(const CurrentDevice&) = delete;
+
+ private:
+  DeviceBackend& b_;
+  int prev_ = -1;
+};
+
 class DeviceEvent {
  public:
-  DeviceEvent(std::shared_ptr<DeviceBackend> b, int ordinal) : b_(std::move(b)), e_(b_->createEvent(ordinal)) {}
+  DeviceEvent(std::shared_ptr<DeviceBackend> b, int ordinal)
+      : b_(std::move(b)), ordinal_(ordinal), e_(b_->createEvent(ordinal)) {}
   ~DeviceEvent() {
     try {
       b_->destroyEvent(e_);
@@ -21,10 +49,12 @@ class DeviceEvent {
   DeviceEvent(const DeviceEvent&) = delete;
   DeviceEvent& operator=(const DeviceEvent&) = delete;
   void* get() const { return e_; }
+  int ordinal() const { return ordinal_; }
   DeviceBackend& backend() const { return *b_; }
 
  private:
   std::shared_ptr<DeviceBackend> b_;
+  int ordinal_;
   void* e_;
 };
 

@@ -1,10 +1,12 @@
 #include "device/host_stand_in.h"
 
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "chorus/error.h"
@@ -18,7 +20,8 @@ namespace {
 // A stream: a thread running its queue in order.
 class Stream {
  public:
-  Stream() : thread_([this] { loop(); }) {}
+  explicit Stream(int device) : device_(device), thread_([this] { loop(); }) {}
+  int device() const { return device_; }
   ~Stream() {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -61,6 +64,7 @@ class Stream {
   std::deque<std::function<void()>> queue_;
   uint64_t queued_ = 0, ran_ = 0;
   bool stop_ = false;
+  const int device_;
   std::thread thread_;
 };
 
@@ -69,6 +73,7 @@ struct Event {
   std::mutex mu;
   std::condition_variable cv;
   uint64_t recorded = 0, completed = 0;
+  int device = 0;
   void waitFor(uint64_t gen) {
     std::unique_lock<std::mutex> lock(mu);
     cv.wait(lock, [&] { return completed >= gen; });
@@ -99,18 +104,29 @@ void castElements(DataType to, void* dst, DataType from, const void* src, size_t
 
 class HostStandIn final : public DeviceBackend {
  public:
-  explicit HostStandIn(HostStandInOptions opts) : opts_(std::move(opts)) {}
+  explicit HostStandIn(HostStandInOptions opts) : opts_(std::move(opts)), id_(++instances_) {
+    for (int d = 0; d < std::max(1, opts_.devices); ++d) defaults_.push_back(std::make_unique<Stream>(d));
+  }
   ~HostStandIn() override {
-    default_.drain();
+    for (auto& d : defaults_) d->drain();
     for (auto& [p, a] : device_) std::free(reinterpret_cast<void*>(p));
   }
   const char* name() const override { return "host stand-in"; }
   std::string version() const override { return "host stand-in (no GPU)"; }
   int count() const override { return opts_.devices; }
-  int current() const override { return current_; }
+  int current() const override {
+    const int c = threadCurrent();
+    return c < 0 ? 0 : c;  // (CUDA's answer before any device was made current; no context made)
+  }
   void setCurrent(int ordinal) override {
     checkOrdinal(ordinal);
-    current_ = ordinal;
+    checkBroken();
+    threadCurrent() = ordinal;
+    touchContext(ordinal);
+  }
+  bool active(int ordinal) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return contexts_.count(ordinal) > 0;
   }
   std::string identity(int ordinal) const override {
     checkOrdinal(ordinal);
@@ -125,7 +141,7 @@ class HostStandIn final : public DeviceBackend {
     return addr < it->first + std::max<size_t>(it->second.bytes, 1) ? it->second.ordinal : -1;
   }
   void* allocDevice(int ordinal, size_t bytes) override {
-    checkOrdinal(ordinal);
+    onDevice(ordinal);
     void* p = std::malloc(std::max<size_t>(bytes, 1));
     if (!p) throw Error("host stand-in: out of memory allocating " + std::to_string(bytes) + " bytes");
     std::lock_guard<std::mutex> lock(mu_);
@@ -134,30 +150,44 @@ class HostStandIn final : public DeviceBackend {
   }
   void freeDevice(void* p) override {
     if (!p) return;
+    live();
     std::lock_guard<std::mutex> lock(mu_);
     if (!device_.erase(reinterpret_cast<uintptr_t>(p))) throw InvalidArgument("host stand-in: freeDevice of unknown pointer");
     std::free(p);
   }
-  void* allocPinned(size_t bytes) override { return std::malloc(std::max<size_t>(bytes, 1)); }
+  void* allocPinned(size_t bytes) override {
+    live();
+    return std::malloc(std::max<size_t>(bytes, 1));
+  }
   void freePinned(void* p) override { std::free(p); }
 
   void* createStream(int ordinal) override {
-    checkOrdinal(ordinal);
-    return new Stream();
+    onDevice(ordinal);
+    return new Stream(ordinal);
   }
   void destroyStream(void* s) override { delete static_cast<Stream*>(s); }
   // An event outlives its handle while work queued on a stream refers to it
   // (as cudaEventDestroy allows).
-  void* createEvent(int) override { return new std::shared_ptr<Event>(std::make_shared<Event>()); }
+  void* createEvent(int ordinal) override {
+    onDevice(ordinal);
+    auto e = std::make_shared<Event>();
+    e->device = ordinal;
+    return new std::shared_ptr<Event>(std::move(e));
+  }
   void destroyEvent(void* e) override { delete static_cast<std::shared_ptr<Event>*>(e); }
   void record(void* event, void* stream) override {
+    live();
     std::shared_ptr<Event> e = ev(event);
+    Stream* s = on(stream);
+    if (s->device() != e->device)
+      throw Error("host stand-in: an event of device " + std::to_string(e->device) + " recorded on a stream of device " +
+                  std::to_string(s->device()) + " (CUDA refuses it: cudaErrorInvalidResourceHandle)");
     uint64_t gen;
     {
       std::lock_guard<std::mutex> lock(e->mu);
       gen = ++e->recorded;
     }
-    on(stream)->push([e, gen] {
+    s->push([e, gen] {
       {
         std::lock_guard<std::mutex> lock(e->mu);
         e->completed = std::max(e->completed, gen);
@@ -166,6 +196,7 @@ class HostStandIn final : public DeviceBackend {
     });
   }
   void streamWait(void* stream, void* event) override {
+    live();
     std::shared_ptr<Event> e = ev(event);
     uint64_t gen;
     {
@@ -175,11 +206,13 @@ class HostStandIn final : public DeviceBackend {
     on(stream)->push([e, gen] { e->waitFor(gen); });
   }
   bool query(void* event) override {
+    live();
     Event* e = ev(event).get();
     std::lock_guard<std::mutex> lock(e->mu);
     return e->completed >= e->recorded;
   }
   void synchronize(void* event) override {
+    live();
     Event* e = ev(event).get();
     uint64_t gen;
     {
@@ -188,32 +221,45 @@ class HostStandIn final : public DeviceBackend {
     }
     e->waitFor(gen);
   }
-  void synchronizeStream(void* stream) override { on(stream)->drain(); }
+  void synchronizeStream(void* stream) override {
+    live();
+    on(stream)->drain();
+  }
 
   void copy(void* dst, const void* src, size_t bytes, void* stream) override {
+    live();
     if (bytes) on(stream)->push([=] { std::memcpy(dst, src, bytes); });
   }
   void batchedCopy(const CopyItem* items, size_t n, void* stream) override {
     std::vector<CopyItem> copy(items, items + n);
-    on(stream)->push([copy = std::move(copy)] {
+    kernel(stream, "batched copy")->push([copy = std::move(copy)] {
       for (const CopyItem& c : copy)
         if (c.bytes) std::memcpy(c.dst, c.src, c.bytes);
     });
   }
   void scale(DataType dtype, void* dst, const void* src, size_t n, double factor, void* stream) override {
-    on(stream)->push([=] { scaleCopy(dtype, dst, src, n, factor); });
+    kernel(stream, "scale")->push([=] { scaleCopy(dtype, dst, src, n, factor); });
   }
   void divide(DataType dtype, void* buf, size_t n, int64_t divisor, void* stream) override {
-    on(stream)->push([=] { divideBuffer(dtype, buf, n, divisor); });
+    kernel(stream, "divide")->push([=] { divideBuffer(dtype, buf, n, divisor); });
   }
   void cast(DataType to, void* dst, DataType from, const void* src, size_t n, void* stream) override {
-    on(stream)->push([=] { castElements(to, dst, from, src, n); });
+    kernel(stream, "cast")->push([=] { castElements(to, dst, from, src, n); });
   }
   void reduce(DataType dtype, ReduceOp op, void* dst, const void* src, size_t n, void* stream) override {
-    on(stream)->push([=] { reduceBuffers(dtype, op == ReduceOp::kAverage ? ReduceOp::kSum : op, dst, dst, src, n); });
+    kernel(stream, "reduce")->push(
+        [=] { reduceBuffers(dtype, op == ReduceOp::kAverage ? ReduceOp::kSum : op, dst, dst, src, n); });
   }
 
   void enqueue(void* stream, std::function<void()> fn) { on(stream)->push(std::move(fn)); }
+  std::vector<int> contexts() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return {contexts_.begin(), contexts_.end()};
+  }
+  void breakWith(const std::string& message) {
+    std::lock_guard<std::mutex> lock(mu_);
+    broken_ = message;
+  }
 
  private:
   struct Alloc {
@@ -225,17 +271,65 @@ class HostStandIn final : public DeviceBackend {
       throw InvalidArgument("host stand-in: device " + std::to_string(ordinal) + " does not exist (" +
                             std::to_string(opts_.devices) + " devices)");
   }
+  // The calling thread's current device of this stand-in (-1: none made current yet).
+  int& threadCurrent() const {
+    thread_local std::map<uint64_t, int> current;
+    return current.try_emplace(id_, -1).first->second;
+  }
+  void touchContext(int ordinal) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    contexts_.insert(ordinal);
+  }
+  // A call that needs a context: a thread with none made current gets device 0's, as in CUDA.
+  void live() const {
+    checkBroken();
+    int& c = threadCurrent();
+    if (c < 0) {
+      c = 0;
+      touchContext(0);
+    }
+  }
+  // As chorus's CUDA backend does for calls naming a device: that device is
+  // current for the call, and the previous one comes back only if it has a context.
+  void onDevice(int ordinal) {
+    checkOrdinal(ordinal);
+    checkBroken();
+    const bool zeroLive = active(0);
+    touchContext(ordinal);
+    int& c = threadCurrent();
+    if (c < 0) c = zeroLive ? 0 : ordinal;  // (asking which device is current makes no context)
+  }
+  void checkBroken() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!broken_.empty()) throw Error(broken_);
+  }
+  Stream* kernel(void* stream, const char* what) {
+    live();
+    Stream* s = on(stream);
+    if (s->device() != threadCurrent())
+      throw Error(std::string("host stand-in: a ") + what + " kernel launched on a stream of device " +
+                  std::to_string(s->device()) + " while device " + std::to_string(threadCurrent()) +
+                  " is current (CUDA refuses it)");
+    return s;
+  }
   static const std::shared_ptr<Event>& ev(void* handle) { return *static_cast<std::shared_ptr<Event>*>(handle); }
-  Stream* on(void* stream) { return stream ? static_cast<Stream*>(stream) : &default_; }
+  Stream* on(void* stream) {
+    if (stream) return static_cast<Stream*>(stream);
+    const int c = threadCurrent();
+    return defaults_.at(c < 0 ? 0 : c).get();
+  }
 
   HostStandInOptions opts_;
+  const uint64_t id_;
+  static std::atomic<uint64_t> instances_;
   mutable std::mutex mu_;
   std::map<uintptr_t, Alloc> device_;
-  static thread_local int current_;
-  Stream default_;
+  mutable std::set<int> contexts_;
+  std::string broken_;
+  std::vector<std::unique_ptr<Stream>> defaults_;
 };
 
-thread_local int HostStandIn::current_ = 0;
+std::atomic<uint64_t> HostStandIn::instances_{0};
 
 }  // namespace
 
@@ -243,10 +337,20 @@ std::shared_ptr<DeviceBackend> makeHostStandIn(HostStandInOptions opts) {
   return std::make_shared<HostStandIn>(std::move(opts));
 }
 
-void standInEnqueue(DeviceBackend& standIn, void* stream, std::function<void()> fn) {
-  auto* s = dynamic_cast<HostStandIn*>(&standIn);
-  if (!s) throw InvalidArgument("standInEnqueue: not the host stand-in");
-  s->enqueue(stream, std::move(fn));
+namespace {
+HostStandIn& standIn(DeviceBackend& b, const char* what) {
+  auto* s = dynamic_cast<HostStandIn*>(&b);
+  if (!s) throw InvalidArgument(std::string(what) + ": not the host stand-in");
+  return *s;
+}
+}  // namespace
+
+std::vector<int> standInContexts(DeviceBackend& b) { return standIn(b, "standInContexts").contexts(); }
+
+void standInBreak(DeviceBackend& b, const std::string& message) { standIn(b, "standInBreak").breakWith(message); }
+
+void standInEnqueue(DeviceBackend& b, void* stream, std::function<void()> fn) {
+  standIn(b, "standInEnqueue").enqueue(stream, std::move(fn));
 }
 
 }  // namespace chorus

@@ -3,7 +3,9 @@
 // staged path's chunk pipeline, and NCCL opened and used with one rank.
 #include <gtest/gtest.h>
 
+#include <climits>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -91,6 +93,36 @@ TEST(CudaBackend, ReduceScaleDivideMatchTheCpuKernels) {
   EXPECT_EQ(dd.get<double>(), (std::vector<double>{0.75, -1.125, 5e9}));
 }
 
+// Integers reduce in their own type and wrap (expected values worked by hand:
+// through double, 2^53 + 1 + 2 would come out 2^53 + 4; uint8 would saturate).
+TEST(CudaBackend, IntegersReduceInTheirOwnTypeAndWrap) {
+  const int64_t big = (int64_t{1} << 53) + 1;
+  std::vector<int64_t> a = {big, -5, INT64_MAX}, b = {2, 3, 1};
+  Dev da(24), db(24);
+  da.put(a.data());
+  db.put(b.data());
+  gpu()->reduce(DataType::kInt64, ReduceOp::kSum, da.p, db.p, 3, nullptr);
+  EXPECT_EQ(da.get<int64_t>(), (std::vector<int64_t>{big + 2, -2, INT64_MIN}));
+  std::vector<uint8_t> u = {200, 255, 7}, v = {100, 1, 9};
+  Dev du(3), dv(3);
+  du.put(u.data());
+  dv.put(v.data());
+  gpu()->reduce(DataType::kUInt8, ReduceOp::kSum, du.p, dv.p, 3, nullptr);
+  EXPECT_EQ(du.get<uint8_t>(), (std::vector<uint8_t>{44, 0, 16}));
+  std::vector<int8_t> s8 = {100, -100}, t8 = {100, -100};
+  Dev ds(2), dt(2);
+  ds.put(s8.data());
+  dt.put(t8.data());
+  gpu()->reduce(DataType::kInt8, ReduceOp::kSum, ds.p, dt.p, 2, nullptr);
+  EXPECT_EQ(ds.get<int8_t>(), (std::vector<int8_t>{-56, 56}));
+  std::vector<uint16_t> p16 = {300, 2}, q16 = {300, 3};
+  Dev dp(4), dq(4);
+  dp.put(p16.data());
+  dq.put(q16.data());
+  gpu()->reduce(DataType::kUInt16, ReduceOp::kProduct, dp.p, dq.p, 2, nullptr);
+  EXPECT_EQ(dp.get<uint16_t>(), (std::vector<uint16_t>{24464, 6}));
+}
+
 TEST(CudaBackend, CastRoundsAsTheCpuDoes) {
   const size_t n = 100001;
   std::vector<float> f(n);
@@ -155,8 +187,13 @@ TEST(CudaBackend, AStreamWaitsForAnEventRecordedOnAnother) {
   b->destroyStream(s2);
 }
 
+// run.sh names torch's libnccl.so.2 in CHORUS_NCCL_LIBRARY: this program never
+// imports chorus's Python package, whose search list finds it otherwise.
 TEST(CudaBackend, NcclOpensWithItsVersion) {
+  const char* named = std::getenv("CHORUS_NCCL_LIBRARY");
+  ASSERT_TRUE(named && *named) << "CHORUS_NCCL_LIBRARY is not set (tests/gpu/run.sh sets it to torch's NCCL)";
   const NcclApi& api = ncclApi();
+  EXPECT_EQ(api.path, named);
   std::printf("NCCL %s from %s\n", api.versionString().c_str(), api.path.c_str());
   EXPECT_GE(api.version, kMinNcclVersion);
   EXPECT_EQ(ncclBuilt(), api.version);

@@ -2,6 +2,7 @@
 // this file once per level), against float64 references.
 #include <gtest/gtest.h>
 
+#include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -12,10 +13,38 @@
 
 #include "chorus/error.h"
 #include "harness.h"
+#include "device/element_ops.h"
 #include "reduce/reduce.h"
 
 namespace chorus::testing {
 namespace {
+
+// The device kernels' integer reduction (device/element_ops.h) and the CPU
+// kernels agree, and both wrap in the integer type (values worked by hand).
+TEST(Kernels, IntegersReduceInTheirOwnTypeAndWrapOnCpuAndDeviceAlike) {
+  const int64_t big = (int64_t{1} << 53) + 1;
+  EXPECT_EQ(reduceInteger<int64_t>(big, 2, 0), big + 2);  // (through double: 2^53 + 4)
+  EXPECT_EQ(reduceInteger<int64_t>(INT64_MAX, 1, 0), INT64_MIN);
+  EXPECT_EQ(reduceInteger<uint8_t>(200, 100, 0), 44);  // (through float: saturated at 255)
+  EXPECT_EQ(reduceInteger<int8_t>(100, 100, 0), -56);
+  EXPECT_EQ(reduceInteger<uint16_t>(300, 300, 4), 24464);
+  EXPECT_EQ(reduceInteger<int32_t>(-7, 3, 2), -7);
+  EXPECT_EQ(reduceInteger<int32_t>(-7, 3, 3), 3);
+  EXPECT_EQ(reduceInteger<bool>(true, false, 0), true);
+  EXPECT_EQ(reduceInteger<bool>(true, false, 4), false);
+  auto cpu = [](DataType t, ReduceOp op, auto a, auto b) {
+    decltype(a) out{};
+    reduceBuffers(t, op, &out, &a, &b, 1);
+    return out;
+  };
+  for (int op : {0, 2, 3, 4}) {
+    const auto o = static_cast<ReduceOp>(op);
+    EXPECT_EQ(cpu(DataType::kInt64, o, big, int64_t{3}), reduceInteger<int64_t>(big, 3, op)) << op;
+    EXPECT_EQ(cpu(DataType::kUInt8, o, uint8_t{200}, uint8_t{100}), reduceInteger<uint8_t>(200, 100, op)) << op;
+    EXPECT_EQ(cpu(DataType::kInt8, o, int8_t{-100}, int8_t{-100}), reduceInteger<int8_t>(-100, -100, op)) << op;
+    EXPECT_EQ(cpu(DataType::kUInt16, o, uint16_t{300}, uint16_t{301}), reduceInteger<uint16_t>(300, 301, op)) << op;
+  }
+}
 
 TEST(Kernels, RunTheRequestedInstructionSet) {
   const char* want = std::getenv("CHORUS_SIMD");

@@ -1,8 +1,12 @@
 // CUDA tensors over NCCL, one communicator per process set (every rank has a
 // GPU of its own). Ops are queued on the caller's stream and return at once; a
-// watchdog thread polls the queued work, and on NCCL's asynchronous error or a
-// timeout aborts the communicator (ncclCommAbort), so that kernels stuck on a
-// dead peer end and the next op on the set fails with PeerFailure or Timeout.
+// watchdog thread polls the queued work, and on NCCL's asynchronous error, a
+// CUDA error or a timeout aborts the communicator (ncclCommAbort), so that
+// kernels stuck on a dead peer end and the next op on the set fails with
+// PeerFailure or Timeout. An op's clock starts when it starts on the GPU, not
+// when it is queued behind the caller's kernels. The communicator is never
+// aborted while a thread is inside an NCCL call on it: the abort waits for
+// that call to return (NCCL's communicators are not thread-safe).
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -43,21 +47,21 @@ constexpr int kBytes = 1;  // ncclUint8
 
 class NcclPath final : public DevicePath {
  public:
-  NcclPath(std::shared_ptr<DeviceBackend> b, int ordinal, Communicator& cpu, const DevicePathOptions& opts)
-      : b_(std::move(b)), api_(ncclApi()), ordinal_(ordinal), cpu_(cpu), timeout_(opts.timeoutSeconds),
+  NcclPath(std::shared_ptr<DeviceBackend> b, int ordinal, Communicator& cpu, const DevicePathOptions& opts,
+           const NcclApi& api)
+      : b_(std::move(b)), api_(api), ordinal_(ordinal), cpu_(cpu), timeout_(opts.timeoutSeconds),
         zeros_(b_, ordinal) {
     NcclUniqueId id{};
     if (cpu.rank() == 0) api_.check(api_.getUniqueId(&id), "ncclGetUniqueId");
     cpu.broadcast(&id, sizeof id, 0);  // the set's own CPU path carries the id
-    const int prev = b_->current();
-    b_->setCurrent(ordinal);
-    const int rc = api_.commInitRank(&comm_, cpu.size(), id, cpu.rank());
-    b_->setCurrent(prev);
-    api_.check(rc, "ncclCommInitRank");
+    {
+      CurrentDevice on(*b_, ordinal);
+      api_.check(api_.commInitRank(&comm_, cpu.size(), id, cpu.rank()), "ncclCommInitRank");
+    }
     watchdog_ = std::thread([this] { watch(); });
   }
-  // Waits for queued work up to the timeout; what does not finish (a dead peer)
-  // is aborted rather than waited for.
+  // Waits for queued work up to the timeout; what does not finish (a dead peer,
+  // a broken device) is aborted rather than waited for. Never throws.
   ~NcclPath() override {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -66,12 +70,18 @@ class NcclPath final : public DevicePath {
     cv_.notify_all();
     watchdog_.join();
     if (aborted_) return;
-    const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_);
-    while (!queued_.empty() && Clock::now() < deadline) {
-      if (b_->query(queued_.front().event->get())) queued_.pop_front();
-      else std::this_thread::sleep_for(std::chrono::microseconds(200));
+    bool drained = false;
+    try {
+      CurrentDevice on(*b_, ordinal_);
+      const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_);
+      while (!queued_.empty() && Clock::now() < deadline) {
+        if (b_->query(queued_.front().done->get())) queued_.pop_front();
+        else std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+      drained = queued_.empty();
+    } catch (...) {  // (a CUDA error: the device's work is lost)
     }
-    if (queued_.empty()) api_.commDestroy(comm_);
+    if (drained) api_.commDestroy(comm_);
     else api_.commAbort(comm_);
   }
 
@@ -79,18 +89,18 @@ class NcclPath final : public DevicePath {
 
   void allreduce(void* buf, const void* in, size_t count, DataType dtype, ReduceOp op, double scale,
                  void* stream) override {
-    healthy();
+    InCall call(*this, stream);
     api_.check(api_.allReduce(in, buf, count, ncclType(dtype, "allreduce"), ncclOp(op), comm_, stream),
                "ncclAllReduce", comm_);
     if (scale != 1.0) b_->scale(dtype, buf, buf, count, scale, stream);
-    watchOver(stream);
   }
   void allreduceJoined(size_t count, DataType dtype, ReduceOp op, double scale, void* stream) override {
+    CurrentDevice on(*b_, ordinal_);
     void* z = zeros_.zeroed(count * dtypeSize(dtype), stream);  // (afresh: the last use summed into it)
     allreduce(z, z, count, dtype, op, 1.0, stream);
   }
   void allgatherv(const void* in, void* out, const std::vector<size_t>& bytes, void* stream) override {
-    healthy();
+    InCall call(*this, stream);
     bool even = true;
     for (size_t x : bytes) even &= x == bytes[0];
     if (even) {
@@ -104,16 +114,14 @@ class NcclPath final : public DevicePath {
                      "ncclBroadcast", comm_);
       api_.check(api_.groupEnd(), "ncclGroupEnd", comm_);
     }
-    watchOver(stream);
   }
   void broadcast(void* buf, size_t bytes, int root, void* stream) override {
-    healthy();
+    InCall call(*this, stream);
     api_.check(api_.broadcast(buf, buf, bytes, kBytes, root, comm_, stream), "ncclBroadcast", comm_);
-    watchOver(stream);
   }
   void alltoallv(const void* in, const std::vector<size_t>& sendBytes, void* out,
                  const std::vector<size_t>& recvBytes, void* stream) override {
-    healthy();
+    InCall call(*this, stream);
     api_.check(api_.groupStart(), "ncclGroupStart");
     size_t s = 0, r = 0;
     for (int p = 0; p < cpu_.size(); s += sendBytes[p], r += recvBytes[p], ++p) {
@@ -125,11 +133,10 @@ class NcclPath final : public DevicePath {
                    comm_);
     }
     api_.check(api_.groupEnd(), "ncclGroupEnd", comm_);
-    watchOver(stream);
   }
   void reducescatter(const void* in, void* out, const std::vector<size_t>& counts, DataType dtype, ReduceOp op,
                      double scale, void* stream) override {
-    healthy();
+    InCall call(*this, stream);
     const int t = ncclType(dtype, "reducescatter");
     bool even = true;
     for (size_t c : counts) even &= c == counts[0];
@@ -147,7 +154,6 @@ class NcclPath final : public DevicePath {
       api_.check(api_.groupEnd(), "ncclGroupEnd", comm_);
     }
     if (scale != 1.0) b_->scale(dtype, out, out, counts[cpu_.rank()], scale, stream);
-    watchOver(stream);
   }
   void abort() override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -156,51 +162,100 @@ class NcclPath final : public DevicePath {
 
  private:
   struct Watched {
-    std::unique_ptr<DeviceEvent> event;
-    Clock::time_point since;
+    std::unique_ptr<DeviceEvent> start, done;  // recorded before and after the op on its stream
+    bool started = false;
+    Clock::time_point since;  // when start was seen complete
   };
-  // The error that ended this communicator, rethrown by every later op.
-  void healthy() {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (failed_) std::rethrow_exception(failed_);
-  }
-  void watchOver(void* stream) {
-    auto e = std::make_unique<DeviceEvent>(b_, ordinal_);
-    b_->record(e->get(), stream);
-    std::lock_guard<std::mutex> lock(mu_);
-    queued_.push_back({std::move(e), Clock::now()});
-    cv_.notify_all();
-  }
+  // One op's NCCL calls: refused once the communicator failed; an abort asked
+  // for meanwhile waits for the last call to return. On leaving, the op is
+  // watched from its start on the GPU to its end.
+  class InCall {
+   public:
+    InCall(NcclPath& p, void* stream) : p_(p), stream_(stream), on_(*p.b_, p.ordinal_) {
+      {
+        std::lock_guard<std::mutex> lock(p_.mu_);
+        if (p_.failed_) std::rethrow_exception(p_.failed_);
+        ++p_.inCall_;
+      }
+      w_.start = std::make_unique<DeviceEvent>(p_.b_, p_.ordinal_);
+      w_.done = std::make_unique<DeviceEvent>(p_.b_, p_.ordinal_);
+      try {
+        p_.b_->record(w_.start->get(), stream_);
+      } catch (...) {
+        leave();
+        throw;
+      }
+    }
+    ~InCall() {
+      bool ok = true;
+      try {
+        p_.b_->record(w_.done->get(), stream_);
+      } catch (...) {
+        ok = false;
+      }
+      leave(ok ? &w_ : nullptr);
+    }
+
+   private:
+    void leave(Watched* w = nullptr) {
+      std::lock_guard<std::mutex> lock(p_.mu_);
+      if (w) p_.queued_.push_back(std::move(*w));
+      if (--p_.inCall_ == 0 && p_.abortPending_) p_.doAbortLocked();
+      p_.cv_.notify_all();
+    }
+    NcclPath& p_;
+    void* stream_;
+    CurrentDevice on_;
+    Watched w_;
+  };
   void abortLocked(std::exception_ptr why) {
     if (!failed_) failed_ = why;
-    if (!aborted_) {
-      aborted_ = true;
-      api_.commAbort(comm_);
-    }
+    if (aborted_) return;
+    if (inCall_ > 0) abortPending_ = true;  // (the call in progress aborts as it leaves)
+    else doAbortLocked();
+  }
+  void doAbortLocked() {
+    abortPending_ = false;
+    if (aborted_) return;
+    aborted_ = true;
+    api_.commAbort(comm_);
   }
   void watch() {
     std::unique_lock<std::mutex> lock(mu_);
-    while (!stop_) {
-      cv_.wait_for(lock, std::chrono::milliseconds(queued_.empty() ? 200 : 2));
-      while (!queued_.empty() && b_->query(queued_.front().event->get())) queued_.pop_front();
-      if (aborted_) {
-        queued_.clear();
-        continue;
+    try {
+      CurrentDevice on(*b_, ordinal_);  // (else this thread's first call makes a context on GPU 0)
+      while (!stop_) {
+        cv_.wait_for(lock, std::chrono::milliseconds(queued_.empty() ? 200 : 2));
+        while (!queued_.empty() && b_->query(queued_.front().done->get())) queued_.pop_front();
+        if (aborted_) {
+          queued_.clear();
+          continue;
+        }
+        const auto now = Clock::now();
+        if (!queued_.empty() && !queued_.front().started && b_->query(queued_.front().start->get())) {
+          queued_.front().started = true;
+          queued_.front().since = now;
+        }
+        int async = 0;
+        if (api_.commGetAsyncError(comm_, &async) == kNcclSuccess && async != kNcclSuccess &&
+            async != kNcclInProgress) {
+          CHORUS_LOG(LogLevel::kError, -1, "NCCL reported an error on a process set's communicator ("
+                                                << api_.getErrorString(async) << "); aborting it");
+          abortLocked(std::make_exception_ptr(
+              PeerFailure(std::string("NCCL error: ") + api_.getErrorString(async) + " (communicator aborted)")));
+        } else if (!queued_.empty() && queued_.front().started &&
+                   std::chrono::duration<double>(now - queued_.front().since).count() > timeout_) {
+          CHORUS_LOG(LogLevel::kError, -1, "an NCCL op did not finish within the timeout; aborting the communicator");
+          abortLocked(std::make_exception_ptr(
+              Timeout("an NCCL op did not finish within " + std::to_string(timeout_) +
+                      " s of its start on the GPU (a peer died or stopped); the communicator was aborted")));
+        }
       }
-      int async = 0;
-      if (api_.commGetAsyncError(comm_, &async) == kNcclSuccess && async != kNcclSuccess &&
-          async != kNcclInProgress) {
-        CHORUS_LOG(LogLevel::kError, -1, "NCCL reported an error on a process set's communicator ("
-                                              << api_.getErrorString(async) << "); aborting it");
-        abortLocked(std::make_exception_ptr(
-            PeerFailure(std::string("NCCL error: ") + api_.getErrorString(async) + " (communicator aborted)")));
-      } else if (!queued_.empty() &&
-                 std::chrono::duration<double>(Clock::now() - queued_.front().since).count() > timeout_) {
-        CHORUS_LOG(LogLevel::kError, -1, "an NCCL op did not finish within the timeout; aborting the communicator");
-        abortLocked(std::make_exception_ptr(
-            Timeout("an NCCL op did not finish within " + std::to_string(timeout_) +
-                    " s (a peer died or stopped); the communicator was aborted")));
-      }
+    } catch (const std::exception& e) {  // (a CUDA error while polling: the device is unusable)
+      CHORUS_LOG(LogLevel::kError, -1, "the NCCL watchdog hit a device error (" << e.what() << "); aborting the communicator");
+      abortLocked(std::make_exception_ptr(Error(std::string("device error under NCCL: ") + e.what() +
+                                                " (communicator aborted)")));
+      queued_.clear();
     }
   }
 
@@ -215,7 +270,8 @@ class NcclPath final : public DevicePath {
   std::condition_variable cv_;
   std::deque<Watched> queued_;
   std::exception_ptr failed_;
-  bool aborted_ = false, stop_ = false;
+  int inCall_ = 0;
+  bool aborted_ = false, abortPending_ = false, stop_ = false;
   std::thread watchdog_;
 };
 
@@ -223,7 +279,12 @@ class NcclPath final : public DevicePath {
 
 std::unique_ptr<DevicePath> makeNcclPath(const std::shared_ptr<DeviceBackend>& backend, int ordinal,
                                          Communicator& cpu, const DevicePathOptions& opts) {
-  return std::make_unique<NcclPath>(backend, ordinal, cpu, opts);
+  return std::make_unique<NcclPath>(backend, ordinal, cpu, opts, ncclApi());
+}
+
+std::unique_ptr<DevicePath> makeNcclPathWith(const NcclApi& api, const std::shared_ptr<DeviceBackend>& backend,
+                                             int ordinal, Communicator& cpu, const DevicePathOptions& opts) {
+  return std::make_unique<NcclPath>(backend, ordinal, cpu, opts, api);
 }
 
 }  // namespace chorus

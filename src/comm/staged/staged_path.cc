@@ -21,6 +21,7 @@ class StagedPath final : public DevicePath {
  public:
   StagedPath(std::shared_ptr<DeviceBackend> b, int ordinal, Communicator& cpu, const DevicePathOptions& opts)
       : b_(std::move(b)),
+        ordinal_(ordinal),
         cpu_(cpu),
         chunkBytes_(static_cast<size_t>(std::max<int64_t>(opts.stageChunkBytes, 4096))),
         down_(b_, ordinal),
@@ -33,10 +34,13 @@ class StagedPath final : public DevicePath {
       slots_[i].upDone = std::make_unique<DeviceEvent>(b_, ordinal);
     }
   }
-  ~StagedPath() override {
-    for (auto& s : slots_)
-      if (s.upPending) b_->synchronize(s.upDone->get());
-    if (wholeUp_) b_->synchronize(wholeDone_->get());
+  ~StagedPath() override {  // (never throws: after a CUDA error the copies are lost anyway)
+    try {
+      for (auto& s : slots_)
+        if (s.upPending) b_->synchronize(s.upDone->get());
+      if (wholeUp_) b_->synchronize(wholeDone_->get());
+    } catch (...) {
+    }
   }
 
   const char* transport() const override { return "STAGED"; }
@@ -171,12 +175,13 @@ class StagedPath final : public DevicePath {
   }
   void toDevice(void* dev, const void* host, size_t bytes, void* stream) {
     b_->copy(dev, host, bytes, stream);
-    if (!wholeDone_) wholeDone_ = std::make_unique<DeviceEvent>(b_, b_->current());
+    if (!wholeDone_) wholeDone_ = std::make_unique<DeviceEvent>(b_, ordinal_);
     b_->record(wholeDone_->get(), stream);
     wholeUp_ = true;
   }
 
   std::shared_ptr<DeviceBackend> b_;
+  int ordinal_;
   Communicator& cpu_;
   size_t chunkBytes_;
   DeviceStream down_, up_;

@@ -9,9 +9,11 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "chorus/error.h"
 #include "device/device_backend.h"
+#include "device/element_ops.h"
 
 namespace chorus {
 namespace {
@@ -23,13 +25,41 @@ void check(cudaError_t rc, const char* what) {
   }
 }
 
-// Makes ordinal current for a scope (CUDA's current device is per thread).
+// Whether the device's primary context exists: the driver's
+// cuDevicePrimaryCtxGetState, reached through the runtime (no libcuda link).
+bool hasContext(int ordinal) {
+  using GetDevice = int (*)(int*, int);
+  using GetState = int (*)(int, unsigned*, int*);
+  static GetDevice getDevice = nullptr;
+  static GetState getState = nullptr;
+  static const bool found = [] {
+    cudaDriverEntryPointQueryResult q1{}, q2{};
+    return cudaGetDriverEntryPointByVersion("cuDeviceGet", reinterpret_cast<void**>(&getDevice), 12000,
+                                            cudaEnableDefault, &q1) == cudaSuccess &&
+           cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", reinterpret_cast<void**>(&getState), 12000,
+                                            cudaEnableDefault, &q2) == cudaSuccess &&
+           q1 == cudaDriverEntryPointSuccess && q2 == cudaDriverEntryPointSuccess;
+  }();
+  if (!found) return true;  // (unknown: behave as before, restore)
+  int dev = 0, active = 0;
+  unsigned flags = 0;
+  if (getDevice(&dev, ordinal) != 0 || getState(dev, &flags, &active) != 0) return true;
+  return active != 0;
+}
+
+// Makes ordinal current for a scope (CUDA's current device is per thread). The
+// previous device comes back only if it has a context: restoring the device 0
+// of a thread that never chose one would create a context there.
 class DeviceGuard {
  public:
   explicit DeviceGuard(int ordinal) {
     check(cudaGetDevice(&prev_), "cudaGetDevice");
-    if (ordinal >= 0 && ordinal != prev_) check(cudaSetDevice(ordinal), "cudaSetDevice");
-    else prev_ = -1;
+    if (ordinal >= 0 && ordinal != prev_) {
+      if (!hasContext(prev_)) prev_ = -1;
+      check(cudaSetDevice(ordinal), "cudaSetDevice");
+    } else {
+      prev_ = -1;
+    }
   }
   ~DeviceGuard() {
     if (prev_ >= 0) cudaSetDevice(prev_);
@@ -102,19 +132,25 @@ __global__ void castKernel(To* dst, const From* src, size_t n) {
 
 template <typename T>
 __global__ void reduceKernel(T* dst, const T* src, size_t n, int op) {
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const auto a = load(dst[i]), b = load(src[i]);
-    typename Acc<T>::type r;
-    switch (op) {
-      case 2: r = a < b ? a : b; break;
-      case 3: r = a > b ? a : b; break;
-      case 4: r = a * b; break;
-      default: r = a + b; break;
+  if constexpr (std::is_integral<T>::value) {  // (in the type itself: see element_ops.h)
+    for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += static_cast<size_t>(gridDim.x) * blockDim.x)
+      dst[i] = reduceInteger<T>(dst[i], src[i], op);
+  } else {
+    for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+      const auto a = load(dst[i]), b = load(src[i]);
+      typename Acc<T>::type r;
+      switch (op) {
+        case 2: r = a < b ? a : b; break;
+        case 3: r = a > b ? a : b; break;
+        case 4: r = a * b; break;
+        default: r = a + b; break;
+      }
+      // NaN propagates through Min and Max, as torch's do.
+      if ((op == 2 || op == 3) && (a != a || b != b)) r = a != a ? a : b;
+      dst[i] = store<T>(r);
     }
-    // NaN propagates through Min and Max, as torch's do.
-    if ((op == 2 || op == 3) && (a != a || b != b)) r = a != a ? a : b;
-    dst[i] = store<T>(r);
   }
 }
 
@@ -176,6 +212,7 @@ class CudaBackend final : public DeviceBackend {
     return d;
   }
   void setCurrent(int ordinal) override { check(cudaSetDevice(ordinal), "cudaSetDevice"); }
+  bool active(int ordinal) const override { return hasContext(ordinal); }
   std::string identity(int ordinal) const override {
     char bus[64] = {0};
     check(cudaDeviceGetPCIBusId(bus, sizeof bus, ordinal), "cudaDeviceGetPCIBusId");
