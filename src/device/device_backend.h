@@ -29,6 +29,25 @@ struct CopyItem {
   size_t bytes;
 };
 
+// Adam/AdamW's per-step numbers, worked out once on the host
+// (zero::adamCoefficients) so that the device and the CPU apply the same ones:
+// grad' = grad * gradScale + l2 * p; m = beta1 m + (1 - beta1) grad';
+// v = beta2 v + (1 - beta2) grad'^2; p = p * decay - stepSize * m / (sqrt(v) * invBias2Sqrt + eps).
+struct AdamCoefficients {
+  float beta1, beta2, eps, stepSize, invBias2Sqrt, decay, l2, gradScale;
+};
+
+// One tensor of a fused optimizer step: the fp32 master weights and state are
+// updated in place; low (null: none) also receives the new weights as 16 bits.
+struct AdamTensor {
+  float* master;
+  float* expAvg;
+  float* expAvgSq;
+  const void* grad;
+  void* low;
+  size_t n;
+};
+
 class DeviceBackend {
  public:
   virtual ~DeviceBackend() = default;
@@ -76,6 +95,15 @@ class DeviceBackend {
   virtual void cast(DataType to, void* dst, DataType from, const void* src, size_t n, void* stream) = 0;
   // dst[i] = dst[i] op src[i] (Sum, Min, Max, Product; Average reduces as Sum).
   virtual void reduce(DataType dtype, ReduceOp op, void* dst, const void* src, size_t n, void* stream) = 0;
+
+  // The ZeRO engine's optimizer: Adam over many tensors in one pass each
+  // (gradients in gradDtype: float32, float16 or bfloat16; low in lowDtype:
+  // float16 or bfloat16), matching the CPU step to float rounding.
+  virtual void adam(const AdamCoefficients& c, DataType gradDtype, DataType lowDtype, const AdamTensor* tensors,
+                    size_t n, void* stream) = 0;
+  // *out (one double in device memory) += the sum of squares of n floats of
+  // dtype (float32, float16, bfloat16); inf and nan propagate (fp16's overflow check).
+  virtual void sumSquares(DataType dtype, const void* src, size_t n, double* out, void* stream) = 0;
 };
 
 }  // namespace chorus

@@ -12,6 +12,8 @@
 #include "chorus/error.h"
 #include "reduce/half.h"
 #include "reduce/reduce.h"
+#include "zero/cpu_adam.h"
+#include "zero/optimizer_step.h"
 
 namespace chorus {
 
@@ -249,6 +251,26 @@ class HostStandIn final : public DeviceBackend {
   void reduce(DataType dtype, ReduceOp op, void* dst, const void* src, size_t n, void* stream) override {
     kernel(stream, "reduce")->push(
         [=] { reduceBuffers(dtype, op == ReduceOp::kAverage ? ReduceOp::kSum : op, dst, dst, src, n); });
+  }
+
+  void adam(const AdamCoefficients& c, DataType gradDtype, DataType lowDtype, const AdamTensor* tensors, size_t n,
+            void* stream) override {
+    std::vector<AdamTensor> ts(tensors, tensors + n);
+    kernel(stream, "adam")->push([=, ts = std::move(ts)] {
+      std::vector<float> g;
+      for (const AdamTensor& t : ts) {
+        const float* grad = static_cast<const float*>(t.grad);
+        if (gradDtype != DataType::kFloat32) {
+          g.resize(t.n);
+          zero::toFloat(g.data(), t.grad, gradDtype, t.n);
+          grad = g.data();
+        }
+        zero::cpuAdamStep(c, t.master, grad, t.expAvg, t.expAvgSq, t.n, t.low, lowDtype);
+      }
+    });
+  }
+  void sumSquares(DataType dtype, const void* src, size_t n, double* out, void* stream) override {
+    kernel(stream, "sum of squares")->push([=] { *out += zero::sumSquares(src, dtype, n); });
   }
 
   void enqueue(void* stream, std::function<void()> fn) { on(stream)->push(std::move(fn)); }

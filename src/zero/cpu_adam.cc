@@ -1,6 +1,7 @@
 #include "zero/cpu_adam.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <string>
 
@@ -8,14 +9,14 @@ namespace chorus::zero {
 
 #define CHORUS_DECLARE_ADAM(ns)                                                                         \
   namespace ns {                                                                                        \
-  void adamBlock(const AdamHyper&, float*, const float*, float*, float*, size_t, void*, DataType);      \
+  void adamBlock(const AdamCoefficients&, float*, const float*, float*, float*, size_t, void*, DataType); \
   }
 CHORUS_DECLARE_ADAM(adam_generic)
 CHORUS_DECLARE_ADAM(adam_avx2)
 CHORUS_DECLARE_ADAM(adam_avx512)
 
 namespace {
-using Block = void (*)(const AdamHyper&, float*, const float*, float*, float*, size_t, void*, DataType);
+using Block = void (*)(const AdamCoefficients&, float*, const float*, float*, float*, size_t, void*, DataType);
 struct Kernel {
   const char* name;
   Block block;
@@ -37,8 +38,26 @@ const Kernel& kernel() {
 
 const char* adamSimdLevel() { return kernel().name; }
 
+AdamCoefficients adamCoefficients(const AdamHyper& h) {
+  AdamCoefficients c;
+  c.beta1 = h.beta1;
+  c.beta2 = h.beta2;
+  c.eps = h.eps;
+  c.stepSize = h.lr / (1.0f - static_cast<float>(std::pow(static_cast<double>(h.beta1), h.step)));
+  c.invBias2Sqrt = 1.0f / std::sqrt(1.0f - static_cast<float>(std::pow(static_cast<double>(h.beta2), h.step)));
+  c.decay = h.adamw ? 1.0f - h.lr * h.weightDecay : 1.0f;
+  c.l2 = h.adamw ? 0.0f : h.weightDecay;
+  c.gradScale = h.gradScale;
+  return c;
+}
+
 void cpuAdamStep(const AdamHyper& h, float* params, const float* grads, float* expAvg, float* expAvgSq, size_t n,
                  void* lowPrecision, DataType lowDtype) {
+  cpuAdamStep(adamCoefficients(h), params, grads, expAvg, expAvgSq, n, lowPrecision, lowDtype);
+}
+
+void cpuAdamStep(const AdamCoefficients& h, float* params, const float* grads, float* expAvg, float* expAvgSq,
+                 size_t n, void* lowPrecision, DataType lowDtype) {
   // Blocks small enough to stay in cache between the passes of one block.
   constexpr size_t kBlock = 1 << 14;
   const Block block = kernel().block;

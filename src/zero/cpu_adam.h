@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "chorus/types.h"
+#include "device/device_backend.h"
 
 namespace chorus::zero {
 
@@ -20,10 +21,15 @@ struct AdamHyper {
   float gradScale = 1.0f;  // gradients are multiplied by it first (loss-scale and clipping)
 };
 
+// The step's coefficients (the device kernels apply the same ones).
+AdamCoefficients adamCoefficients(const AdamHyper& h);
+
 // Updates n parameters in place. When lowPrecision is given, also writes the
 // updated parameters there as `lowDtype` (float16 or bfloat16), in the same pass.
 void cpuAdamStep(const AdamHyper& h, float* params, const float* grads, float* expAvg, float* expAvgSq, size_t n,
                  void* lowPrecision = nullptr, DataType lowDtype = DataType::kBFloat16);
+void cpuAdamStep(const AdamCoefficients& c, float* params, const float* grads, float* expAvg, float* expAvgSq,
+                 size_t n, void* lowPrecision = nullptr, DataType lowDtype = DataType::kBFloat16);
 
 // The instruction set the Adam kernel runs with.
 const char* adamSimdLevel();

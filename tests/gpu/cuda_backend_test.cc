@@ -6,6 +6,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdlib>
+#include <memory>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -15,6 +16,8 @@
 #include "device/loader.h"
 #include "reduce/half.h"
 #include "reduce/reduce.h"
+#include "zero/cpu_adam.h"
+#include "zero/optimizer_step.h"
 
 namespace chorus {
 namespace {
@@ -121,6 +124,79 @@ TEST(CudaBackend, IntegersReduceInTheirOwnTypeAndWrap) {
   dq.put(q16.data());
   gpu()->reduce(DataType::kUInt16, ReduceOp::kProduct, dp.p, dq.p, 2, nullptr);
   EXPECT_EQ(dp.get<uint16_t>(), (std::vector<uint16_t>{24464, 6}));
+}
+
+// The fused device Adam against the CPU step on the same inputs (to float
+// rounding: the GPU contracts multiply-adds), over tensors of odd sizes, with
+// bfloat16 gradients and copies, and more tensors than one launch takes.
+TEST(CudaBackend, AdamMatchesTheCpuStep) {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-1, 1);
+  zero::AdamHyper h;
+  h.lr = 1e-2f;
+  h.weightDecay = 0.1f;
+  h.adamw = true;
+  h.step = 3;
+  h.gradScale = 0.5f;
+  const AdamCoefficients c = zero::adamCoefficients(h);
+  for (DataType gd : {DataType::kFloat32, DataType::kBFloat16}) {
+    std::vector<size_t> sizes;
+    for (int i = 0; i < 60; ++i) sizes.push_back(1 + (i * 7919) % 5000);
+    sizes.push_back((1 << 20) + 3);
+    std::vector<std::vector<float>> p, m, v, want;
+    std::vector<std::vector<uint16_t>> g16, wantLow;
+    std::vector<std::vector<float>> g32;
+    std::vector<std::unique_ptr<Dev>> dp, dm, dv, dg, dl;
+    std::vector<AdamTensor> ts;
+    for (size_t n : sizes) {
+      p.emplace_back(n), m.emplace_back(n), v.emplace_back(n), g32.emplace_back(n), g16.emplace_back(n);
+      for (size_t i = 0; i < n; ++i) {
+        p.back()[i] = u(rng), m.back()[i] = u(rng) * 0.1f, v.back()[i] = std::abs(u(rng)) * 0.01f;
+        g16.back()[i] = floatToBf16(u(rng));
+        g32.back()[i] = gd == DataType::kFloat32 ? u(rng) : bf16ToFloat(g16.back()[i]);
+      }
+      dp.push_back(std::make_unique<Dev>(n * 4)), dm.push_back(std::make_unique<Dev>(n * 4));
+      dv.push_back(std::make_unique<Dev>(n * 4)), dl.push_back(std::make_unique<Dev>(n * 2));
+      dg.push_back(std::make_unique<Dev>(n * (gd == DataType::kFloat32 ? 4 : 2)));
+      dp.back()->put(p.back().data()), dm.back()->put(m.back().data()), dv.back()->put(v.back().data());
+      dg.back()->put(gd == DataType::kFloat32 ? static_cast<const void*>(g32.back().data()) : g16.back().data());
+      ts.push_back({static_cast<float*>(dp.back()->p), static_cast<float*>(dm.back()->p),
+                    static_cast<float*>(dv.back()->p), dg.back()->p, dl.back()->p, n});
+      want.push_back(p.back());
+      wantLow.emplace_back(n);
+      zero::cpuAdamStep(c, want.back().data(), g32.back().data(), m.back().data(), v.back().data(), n,
+                        wantLow.back().data(), DataType::kBFloat16);
+    }
+    gpu()->adam(c, gd, DataType::kBFloat16, ts.data(), ts.size(), nullptr);
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      auto got = dp[k]->get<float>();
+      auto low = dl[k]->get<uint16_t>();
+      for (size_t i = 0; i < sizes[k]; ++i) {
+        ASSERT_NEAR(got[i], want[k][i], 2e-6f * (1 + std::abs(want[k][i]))) << dtypeName(gd) << " " << k << " " << i;
+        ASSERT_NEAR(bf16ToFloat(low[i]), bf16ToFloat(wantLow[k][i]), 1e-2f * (1 + std::abs(want[k][i]))) << k << " " << i;
+      }
+    }
+  }
+}
+
+TEST(CudaBackend, SumOfSquaresMatchesTheCpuAndCarriesOverflow) {
+  const size_t n = (1 << 22) + 11;
+  std::mt19937 rng(4);
+  std::uniform_real_distribution<float> u(-2, 2);
+  std::vector<uint16_t> h(n);
+  for (auto& x : h) x = floatToHalf(u(rng));
+  Dev dh(n * 2), out(8);
+  dh.put(h.data());
+  const double zeroD = 0.0;
+  out.put(&zeroD);
+  gpu()->sumSquares(DataType::kFloat16, dh.p, n, static_cast<double*>(out.p), nullptr);
+  const double want = zero::sumSquares(h.data(), DataType::kFloat16, n);
+  EXPECT_NEAR(out.get<double>()[0], want, 1e-5 * want);
+  h[n / 2] = 0x7c00;  // +inf in float16: the overflow the loss scaler looks for
+  dh.put(h.data());
+  out.put(&zeroD);
+  gpu()->sumSquares(DataType::kFloat16, dh.p, n, static_cast<double*>(out.p), nullptr);
+  EXPECT_TRUE(std::isinf(out.get<double>()[0]));
 }
 
 TEST(CudaBackend, CastRoundsAsTheCpuDoes) {

@@ -18,6 +18,8 @@
 #include "comm/device_path.h"
 #include "device/host_stand_in.h"
 #include "device_helpers.h"
+#include "reduce/half.h"
+#include "zero/cpu_adam.h"
 #include "harness.h"
 
 namespace chorus::testing {
@@ -60,6 +62,55 @@ TEST(DeviceStandIn, KernelsMatchTheCpuReference) {
   b->freeDevice(dc);
   b->freeDevice(di);
   b->destroyStream(s);
+}
+
+// The device optimizer's interface through the stand-in against torch's AdamW
+// formula worked in double here: many tensors in one call, bfloat16 gradients
+// and 16-bit copies, a sum of squares added into device memory.
+TEST(DeviceStandIn, AdamOverManyTensorsFollowsTorchsFormula) {
+  auto b = makeHostStandIn();
+  const float lr = 0.01f, b1 = 0.9f, b2 = 0.99f, eps = 1e-8f, wd = 0.05f, gs = 0.25f;
+  const int64_t step = 4;
+  zero::AdamHyper h{lr, b1, b2, eps, wd, true, step, gs};
+  const AdamCoefficients c = zero::adamCoefficients(h);
+  std::vector<size_t> sizes = {1, 17, 1000, 4099};
+  std::vector<std::vector<float>> p, m, v;
+  std::vector<std::vector<uint16_t>> g, low;
+  std::vector<AdamTensor> ts;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    const size_t n = sizes[k];
+    p.emplace_back(n), m.emplace_back(n), v.emplace_back(n), g.emplace_back(n), low.emplace_back(n);
+    for (size_t i = 0; i < n; ++i) {
+      p[k][i] = std::sin(0.1f * i + k);
+      m[k][i] = 0.01f * std::cos(0.3f * i);
+      v[k][i] = 0.001f * (1 + (i % 7));
+      g[k][i] = floatToBf16(std::cos(0.7f * i + k));
+    }
+  }
+  auto p0 = p, m0 = m, v0 = v;
+  for (size_t k = 0; k < sizes.size(); ++k)
+    ts.push_back({p[k].data(), m[k].data(), v[k].data(), g[k].data(), low[k].data(), sizes[k]});
+  b->adam(c, DataType::kBFloat16, DataType::kBFloat16, ts.data(), ts.size(), nullptr);
+  std::vector<uint16_t> half(1000);
+  for (size_t i = 0; i < half.size(); ++i) half[i] = floatToHalf(0.01f * i);
+  double sum = 1.0;  // (added to)
+  b->sumSquares(DataType::kFloat16, half.data(), half.size(), &sum, nullptr);
+  b->synchronizeStream(nullptr);
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    for (size_t i = 0; i < sizes[k]; ++i) {
+      const double grad = static_cast<double>(bf16ToFloat(g[k][i])) * gs;
+      const double mi = b1 * static_cast<double>(m0[k][i]) + (1 - b1) * grad;
+      const double vi = b2 * static_cast<double>(v0[k][i]) + (1 - b2) * grad * grad;
+      const double mhat = mi / (1 - std::pow(b1, step)), vhat = vi / (1 - std::pow(b2, step));
+      const double want = p0[k][i] * (1 - lr * wd) - lr * mhat / (std::sqrt(vhat) + eps);
+      ASSERT_NEAR(p[k][i], want, 1e-5 * (1 + std::abs(want))) << k << " " << i;
+      ASSERT_NEAR(m[k][i], mi, 1e-6) << k << " " << i;
+      ASSERT_NEAR(bf16ToFloat(low[k][i]), want, 1e-2 * (1 + std::abs(want))) << k << " " << i;
+    }
+  }
+  double want = 1.0;
+  for (uint16_t x : half) want += static_cast<double>(halfToFloat(x)) * halfToFloat(x);
+  EXPECT_NEAR(sum, want, 1e-5 * want);  // (float sums within blocks, as on the GPU)
 }
 
 TEST(DeviceStandIn, AStreamWaitsForAnEventRecordedElsewhere) {

@@ -72,9 +72,12 @@ class DeviceGuard {
 constexpr int kThreads = 256;
 constexpr int kItemsPerLaunch = 64;  // CopyItems passed by value (1.5 KiB of parameters)
 
-struct CopyBatch {
-  CopyItem items[kItemsPerLaunch];
+// Items of a multi-tensor kernel, passed by value (one block row per item).
+template <typename T, size_t K>
+struct Batch {
+  T items[K];
 };
+using CopyBatch = Batch<CopyItem, kItemsPerLaunch>;
 
 // One block row per item; 16-byte moves where both ends and the size allow.
 __global__ void batchedCopyKernel(CopyBatch batch) {
@@ -154,9 +157,69 @@ __global__ void reduceKernel(T* dst, const T* src, size_t n, int op) {
   }
 }
 
+constexpr int kAdamPerLaunch = 48;  // AdamTensors passed by value (2.3 KiB of parameters)
+using AdamBatch = Batch<AdamTensor, kAdamPerLaunch>;
+
+// One block row per tensor; the CPU step's arithmetic (zero/adam_kernels.inc).
+template <typename G, typename L>
+__global__ void adamKernel(AdamCoefficients c, AdamBatch batch) {
+  const AdamTensor t = batch.items[blockIdx.y];
+  float* __restrict p = t.master;
+  float* __restrict m = t.expAvg;
+  float* __restrict v = t.expAvgSq;
+  const G* __restrict g = static_cast<const G*>(t.grad);
+  L* __restrict low = static_cast<L*>(t.low);
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < t.n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const float grad = static_cast<float>(load(g[i])) * c.gradScale + c.l2 * p[i];
+    const float mi = m[i] * c.beta1 + (1.0f - c.beta1) * grad;
+    const float vi = v[i] * c.beta2 + (1.0f - c.beta2) * grad * grad;
+    m[i] = mi;
+    v[i] = vi;
+    const float pi = p[i] * c.decay - c.stepSize * mi / (sqrtf(vi) * c.invBias2Sqrt + c.eps);
+    p[i] = pi;
+    if (low) low[i] = store<L>(pi);
+  }
+}
+
+// Squares summed in float per thread, in double across the block and the grid.
+template <typename T>
+__global__ void sumSquaresKernel(const T* src, size_t n, double* out) {
+  __shared__ double part[kThreads];
+  float acc = 0.0f;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const float x = static_cast<float>(load(src[i]));
+    acc += x * x;
+  }
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) atomicAdd(out, part[0]);
+}
+
 unsigned blocksFor(size_t n) {
   const size_t b = (n + kThreads - 1) / kThreads;
   return static_cast<unsigned>(std::max<size_t>(1, std::min<size_t>(b, 4096)));
+}
+
+// Calls launch(batch, grid) for items in batches of K; grid has a block row per
+// item and columns for the largest (work(item): its units of work).
+template <size_t K, typename T, typename Work, typename Launch>
+void inBatches(const T* items, size_t n, Work work, Launch launch) {
+  for (size_t at = 0; at < n; at += K) {
+    Batch<T, K> b{};
+    const size_t k = std::min<size_t>(K, n - at);
+    size_t largest = 0;
+    for (size_t i = 0; i < k; ++i) {
+      b.items[i] = items[at + i];
+      largest = std::max(largest, work(items[at + i]));
+    }
+    if (largest) launch(b, dim3(std::min<unsigned>(blocksFor(largest), 1024), static_cast<unsigned>(k)));
+  }
 }
 
 // Calls fn with a null pointer of dtype's device type.
@@ -273,19 +336,12 @@ class CudaBackend final : public DeviceBackend {
     if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, S(stream)), "cudaMemcpyAsync");
   }
   void batchedCopy(const CopyItem* items, size_t n, void* stream) override {
-    for (size_t at = 0; at < n; at += kItemsPerLaunch) {
-      CopyBatch b{};
-      const size_t k = std::min<size_t>(kItemsPerLaunch, n - at);
-      size_t largest = 0;
-      for (size_t i = 0; i < k; ++i) {
-        b.items[i] = items[at + i];
-        largest = std::max(largest, items[at + i].bytes);
-      }
-      if (!largest) continue;
-      dim3 grid(std::min<unsigned>(blocksFor(largest / 16 + 1), 1024), static_cast<unsigned>(k));
-      batchedCopyKernel<<<grid, kThreads, 0, S(stream)>>>(b);
-      check(cudaGetLastError(), "batched copy kernel");
-    }
+    inBatches<kItemsPerLaunch>(
+        items, n, [](const CopyItem& c) { return c.bytes ? c.bytes / 16 + 1 : 0; },
+        [&](const CopyBatch& b, dim3 grid) {
+          batchedCopyKernel<<<grid, kThreads, 0, S(stream)>>>(b);
+          check(cudaGetLastError(), "batched copy kernel");
+        });
   }
   void scale(DataType dtype, void* dst, const void* src, size_t n, double factor, void* stream) override {
     if (!n) return;
@@ -333,6 +389,36 @@ class CudaBackend final : public DeviceBackend {
                                                                   static_cast<int>(op));
     });
     check(cudaGetLastError(), "reduce kernel");
+  }
+  void adam(const AdamCoefficients& c, DataType gradDtype, DataType lowDtype, const AdamTensor* tensors, size_t n,
+            void* stream) override {
+    if (lowDtype != DataType::kFloat16 && lowDtype != DataType::kBFloat16)
+      throw InvalidArgument(std::string("adam: the 16-bit copy must be float16 or bfloat16, not ") + dtypeName(lowDtype));
+    byFloatType(gradDtype, "adam", [&](auto* gt) {
+      using G = std::remove_pointer_t<decltype(gt)>;
+      if constexpr (std::is_same<G, double>::value) {
+        throw InvalidArgument("adam: float64 gradients are not supported");
+      } else {
+        auto launch = [&](auto* lt) {
+          using L = std::remove_pointer_t<decltype(lt)>;
+          inBatches<kAdamPerLaunch>(tensors, n, [](const AdamTensor& t) { return t.n; },
+                                    [&](const AdamBatch& b, dim3 grid) {
+                                      adamKernel<G, L><<<grid, kThreads, 0, S(stream)>>>(c, b);
+                                      check(cudaGetLastError(), "adam kernel");
+                                    });
+        };
+        if (lowDtype == DataType::kFloat16) launch(static_cast<__half*>(nullptr));
+        else launch(static_cast<__nv_bfloat16*>(nullptr));
+      }
+    });
+  }
+  void sumSquares(DataType dtype, const void* src, size_t n, double* out, void* stream) override {
+    if (!n) return;
+    byFloatType(dtype, "sum of squares", [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      sumSquaresKernel<T><<<blocksFor(n), kThreads, 0, S(stream)>>>(static_cast<const T*>(src), n, out);
+    });
+    check(cudaGetLastError(), "sum of squares kernel");
   }
 };
 
