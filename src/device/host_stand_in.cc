@@ -2,6 +2,8 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <sys/mman.h>
+
 #include <cstring>
 #include <deque>
 #include <map>
@@ -107,11 +109,30 @@ void castElements(DataType to, void* dst, DataType from, const void* src, size_t
 class HostStandIn final : public DeviceBackend {
  public:
   explicit HostStandIn(HostStandInOptions opts) : opts_(std::move(opts)), id_(++instances_) {
+    // Device addresses come from a reserved range the host cannot touch: host
+    // code that reads or writes device memory faults here as it would on a GPU.
+    void* r = ::mmap(nullptr, kReserved, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (r == MAP_FAILED) throw Error("host stand-in: cannot reserve its device address range");
+    reserved_ = reinterpret_cast<uintptr_t>(r);
     for (int d = 0; d < std::max(1, opts_.devices); ++d) defaults_.push_back(std::make_unique<Stream>(d));
   }
   ~HostStandIn() override {
     for (auto& d : defaults_) d->drain();
-    for (auto& [p, a] : device_) std::free(reinterpret_cast<void*>(p));
+    defaults_.clear();
+    for (auto& [p, a] : device_) std::free(a.real);
+    ::munmap(reinterpret_cast<void*>(reserved_), kReserved);
+  }
+  // The host memory behind a device address (other addresses unchanged).
+  void* real(const void* p) const {
+    const auto addr = reinterpret_cast<uintptr_t>(p);
+    if (addr < reserved_ || addr >= reserved_ + kReserved) return const_cast<void*>(p);
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = device_.upper_bound(addr);
+    if (it == device_.begin()) throw Error("host stand-in: an address in the device range that was never allocated");
+    --it;
+    if (addr > it->first + std::max<size_t>(it->second.bytes, 1))
+      throw Error("host stand-in: a device address past the end of its allocation");
+    return static_cast<char*>(it->second.real) + (addr - it->first);
   }
   const char* name() const override { return "host stand-in"; }
   std::string version() const override { return "host stand-in (no GPU)"; }
@@ -144,18 +165,27 @@ class HostStandIn final : public DeviceBackend {
   }
   void* allocDevice(int ordinal, size_t bytes) override {
     onDevice(ordinal);
-    void* p = std::malloc(std::max<size_t>(bytes, 1));
-    if (!p) throw Error("host stand-in: out of memory allocating " + std::to_string(bytes) + " bytes");
+    void* mem = std::calloc(1, std::max<size_t>(bytes, 1));
+    if (!mem) throw Error("host stand-in: out of memory allocating " + std::to_string(bytes) + " bytes");
     std::lock_guard<std::mutex> lock(mu_);
-    device_[reinterpret_cast<uintptr_t>(p)] = {bytes, ordinal};
-    return p;
+    const size_t span = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
+    if (next_ + span > kReserved) {
+      std::free(mem);
+      throw Error("host stand-in: its device address range is used up");
+    }
+    const uintptr_t addr = reserved_ + next_;
+    next_ += span;
+    device_[addr] = {bytes, ordinal, mem};
+    return reinterpret_cast<void*>(addr);
   }
   void freeDevice(void* p) override {
     if (!p) return;
     live();
     std::lock_guard<std::mutex> lock(mu_);
-    if (!device_.erase(reinterpret_cast<uintptr_t>(p))) throw InvalidArgument("host stand-in: freeDevice of unknown pointer");
-    std::free(p);
+    auto it = device_.find(reinterpret_cast<uintptr_t>(p));
+    if (it == device_.end()) throw InvalidArgument("host stand-in: freeDevice of unknown pointer");
+    std::free(it->second.real);
+    device_.erase(it);
   }
   void* allocPinned(size_t bytes) override {
     live();
@@ -230,47 +260,49 @@ class HostStandIn final : public DeviceBackend {
 
   void copy(void* dst, const void* src, size_t bytes, void* stream) override {
     live();
-    if (bytes) on(stream)->push([=] { std::memcpy(dst, src, bytes); });
+    if (bytes) on(stream)->push([=, this] { std::memcpy(real(dst), real(src), bytes); });
   }
   void batchedCopy(const CopyItem* items, size_t n, void* stream) override {
     std::vector<CopyItem> copy(items, items + n);
-    kernel(stream, "batched copy")->push([copy = std::move(copy)] {
+    kernel(stream, "batched copy")->push([this, copy = std::move(copy)] {
       for (const CopyItem& c : copy)
-        if (c.bytes) std::memcpy(c.dst, c.src, c.bytes);
+        if (c.bytes) std::memcpy(real(c.dst), real(c.src), c.bytes);
     });
   }
   void scale(DataType dtype, void* dst, const void* src, size_t n, double factor, void* stream) override {
-    kernel(stream, "scale")->push([=] { scaleCopy(dtype, dst, src, n, factor); });
+    kernel(stream, "scale")->push([=, this] { scaleCopy(dtype, real(dst), real(src), n, factor); });
   }
   void divide(DataType dtype, void* buf, size_t n, int64_t divisor, void* stream) override {
-    kernel(stream, "divide")->push([=] { divideBuffer(dtype, buf, n, divisor); });
+    kernel(stream, "divide")->push([=, this] { divideBuffer(dtype, real(buf), n, divisor); });
   }
   void cast(DataType to, void* dst, DataType from, const void* src, size_t n, void* stream) override {
-    kernel(stream, "cast")->push([=] { castElements(to, dst, from, src, n); });
+    kernel(stream, "cast")->push([=, this] { castElements(to, real(dst), from, real(src), n); });
   }
   void reduce(DataType dtype, ReduceOp op, void* dst, const void* src, size_t n, void* stream) override {
     kernel(stream, "reduce")->push(
-        [=] { reduceBuffers(dtype, op == ReduceOp::kAverage ? ReduceOp::kSum : op, dst, dst, src, n); });
+        [=, this] { reduceBuffers(dtype, op == ReduceOp::kAverage ? ReduceOp::kSum : op, real(dst), real(dst), real(src), n); });
   }
 
   void adam(const AdamCoefficients& c, DataType gradDtype, DataType lowDtype, const AdamTensor* tensors, size_t n,
             void* stream) override {
     std::vector<AdamTensor> ts(tensors, tensors + n);
-    kernel(stream, "adam")->push([=, ts = std::move(ts)] {
+    kernel(stream, "adam")->push([=, this, ts = std::move(ts)] {
       std::vector<float> g;
       for (const AdamTensor& t : ts) {
-        const float* grad = static_cast<const float*>(t.grad);
+        const float* grad = static_cast<const float*>(real(t.grad));
         if (gradDtype != DataType::kFloat32) {
           g.resize(t.n);
-          zero::toFloat(g.data(), t.grad, gradDtype, t.n);
+          zero::toFloat(g.data(), grad, gradDtype, t.n);
           grad = g.data();
         }
-        zero::cpuAdamStep(c, t.master, grad, t.expAvg, t.expAvgSq, t.n, t.low, lowDtype);
+        zero::cpuAdamStep(c, static_cast<float*>(real(t.master)), grad, static_cast<float*>(real(t.expAvg)),
+                          static_cast<float*>(real(t.expAvgSq)), t.n, t.low ? real(t.low) : nullptr, lowDtype);
       }
     });
   }
   void sumSquares(DataType dtype, const void* src, size_t n, double* out, void* stream) override {
-    kernel(stream, "sum of squares")->push([=] { *out += zero::sumSquares(src, dtype, n); });
+    kernel(stream, "sum of squares")->push(
+        [=, this] { *static_cast<double*>(real(out)) += zero::sumSquares(real(src), dtype, n); });
   }
 
   void enqueue(void* stream, std::function<void()> fn) { on(stream)->push(std::move(fn)); }
@@ -287,7 +319,9 @@ class HostStandIn final : public DeviceBackend {
   struct Alloc {
     size_t bytes;
     int ordinal;
+    void* real;  // the host memory behind it
   };
+  static constexpr size_t kReserved = size_t{64} << 30;
   void checkOrdinal(int ordinal) const {
     if (ordinal < 0 || ordinal >= opts_.devices)
       throw InvalidArgument("host stand-in: device " + std::to_string(ordinal) + " does not exist (" +
@@ -345,7 +379,9 @@ class HostStandIn final : public DeviceBackend {
   const uint64_t id_;
   static std::atomic<uint64_t> instances_;
   mutable std::mutex mu_;
-  std::map<uintptr_t, Alloc> device_;
+  std::map<uintptr_t, Alloc> device_;  // by device address
+  uintptr_t reserved_ = 0;
+  size_t next_ = 0;
   mutable std::set<int> contexts_;
   std::string broken_;
   std::vector<std::unique_ptr<Stream>> defaults_;
@@ -366,6 +402,8 @@ HostStandIn& standIn(DeviceBackend& b, const char* what) {
   return *s;
 }
 }  // namespace
+
+void* standInHostAddress(DeviceBackend& b, const void* p) { return standIn(b, "standInHostAddress").real(p); }
 
 std::vector<int> standInContexts(DeviceBackend& b) { return standIn(b, "standInContexts").contexts(); }
 

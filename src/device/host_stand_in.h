@@ -25,6 +25,12 @@ struct HostStandInOptions {
 
 std::shared_ptr<DeviceBackend> makeHostStandIn(HostStandInOptions opts = {});
 
+// Device memory is not host-addressable, as on a GPU: its addresses lie in a
+// range the host cannot touch (host code that reads it faults). Tests reach
+// the host memory behind a device address (or any other address, unchanged)
+// with this, from a stream task or after synchronizing.
+void* standInHostAddress(DeviceBackend& standIn, const void* p);
+
 // The devices whose context this stand-in holds. As in CUDA, a thread's first
 // call with no device made current creates device 0's: a test of a rank on
 // device 1 checks that nothing touched device 0.

@@ -28,13 +28,14 @@ class DevBuf {
     void* dst = p_;
     const void* src = host_.tensor().data;
     const size_t bytes = host_.numel() * dtypeSize(dtype_);
+    DeviceBackend* b = &b_;
     standInEnqueue(b_, stream, [=] {
       std::this_thread::sleep_for(delay);
-      std::memcpy(dst, src, bytes);
+      std::memcpy(standInHostAddress(*b, dst), src, bytes);
     });
   }
   double read(int64_t i) {  // (after the stream that wrote it was synchronized)
-    return readAs(p_, dtype_, i);
+    return readAs(standInHostAddress(b_, p_), dtype_, i);
   }
 
  private:

@@ -66,7 +66,7 @@ struct FakeNccl {
       if (duringCall) duringCall();
       standInEnqueue(*dev, stream, [=] {
         while (hold && aborts == 0) std::this_thread::sleep_for(1ms);
-        std::memmove(out, in, count * 4);
+        std::memmove(standInHostAddress(*dev, out), standInHostAddress(*dev, in), count * 4);
       });
       inCall = false;
       return 0;

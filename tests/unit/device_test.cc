@@ -219,7 +219,7 @@ TEST_P(DeviceCollectives, AllgatherBroadcastAlltoallReducescatter) {
     ASSERT_EQ(all.device, 0);
     int64_t at = 0;
     for (int r = 0; r < n; ++r)
-      for (int64_t i = 0; i < (r + 1) * 3; ++i, ++at) ASSERT_EQ(readAs(all.data, dt, at), r * 100 + i);
+      for (int64_t i = 0; i < (r + 1) * 3; ++i, ++at) ASSERT_EQ(readAs(standInHostAddress(*dev, all.data), dt, at), r * 100 + i);
     // broadcast from the last rank.
     DevBuf b(*dev, dt, Shape{777});
     for (int64_t i = 0; i < 777; ++i) b.host().set(i, c.rank == n - 1 ? i * 0.5 : -1);
@@ -244,7 +244,7 @@ TEST_P(DeviceCollectives, AllgatherBroadcastAlltoallReducescatter) {
     ASSERT_EQ(aw.output().shape[0], static_cast<int64_t>(n) * (c.rank + 1));
     for (int r = 0; r < n; ++r)
       for (int64_t q = 0; q < (c.rank + 1) * 2; ++q)
-        ASSERT_EQ(readAs(aw.output().data, dt, r * (c.rank + 1) * 2 + q), 1000 * r + c.rank);
+        ASSERT_EQ(readAs(standInHostAddress(*dev, aw.output().data), dt, r * (c.rank + 1) * 2 + q), 1000 * r + c.rank);
     // reducescatter of 2n + 1 rows (uneven: the first rank gets one more).
     const int64_t total = 2 * n + 1;
     DevBuf rs(*dev, DataType::kFloat32, Shape{total, 4});
@@ -261,7 +261,7 @@ TEST_P(DeviceCollectives, AllgatherBroadcastAlltoallReducescatter) {
     for (int64_t i = 0; i < myRows * 4; ++i) {
       double want = 0;
       for (int r = 0; r < n; ++r) want += r + first * 4 + i;
-      ASSERT_EQ(readAs(rw.output().data, DataType::kFloat32, i), want);
+      ASSERT_EQ(readAs(standInHostAddress(*dev, rw.output().data), DataType::kFloat32, i), want);
     }
   }, withDevice(dev));
 }
