@@ -39,13 +39,21 @@ struct AdamCoefficients {
 
 // One tensor of a fused optimizer step: the fp32 master weights and state are
 // updated in place; low (null: none) also receives the new weights as 16 bits.
-struct AdamTensor {
+struct OptimTensor {
   float* master;
-  float* expAvg;
-  float* expAvgSq;
+  float* state1;  // Adam: exp_avg; SGD: the momentum buffer
+  float* state2;  // Adam: exp_avg_sq; SGD: unused
   const void* grad;
   void* low;
   size_t n;
+};
+
+// torch.optim.SGD's update: d = grad * gradScale + weightDecay * p; with
+// momentum, buf = first ? d : momentum * buf + (1 - dampening) * d and d = buf
+// (nesterov: d + momentum * buf); p -= lr * d.
+struct SgdCoefficients {
+  float lr, momentum, dampening, weightDecay, gradScale;
+  bool nesterov, first;
 };
 
 class DeviceBackend {
@@ -85,6 +93,7 @@ class DeviceBackend {
   // Any direction (device, pinned or pageable host); asynchronous on stream
   // when the host side is pinned.
   virtual void copy(void* dst, const void* src, size_t bytes, void* stream) = 0;
+  virtual void zero(void* dst, size_t bytes, void* stream) = 0;  // device memory
   // Many copies in one launch (the fusion buffer's pack and unpack).
   virtual void batchedCopy(const CopyItem* items, size_t n, void* stream) = 0;
   // dst[i] = src[i] * factor (dst may equal src), floating and integer dtypes.
@@ -99,8 +108,10 @@ class DeviceBackend {
   // The ZeRO engine's optimizer: Adam over many tensors in one pass each
   // (gradients in gradDtype: float32, float16 or bfloat16; low in lowDtype:
   // float16 or bfloat16), matching the CPU step to float rounding.
-  virtual void adam(const AdamCoefficients& c, DataType gradDtype, DataType lowDtype, const AdamTensor* tensors,
+  virtual void adam(const AdamCoefficients& c, DataType gradDtype, DataType lowDtype, const OptimTensor* tensors,
                     size_t n, void* stream) = 0;
+  virtual void sgd(const SgdCoefficients& c, DataType gradDtype, DataType lowDtype, const OptimTensor* tensors,
+                   size_t n, void* stream) = 0;
   // *out (one double in device memory) += the sum of squares of n floats of
   // dtype (float32, float16, bfloat16); inf and nan propagate (fp16's overflow check).
   virtual void sumSquares(DataType dtype, const void* src, size_t n, double* out, void* stream) = 0;

@@ -262,6 +262,10 @@ class HostStandIn final : public DeviceBackend {
     live();
     if (bytes) on(stream)->push([=, this] { std::memcpy(real(dst), real(src), bytes); });
   }
+  void zero(void* dst, size_t bytes, void* stream) override {
+    live();
+    if (bytes) on(stream)->push([=, this] { std::memset(real(dst), 0, bytes); });
+  }
   void batchedCopy(const CopyItem* items, size_t n, void* stream) override {
     std::vector<CopyItem> copy(items, items + n);
     kernel(stream, "batched copy")->push([this, copy = std::move(copy)] {
@@ -283,20 +287,36 @@ class HostStandIn final : public DeviceBackend {
         [=, this] { reduceBuffers(dtype, op == ReduceOp::kAverage ? ReduceOp::kSum : op, real(dst), real(dst), real(src), n); });
   }
 
-  void adam(const AdamCoefficients& c, DataType gradDtype, DataType lowDtype, const AdamTensor* tensors, size_t n,
+  void adam(const AdamCoefficients& c, DataType gradDtype, DataType lowDtype, const OptimTensor* tensors, size_t n,
             void* stream) override {
-    std::vector<AdamTensor> ts(tensors, tensors + n);
-    kernel(stream, "adam")->push([=, this, ts = std::move(ts)] {
+    optimizerKernel(stream, "adam", gradDtype, tensors, n, [=, this](const OptimTensor& t, const float* grad) {
+      zero::cpuAdamStep(c, static_cast<float*>(real(t.master)), grad, static_cast<float*>(real(t.state1)),
+                        static_cast<float*>(real(t.state2)), t.n, t.low ? real(t.low) : nullptr, lowDtype);
+    });
+  }
+  void sgd(const SgdCoefficients& c, DataType gradDtype, DataType lowDtype, const OptimTensor* tensors, size_t n,
+           void* stream) override {
+    optimizerKernel(stream, "sgd", gradDtype, tensors, n, [=, this](const OptimTensor& t, const float* grad) {
+      float* p = static_cast<float*>(real(t.master));
+      zero::cpuSgdStep(c, p, grad, static_cast<float*>(real(t.state1)), t.n);
+      if (t.low) zero::fromFloat(real(t.low), p, lowDtype, t.n);
+    });
+  }
+  // The CPU step on each tensor, its gradients in float32 first.
+  template <typename Step>
+  void optimizerKernel(void* stream, const char* what, DataType gradDtype, const OptimTensor* tensors, size_t n,
+                       Step step) {
+    std::vector<OptimTensor> ts(tensors, tensors + n);
+    kernel(stream, what)->push([=, this, ts = std::move(ts)] {
       std::vector<float> g;
-      for (const AdamTensor& t : ts) {
+      for (const OptimTensor& t : ts) {
         const float* grad = static_cast<const float*>(real(t.grad));
         if (gradDtype != DataType::kFloat32) {
           g.resize(t.n);
           zero::toFloat(g.data(), grad, gradDtype, t.n);
           grad = g.data();
         }
-        zero::cpuAdamStep(c, static_cast<float*>(real(t.master)), grad, static_cast<float*>(real(t.expAvg)),
-                          static_cast<float*>(real(t.expAvgSq)), t.n, t.low ? real(t.low) : nullptr, lowDtype);
+        step(t, grad);
       }
     });
   }

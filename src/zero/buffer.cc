@@ -31,6 +31,15 @@ Buffer Buffer::shared(size_t bytes) {
   return b;
 }
 
+Buffer Buffer::adopt(std::shared_ptr<void> mem, size_t bytes, bool pinned) {
+  Buffer b;
+  b.data_ = static_cast<char*>(mem.get());
+  b.size_ = bytes;
+  b.shared_ = std::move(mem);
+  b.adoptedPinned_ = pinned;
+  return b;
+}
+
 void Buffer::release() {
   if (shared_) {
     shared_.reset();
@@ -41,6 +50,7 @@ void Buffer::release() {
   data_ = nullptr;
   size_ = 0;
   pinned_ = false;
+  adoptedPinned_ = false;
 }
 
 Buffer::~Buffer() { release(); }
@@ -55,6 +65,8 @@ Buffer& Buffer::operator=(Buffer&& o) noexcept {
     o.data_ = nullptr;
     o.size_ = 0;
     o.pinned_ = false;
+    adoptedPinned_ = o.adoptedPinned_;
+    o.adoptedPinned_ = false;
   }
   return *this;
 }

@@ -13,8 +13,6 @@ namespace chorus::zero {
 
 namespace {
 
-constexpr size_t kScratchElems = 1 << 16;
-
 LossScalerConfig scalerConfig(const DsConfig& c) {
   if (c.fp16.enabled) return c.fp16.scaler;
   LossScalerConfig off;
@@ -55,6 +53,7 @@ Engine::Engine(Runtime& rt, EngineSpec spec)
                           std::to_string(spec_.normWeights.size()) + " for " + std::to_string(spec_.numels.size()) +
                           " parameters at stage " + std::to_string(stage_) + ")");
   for (int g : spec_.groupOf) numGroups_ = std::max(numGroups_, static_cast<size_t>(g) + 1);
+  mem_ = spec_.device ? deviceMemory(spec_.device, spec_.ordinal, spec_.stream) : hostMemory();
 
   const auto& z = spec_.config.zero;
   const size_t bucket = static_cast<size_t>(std::max<int64_t>(z.reduceBucketSize, 1));
@@ -72,17 +71,18 @@ Engine::Engine(Runtime& rt, EngineSpec spec)
     }
     // The allgather after each step writes every rank's slices straight into it;
     // the gradients' reduction reads every rank's straight from theirs.
-    params_ = Buffer::shared(total * es);
-    if (stage_ < 2) grads_ = Buffer::shared(total * es);
+    params_ = mem_->collective(total * es);
+    if (stage_ < 2) grads_ = mem_->collective(total * es);
   } else {
-    paramPart_ = Buffer(part * es, pinOpt && z.offloadParam == "cpu");
+    const bool offParam = z.offloadParam == "cpu";
+    paramPart_ = mem_->state(part * es, offParam, pinOpt && offParam);
   }
-  if (stage_ >= 2) gradPart_ = Buffer(part * es);
+  if (stage_ >= 2) gradPart_ = mem_->scratch(part * es);
   masterIsParams_ = spec_.dtype == DataType::kFloat32 && (stage_ == 0 || stage_ == 3);
-  if (!masterIsParams_) master_ = Buffer(part * 4, pinOpt);
-  state1_ = Buffer(part * 4, pinOpt);
-  if (spec_.optimizer != OptimKind::kSgd) state2_ = Buffer(part * 4, pinOpt);
-  scratch_ = Buffer(kScratchElems * 4);
+  const bool offOpt = z.offloadOptimizer == "cpu";
+  if (!masterIsParams_) master_ = mem_->state(part * 4, offOpt, pinOpt);
+  state1_ = mem_->state(part * 4, offOpt, pinOpt);
+  if (spec_.optimizer != OptimKind::kSgd) state2_ = mem_->state(part * 4, offOpt, pinOpt);
 
   // Runs of the partition that share an optimizer group; padding joins the run before it.
   for (size_t u = 0; u < plan_->units().size(); ++u) {
@@ -112,12 +112,16 @@ Engine::Engine(Runtime& rt, EngineSpec spec)
   if (stage_ == 3)
     for (size_t i = 0; i < spec_.numels.size(); ++i)
       persistent_[i] = static_cast<int64_t>(spec_.numels[i]) < z.paramPersistenceThreshold;
-  placement_ = std::string("cpu (") + (z.offloadOptimizer == "cpu" ? "optimizer offloaded" : "optimizer in place") +
+  placement_ = std::string(spec_.device ? "cuda:" + std::to_string(spec_.ordinal) : "cpu") + " (" + (z.offloadOptimizer == "cpu" ? "optimizer offloaded" : "optimizer in place") +
                (pinOpt ? (state1_.pinned() ? ", pinned" : ", pinning refused by RLIMIT_MEMLOCK") : "") + ")";
 }
 
 Engine::~Engine() {
   // Ops in flight write into our buffers: let them finish (errors are moot now).
+  try {
+    mem_->sync();
+  } catch (...) {
+  }
   for (auto& b : pool_)
     if (b.work) b.work->waitFor(std::chrono::milliseconds(60000));
   for (auto& [i, g] : live_)
@@ -167,20 +171,23 @@ void* Engine::paramStorage(size_t i) {
 void Engine::loadParam(size_t i, const void* src) {
   const size_t n = spec_.numels.at(i), es = esize();
   if (stage_ < 3) {
-    std::memmove(paramStorage(i), src, n * es);
+    mem_->copy(paramStorage(i), src, n * es);
     return;
   }
   // Stage 3 keeps only slices: take the set's first rank's value now.
-  Buffer full(n * es);
-  std::memcpy(full.bytes(), src, n * es);
+  Buffer full = mem_->scratch(n * es);
+  mem_->copy(full.bytes(), src, n * es);
   OpOptions o;
   o.name = name("init", i);
-  o.processSet = spec_.processSet;
-  rt_.broadcast(Tensor{full.bytes(), spec_.dtype, {static_cast<int64_t>(n)}}, rt_.processSet(spec_.processSet).ranks()[0], o);
+  Work w = rt_.broadcastAsync(tensor(full.bytes(), n), tensor(full.bytes(), n),
+                              rt_.processSet(spec_.processSet).ranks()[0], on(o));
+  w.wait();
+  mem_->await(w);
   const size_t u = plan_->unitOf(i), j = plan_->indexInUnit(i);
   const size_t s = plan_->units()[u].slices[j], begin = std::min(n, rank_ * s), end = std::min(n, (rank_ + 1) * s);
-  std::memcpy(paramPart_.bytes() + (plan_->units()[u].partOffset + plan_->units()[u].offsets[j]) * es,
-              full.bytes() + begin * es, (end - begin) * es);
+  mem_->copy(paramPart_.bytes() + (plan_->units()[u].partOffset + plan_->units()[u].offsets[j]) * es,
+             full.bytes() + begin * es, (end - begin) * es);
+  mem_->sync();  // (full goes now)
 }
 
 void Engine::assignParam(size_t i, const void* src) {
@@ -195,7 +202,7 @@ void Engine::assignParam(size_t i, const void* src) {
     end = std::min(n, (rank_ + 1) * s);
     at = unit.offsets[j];
   } else {
-    std::memmove(paramStorage(i), src, n * es);
+    mem_->copy(paramStorage(i), src, n * es);
     const size_t lo = stage_ == 0 ? 0 : rank_ * unit.slice, hi = lo + unit.slice;
     const size_t first = unit.offsets[j], a = std::max(first, lo), b = std::min(first + n, hi);
     begin = end = 0;
@@ -210,8 +217,15 @@ void Engine::assignParam(size_t i, const void* src) {
     return;
   }
   const char* from = static_cast<const char*>(src) + begin * es;
-  if (stage_ == 3) std::memcpy(paramSlice(u) + at * es, from, (end - begin) * es);
-  if (!masterIsParams_) toFloat(master_.as<float>() + unit.partOffset + at, from, spec_.dtype, end - begin);
+  if (stage_ == 3) mem_->copy(paramSlice(u) + at * es, from, (end - begin) * es);
+  if (!masterIsParams_) {
+    if (stage_ == 3) {  // (from the slice: src may be host memory and the master on the device)
+      mem_->toFloat(master_.as<float>() + unit.partOffset + at, paramSlice(u) + at * es, spec_.dtype, end - begin);
+    } else {
+      mem_->toFloat(master_.as<float>() + unit.partOffset + at,
+                    static_cast<char*>(paramStorage(i)) + begin * es, spec_.dtype, end - begin);
+    }
+  }
   if (stage_ == 3) regatherLive();
 }
 
@@ -222,16 +236,18 @@ void Engine::finishInit() {
     for (size_t u = 0; u < plan_->units().size(); ++u) {
       OpOptions o;
       o.name = name("bcast", u);
-      o.processSet = spec_.processSet;
-      Tensor t{unitParams(u), spec_.dtype, {static_cast<int64_t>(plan_->units()[u].flatElems())}};
-      works.push_back(rt_.broadcastAsync(t, t, root, o));
+      Tensor t = tensor(unitParams(u), plan_->units()[u].flatElems());
+      works.push_back(rt_.broadcastAsync(t, t, root, on(o)));
     }
-    for (auto& w : works) w.wait();
+    for (auto& w : works) {
+      w.wait();
+      mem_->await(w);
+    }
   }
   if (!masterIsParams_)
     for (size_t u = 0; u < plan_->units().size(); ++u) {
       const Unit& unit = plan_->units()[u];
-      toFloat(master_.as<float>() + unit.partOffset, paramSlice(u), spec_.dtype, unit.slice);
+      mem_->toFloat(master_.as<float>() + unit.partOffset, paramSlice(u), spec_.dtype, unit.slice);
     }
   regatherLive();
 }
@@ -240,8 +256,7 @@ void Engine::gradReady(size_t i, const void* grad) {
   const size_t u = plan_->unitOf(i), j = plan_->indexInUnit(i), n = spec_.numels.at(i), es = esize();
   const Unit& unit = plan_->units()[u];
   if (stage_ < 2) {
-    char* dst = unitGrads(u) + unit.offsets[j] * es;
-    reduceBuffers(spec_.dtype, ReduceOp::kSum, dst, dst, grad, n);
+    mem_->accumulate(spec_.dtype, unitGrads(u) + unit.offsets[j] * es, grad, n);
     return;
   }
   if (unitLaunched_[u])
@@ -249,14 +264,14 @@ void Engine::gradReady(size_t i, const void* grad) {
                           " got a second gradient in one backward after its bucket was reduced");
   Bucket& b = pool_[acquireBucket(u)];
   if (stage_ == 2) {
-    std::memcpy(b.data.bytes() + unit.offsets[j] * es, grad, n * es);
+    mem_->copy(b.data.bytes() + unit.offsets[j] * es, grad, n * es);
   } else {
     const size_t s = unit.slices[j];
     for (size_t r = 0; r < static_cast<size_t>(world_); ++r) {
       const size_t begin = std::min(n, r * s), end = std::min(n, (r + 1) * s);
       if (end > begin)
-        std::memcpy(b.data.bytes() + (r * unit.slice + unit.offsets[j]) * es,
-                    static_cast<const char*>(grad) + begin * es, (end - begin) * es);
+        mem_->copy(b.data.bytes() + (r * unit.slice + unit.offsets[j]) * es,
+                   static_cast<const char*>(grad) + begin * es, (end - begin) * es);
     }
   }
   if (--unitMissing_[u] == 0) launchUnit(u);
@@ -270,11 +285,11 @@ int Engine::acquireBucket(size_t u) {
   for (size_t k = 0; k < pool_.size(); ++k)
     if (pool_[k].unit == SIZE_MAX) free = static_cast<int>(k);
   if (free < 0) {
-    pool_.push_back(Bucket{Buffer::shared(plan_->maxUnitFlatElems() * esize()), SIZE_MAX, 0, nullptr});
+    pool_.push_back(Bucket{mem_->collective(plan_->maxUnitFlatElems() * esize()), SIZE_MAX, 0, nullptr});
     free = static_cast<int>(pool_.size() - 1);
   }
   Bucket& b = pool_[free];
-  std::memset(b.data.bytes(), 0, plan_->units()[u].flatElems() * esize());
+  mem_->zero(b.data.bytes(), plan_->units()[u].flatElems() * esize());
   b.unit = u;
   unitBucket_[u] = free;
   return free;
@@ -285,11 +300,9 @@ void Engine::launchUnit(size_t u) {
   Bucket& b = pool_[k];
   ReducescatterOptions o;
   o.name = name("rs", u);
-  o.processSet = spec_.processSet;
   o.priority = unitPriority(u);
   o.op = ReduceOp::kAverage;
-  Tensor in{b.data.bytes(), spec_.dtype, {static_cast<int64_t>(plan_->units()[u].flatElems())}};
-  b.work = std::make_unique<Work>(rt_.reducescatterAsync(in, o));
+  b.work = std::make_unique<Work>(rt_.reducescatterAsync(tensor(b.data.bytes(), plan_->units()[u].flatElems()), on(o)));
   unitLaunched_[u] = true;
   inFlight_.push_back(k);
 }
@@ -303,8 +316,9 @@ void Engine::completeOldest() {
   unitBucket_[u] = -1;
   std::unique_ptr<Work> work = std::move(b.work);
   work->wait();
-  char* dst = gradSlice(u);
-  reduceBuffers(spec_.dtype, ReduceOp::kSum, dst, dst, work->output(0).data, plan_->units()[u].slice);
+  mem_->await(*work);
+  mem_->accumulate(spec_.dtype, gradSlice(u), work->output(0).data, plan_->units()[u].slice);
+  mem_->sync();  // (the Work's output goes with it)
 }
 
 void Engine::endBackward() {
@@ -326,27 +340,27 @@ void Engine::reduceAtBoundary() {
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return unitPriority(a) > unitPriority(b); });
   for (size_t u : order) {
     const Unit& unit = plan_->units()[u];
-    Tensor t{unitGrads(u), spec_.dtype, {static_cast<int64_t>(unit.flatElems())}};
+    Tensor t = tensor(unitGrads(u), unit.flatElems());
     if (stage_ == 0) {
       AllreduceOptions o;
       o.name = name("ar", u);
-      o.processSet = spec_.processSet;
       o.priority = unitPriority(u);
       o.op = ReduceOp::kAverage;
-      works.emplace_back(u, rt_.allreduceAsync(t, t, o));
+      works.emplace_back(u, rt_.allreduceAsync(t, t, on(o)));
     } else {
       ReducescatterOptions o;
       o.name = name("rs", u);
-      o.processSet = spec_.processSet;
       o.priority = unitPriority(u);
       o.op = ReduceOp::kAverage;
-      works.emplace_back(u, rt_.reducescatterAsync(t, o));
+      works.emplace_back(u, rt_.reducescatterAsync(t, on(o)));
     }
   }
   for (auto& [u, w] : works) {
     w.wait();
-    if (stage_ == 1) std::memcpy(gradSlice(u), w.output(0).data, plan_->units()[u].slice * esize());
+    mem_->await(w);
+    if (stage_ == 1) mem_->copy(gradSlice(u), w.output(0).data, plan_->units()[u].slice * esize());
   }
+  mem_->sync();  // (the Works' outputs go with them)
 }
 
 StepResult Engine::prepareStep(float* gradScale) {
@@ -382,8 +396,7 @@ StepResult Engine::prepareStep(float* gradScale) {
   const bool overflow = fp16 && !std::isfinite(sumsq);
   res.skipped = scaler_.update(overflow);
   if (res.skipped) {
-    grads_.zero();
-    gradPart_.zero();
+    zeroGrads();
     return res;
   }
   res.gradNorm = std::sqrt(sumsq) / res.lossScale;
@@ -398,7 +411,7 @@ double Engine::localSumSquares() const {
   for (size_t u = 0; u < plan_->units().size(); ++u) {
     const Unit& unit = plan_->units()[u];
     if (spec_.normWeights.empty()) {
-      sumsq += sumSquares(gradSlice(u), spec_.dtype, unit.slice);
+      sumsq += mem_->sumSquares(gradSlice(u), spec_.dtype, unit.slice);
       continue;
     }
     // kContiguous: the slice is [lo, lo + slice) of the unit's flat buffer.
@@ -407,7 +420,7 @@ double Engine::localSumSquares() const {
     for (size_t k = 0; k < unit.params.size(); ++k) {
       const size_t param = unit.params[k];
       const size_t a = std::max(lo, unit.offsets[k]), b = std::min(hi, unit.offsets[k] + plan_->numel(param));
-      if (a < b) sumsq += spec_.normWeights[param] * sumSquares(base + (a - lo) * esize(), spec_.dtype, b - a);
+      if (a < b) sumsq += spec_.normWeights[param] * mem_->sumSquares(base + (a - lo) * esize(), spec_.dtype, b - a);
     }
   }
   return sumsq;
@@ -432,11 +445,10 @@ StepResult Engine::step(const std::vector<GroupHyper>& groups) {
               run.length,
               gradScale,
               optSteps_};
-    optimizerRun(spec_.optimizer, groups[run.group], a, scratch_.as<float>(), kScratchElems);
+    mem_->optimizer(spec_.optimizer, groups[run.group], a);
   }
   publishParams();
-  grads_.zero();
-  gradPart_.zero();
+  zeroGrads();
   return res;
 }
 
@@ -444,28 +456,36 @@ StepResult Engine::stepExternal() {
   float gradScale = 1.0f;
   StepResult res = prepareStep(&gradScale);
   if (res.skipped) return res;
-  if (!externalGrad_.size()) externalGrad_ = Buffer(plan_->partitionElems() * 4);
+  float* grads = externalGrad();
   for (size_t u = 0; u < plan_->units().size(); ++u) {
     const Unit& unit = plan_->units()[u];
-    float* dst = externalGrad_.as<float>() + unit.partOffset;
-    toFloat(dst, gradSlice(u), spec_.dtype, unit.slice);
-    for (size_t k = 0; k < unit.slice; ++k) dst[k] *= gradScale;
+    float* dst = grads + unit.partOffset;
+    mem_->toFloat(dst, gradSlice(u), spec_.dtype, unit.slice);
+    mem_->scale(dst, unit.slice, gradScale);
   }
+  mem_->sync();  // (the caller's optimizer reads them next)
   return res;
 }
 
 void Engine::publishExternal() {
   if (!masterIsParams_)
     for (size_t u = 0; u < plan_->units().size(); ++u)
-      fromFloat(paramSlice(u), master_.as<float>() + plan_->units()[u].partOffset, spec_.dtype, plan_->units()[u].slice);
+      mem_->fromFloat(paramSlice(u), master_.as<float>() + plan_->units()[u].partOffset, spec_.dtype,
+                      plan_->units()[u].slice);
   publishParams();
-  grads_.zero();
-  gradPart_.zero();
+  zeroGrads();
 }
 
 float* Engine::externalGrad() {
-  if (!externalGrad_.size()) externalGrad_ = Buffer(plan_->partitionElems() * 4);
+  // Beside the master weights: where the caller's optimizer runs on them.
+  if (!externalGrad_.size())
+    externalGrad_ = mem_->state(plan_->partitionElems() * 4, spec_.config.zero.offloadOptimizer == "cpu", false);
   return externalGrad_.as<float>();
+}
+
+void Engine::zeroGrads() {
+  mem_->zero(grads_.bytes(), grads_.size());
+  mem_->zero(gradPart_.bytes(), gradPart_.size());
 }
 
 std::vector<std::tuple<size_t, size_t, int>> Engine::runs() const {
@@ -482,24 +502,30 @@ void Engine::publishParams() {
   if (stage_ == 0) return;
   // Allgather each unit's slices straight into the module's storage; the input is
   // a copy of this rank's slice so that it never aliases the output.
-  std::deque<std::pair<Buffer, Work>> flying;
+  size_t largest = 0;
+  for (const auto& unit : plan_->units()) largest = std::max(largest, unit.slice * esize());
+  for (auto& b : agIn_)
+    if (b.size() < largest) b = mem_->scratch(largest);
+  std::deque<Work> flying;  // unit u's input is agIn_[u % 2]
   for (size_t u = 0; u < plan_->units().size(); ++u) {
     const Unit& unit = plan_->units()[u];
     if (flying.size() >= 2) {
-      flying.front().second.wait();
+      flying.front().wait();
+      mem_->await(flying.front());
       flying.pop_front();
     }
-    Buffer in(unit.slice * esize());
-    std::memcpy(in.bytes(), paramSlice(u), in.size());
+    char* in = agIn_[u % 2].bytes();
+    mem_->copy(in, paramSlice(u), unit.slice * esize());
     OpOptions o;
     o.name = name("ag", u);
-    o.processSet = spec_.processSet;
     char* out = unitParams(u);
-    Work w = rt_.allgatherAsync(Tensor{in.bytes(), spec_.dtype, {static_cast<int64_t>(unit.slice)}}, o,
-                                [out](const Shape&, DataType) -> void* { return out; });
-    flying.emplace_back(std::move(in), std::move(w));
+    flying.push_back(rt_.allgatherAsync(tensor(in, unit.slice), on(o),
+                                        [out](const Shape&, DataType) -> void* { return out; }));
   }
-  for (auto& f : flying) f.second.wait();
+  for (auto& w : flying) {
+    w.wait();
+    mem_->await(w);
+  }
 }
 
 MemoryReport Engine::memory() const {
@@ -508,7 +534,7 @@ MemoryReport Engine::memory() const {
   m.params = params_.size() + paramPart_.size();
   m.grads = grads_.size() + gradPart_.size();
   m.optimizer = master_.size() + state1_.size() + state2_.size();
-  m.fixedBuffers = scratch_.size() + liveBytes_;
+  m.fixedBuffers = agIn_[0].size() + agIn_[1].size() + liveBytes_;
   for (const auto& b : pool_) m.fixedBuffers += b.data.size();
   return m;
 }

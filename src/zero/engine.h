@@ -21,20 +21,12 @@
 #include "chorus/runtime.h"
 #include "zero/buffer.h"
 #include "zero/ds_config.h"
+#include "zero/hyper.h"
 #include "zero/loss_scaler.h"
+#include "zero/memory.h"
 #include "zero/partition.h"
 
 namespace chorus::zero {
-
-enum class OptimKind { kAdam, kAdamW, kSgd };
-
-// One optimizer parameter group's hyperparameters, read from Python each step
-// (so that schedulers and users that edit param_groups are obeyed).
-struct GroupHyper {
-  float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weightDecay = 0.0f;
-  float momentum = 0.0f, dampening = 0.0f;
-  bool nesterov = false;
-};
 
 struct StepResult {
   bool skipped = false;   // overflow: no update on any rank
@@ -61,6 +53,11 @@ struct EngineSpec {
   // With pipeProcessSet: each parameter's share of the norm (1/k for a parameter
   // that k ranks of that set hold alike, as a tensor-parallel layer's bias). Empty: all 1.
   std::vector<double> normWeights;
+  // The device the engine keeps its buffers on and works on (null: host memory,
+  // the CPU kernels). stream: the caller's stream its work is ordered after.
+  std::shared_ptr<DeviceBackend> device;
+  int ordinal = -1;
+  void* stream = nullptr;
   // Each parameter's communication priority (higher goes first among ops ready
   // together): a unit's collectives take the highest of its parameters'. Empty: all 0.
   std::vector<int32_t> priorities;
@@ -118,6 +115,10 @@ class Engine {
   void release(size_t i);
   bool persistent(size_t i) const { return persistent_.at(i); }
   size_t liveBytes() const { return liveBytes_; }
+  // Tensor::device of the engine's buffers (kHostDevice: host memory).
+  int device() const { return mem_->device(); }
+  // Waits for the engine's device work (results read by the host or another stream).
+  void sync() { mem_->sync(); }
 
   MemoryReport memory() const;
   const std::string& placement() const { return placement_; }
@@ -140,6 +141,17 @@ class Engine {
   char* gradSlice(size_t u) const;   // the rank's reduced gradients of unit u
   char* paramSlice(size_t u) const;  // the rank's parameters of unit u
   void reduceAtBoundary();
+  void zeroGrads();
+  std::string hostFloats(const float* p, size_t n) const;  // a copy in host memory
+  Tensor tensor(void* p, size_t n) const {
+    return Tensor{p, spec_.dtype, {static_cast<int64_t>(n)}, mem_->device()};
+  }
+  template <typename O>
+  O on(O o) const {  // an op's options with the engine's set and stream
+    o.processSet = spec_.processSet;
+    o.stream = mem_->stream();
+    return o;
+  }
   StepResult prepareStep(float* gradScale);
   int acquireBucket(size_t u);
   void launchUnit(size_t u);
@@ -160,7 +172,9 @@ class Engine {
   std::unique_ptr<PartitionPlan> plan_;
   std::vector<Piece> pieces_;
   std::vector<size_t> unitBase_;  // stages 0-2: element offset of each unit's flat buffer
-  Buffer params_, paramPart_, grads_, gradPart_, master_, state1_, state2_, scratch_, externalGrad_;
+  std::unique_ptr<Memory> mem_;  // where the buffers below live
+  Buffer params_, paramPart_, grads_, gradPart_, master_, state1_, state2_, externalGrad_;
+  Buffer agIn_[2];  // publishParams: this rank's slice, two units in flight
   bool masterIsParams_ = false;
   LossScaler scaler_;
   int64_t optSteps_ = 0;

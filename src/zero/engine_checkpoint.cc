@@ -15,8 +15,13 @@ namespace chorus::zero {
 using nlohmann::json;
 
 namespace {
-std::string floats(const float* p, size_t n) { return std::string(reinterpret_cast<const char*>(p), n * 4); }
 }  // namespace
+
+std::string Engine::hostFloats(const float* p, size_t n) const {
+  std::string out(n * 4, '\0');
+  mem_->copy(out.data(), p, n * 4);  // (from the device too; the host reads it next)
+  return out;
+}
 
 void Engine::saveShard(const std::string& path, const std::string& extraMeta) const {
   const size_t part = plan_->partitionElems();
@@ -36,9 +41,9 @@ void Engine::saveShard(const std::string& path, const std::string& extraMeta) co
                {"extra", extraMeta}};
   ShardFile f;
   f.meta = meta.dump();
-  f.blobs["master"] = floats(masterPtr(), part);
-  f.blobs["state1"] = floats(state1_.as<float>(), part);
-  if (state2_.size()) f.blobs["state2"] = floats(state2_.as<float>(), part);
+  f.blobs["master"] = hostFloats(masterPtr(), part);
+  f.blobs["state1"] = hostFloats(state1_.as<float>(), part);
+  if (state2_.size()) f.blobs["state2"] = hostFloats(state2_.as<float>(), part);
   f.write(path);
 }
 
@@ -62,7 +67,18 @@ void Engine::loadShards(const std::vector<std::string>& paths, const std::string
     mine[p.param].push_back(&p);
     needed += p.count;
   }
-  float* dst[3] = {masterPtr(), state1_.as<float>(), state2_.size() ? state2_.as<float>() : nullptr};
+  // On a device, the shards' values gather in host memory first and go up at the end.
+  float* into[3] = {masterPtr(), state1_.as<float>(), state2_.size() ? state2_.as<float>() : nullptr};
+  const size_t partElems = plan_->partitionElems();
+  std::vector<float> staged[3];
+  float* dst[3];
+  for (int k = 0; k < 3; ++k) {
+    dst[k] = into[k];
+    if (into[k] && mem_->device() != kHostDevice) {
+      staged[k].assign(partElems, 0.0f);
+      dst[k] = staged[k].data();
+    }
+  }
   json first;
   for (const auto& path : paths) {
     const ShardFile f = ShardFile::read(path);
@@ -100,17 +116,18 @@ void Engine::loadShards(const std::vector<std::string>& paths, const std::string
   if (got != needed)
     throw InvalidArgument("checkpoint is incomplete: the shards given hold " + std::to_string(got) + " of the " +
                           std::to_string(needed) + " elements this rank needs");
+  for (int k = 0; k < 3; ++k)
+    if (!staged[k].empty()) mem_->copy(into[k], staged[k].data(), partElems * 4);
   // The model's parameters from the loaded master weights: this rank's slices,
   // then (stages 1-3) everyone's slices through the usual gathers.
   for (const auto& p : pieces_) {
     char* at = stage_ == 3 ? paramPart_.bytes() + p.partOffset * esize()
                            : static_cast<char*>(paramStorage(p.param)) + p.paramOffset * esize();
-    fromFloat(at, masterPtr() + p.partOffset, spec_.dtype, p.count);
+    mem_->fromFloat(at, masterPtr() + p.partOffset, spec_.dtype, p.count);
   }
   optSteps_ = first.at("optimizer_steps").get<int64_t>();
   scaler_.deserialize(first.at("loss_scaler").get<std::string>());
-  grads_.zero();
-  gradPart_.zero();
+  zeroGrads();
   publishParams();
 }
 

@@ -14,9 +14,8 @@ void Engine::launchGather(size_t i, Gathered& g) {
   OpOptions o;
   o.name = name("ag", i);
   o.priority = spec_.priorities.empty() ? 0 : spec_.priorities[i];
-  o.processSet = spec_.processSet;
-  g.work = std::make_unique<Work>(rt_.allgatherAsync(Tensor{in, spec_.dtype, {static_cast<int64_t>(s)}}, o,
-                                                     [out](const Shape&, DataType) -> void* { return out; }));
+  g.work = std::make_unique<Work>(
+      rt_.allgatherAsync(tensor(in, s), on(o), [out](const Shape&, DataType) -> void* { return out; }));
 }
 
 void Engine::gatherAsync(const std::vector<size_t>& params) {
@@ -25,7 +24,7 @@ void Engine::gatherAsync(const std::vector<size_t>& params) {
     if (i >= spec_.numels.size()) throw InvalidArgument("ZeRO engine: no parameter " + std::to_string(i));
     if (live_.count(i)) continue;
     Gathered g;
-    g.data = std::make_shared<Buffer>(world_ * plan_->paramSlice(i) * esize());
+    g.data = std::make_shared<Buffer>(mem_->scratch(world_ * plan_->paramSlice(i) * esize()));
     launchGather(i, g);
     liveBytes_ += g.data->size();
     live_.emplace(i, std::move(g));
@@ -38,6 +37,7 @@ std::shared_ptr<Buffer> Engine::gathered(size_t i) {
   if (g.work) {
     std::unique_ptr<Work> w = std::move(g.work);
     w->wait();
+    mem_->await(*w);
   }
   return g.data;
 }
@@ -47,6 +47,7 @@ void Engine::release(size_t i) {
   auto it = live_.find(i);
   if (it == live_.end()) return;
   if (it->second.work) it->second.work->wait();
+  mem_->sync();  // (work queued on the gathered buffer, the caller's too, is done before it goes)
   liveBytes_ -= it->second.data->size();
   live_.erase(it);
 }
@@ -57,7 +58,7 @@ void Engine::regatherLive() {
   for (size_t i = 0; i < spec_.numels.size(); ++i)
     if (persistent_[i] && !live_.count(i)) {
       Gathered g;
-      g.data = std::make_shared<Buffer>(world_ * plan_->paramSlice(i) * esize());
+      g.data = std::make_shared<Buffer>(mem_->scratch(world_ * plan_->paramSlice(i) * esize()));
       liveBytes_ += g.data->size();
       live_.emplace(i, std::move(g));
     }
@@ -68,6 +69,7 @@ void Engine::regatherLive() {
   for (auto& [i, g] : live_) {
     std::unique_ptr<Work> w = std::move(g.work);
     w->wait();
+    mem_->await(*w);
   }
 }
 

@@ -52,23 +52,22 @@ double sumSquares(const void* grad, DataType dtype, size_t n) {
   return total;
 }
 
-namespace {
-
-// torch.optim.SGD's update (weight decay, momentum with dampening, Nesterov).
-void sgdRun(const GroupHyper& h, float* p, const float* g, float* buf, size_t n, float gs, bool first) {
+void cpuSgdStep(const SgdCoefficients& c, float* p, const float* g, float* buf, size_t n) {
 #pragma omp parallel for schedule(static)
   for (int64_t k = 0; k < static_cast<int64_t>(n); ++k) {
-    float d = g[k] * gs + h.weightDecay * p[k];
-    if (h.momentum != 0.0f) {
-      const float b = first ? d : h.momentum * buf[k] + (1.0f - h.dampening) * d;
+    float d = g[k] * c.gradScale + c.weightDecay * p[k];
+    if (c.momentum != 0.0f) {
+      const float b = c.first ? d : c.momentum * buf[k] + (1.0f - c.dampening) * d;
       buf[k] = b;
-      d = h.nesterov ? d + h.momentum * b : b;
+      d = c.nesterov ? d + c.momentum * b : b;
     }
-    p[k] -= h.lr * d;
+    p[k] -= c.lr * d;
   }
 }
 
-}  // namespace
+SgdCoefficients sgdCoefficients(const GroupHyper& h, float gradScale, int64_t step) {
+  return {h.lr, h.momentum, h.dampening, h.weightDecay, gradScale, h.nesterov, step == 1};
+}
 
 void optimizerRun(OptimKind kind, const GroupHyper& h, const RunArgs& a, float* scratch, size_t scratchElems) {
   AdamHyper ah{h.lr, h.beta1, h.beta2, h.eps, h.weightDecay, kind == OptimKind::kAdamW, a.step, a.gradScale};
@@ -84,7 +83,7 @@ void optimizerRun(OptimKind kind, const GroupHyper& h, const RunArgs& a, float* 
     }
     void* low = a.low && a.dtype != DataType::kFloat32 ? static_cast<char*>(a.low) + off * es : nullptr;
     if (kind == OptimKind::kSgd) {
-      sgdRun(h, a.master + off, g, a.state1 + off, m, a.gradScale, a.step == 1);
+      cpuSgdStep(sgdCoefficients(h, a.gradScale, a.step), a.master + off, g, a.state1 + off, m);
       if (low) fromFloat(low, a.master + off, a.dtype, m);
     } else {
       cpuAdamStep(ah, a.master + off, g, a.state1 + off, a.state2 + off, m, low, a.dtype);

@@ -6,7 +6,8 @@
 #include <cstdint>
 
 #include "chorus/types.h"
-#include "zero/engine.h"
+#include "device/device_backend.h"
+#include "zero/hyper.h"
 
 namespace chorus::zero {
 
@@ -21,6 +22,10 @@ struct RunArgs {
   float gradScale;
   int64_t step;   // 1 for the first update
 };
+
+SgdCoefficients sgdCoefficients(const GroupHyper& h, float gradScale, int64_t step);
+// torch.optim.SGD's update of n parameters (device_backend.h's SgdCoefficients).
+void cpuSgdStep(const SgdCoefficients& c, float* p, const float* g, float* buf, size_t n);
 
 void optimizerRun(OptimKind kind, const GroupHyper& h, const RunArgs& a, float* scratch, size_t scratchElems);
 

@@ -147,7 +147,7 @@ TEST(CudaBackend, AdamMatchesTheCpuStep) {
     std::vector<std::vector<uint16_t>> g16, wantLow;
     std::vector<std::vector<float>> g32;
     std::vector<std::unique_ptr<Dev>> dp, dm, dv, dg, dl;
-    std::vector<AdamTensor> ts;
+    std::vector<OptimTensor> ts;
     for (size_t n : sizes) {
       p.emplace_back(n), m.emplace_back(n), v.emplace_back(n), g32.emplace_back(n), g16.emplace_back(n);
       for (size_t i = 0; i < n; ++i) {

@@ -239,8 +239,9 @@ TEST(DeviceRules, RanksOnTheSecondGpuMakeNoContextOnTheFirst) {
     if (c.rank == 0) c.rt.send(a.tensor(), 1, so);
     else c.rt.recv(into.tensor(), 0, so);
     dev->synchronizeStream(nullptr);
-    if (c.rank == 1)
+    if (c.rank == 1) {
       for (int64_t i = 0; i < 5000; ++i) ASSERT_EQ(into.read(i), 1.0 + 2.0 * i) << i;
+    }
   }, withDevice(dev, "host"));
   EXPECT_EQ(standInContexts(*dev), std::vector<int>{1});
 }

@@ -76,7 +76,7 @@ TEST(DeviceStandIn, AdamOverManyTensorsFollowsTorchsFormula) {
   std::vector<size_t> sizes = {1, 17, 1000, 4099};
   std::vector<std::vector<float>> p, m, v;
   std::vector<std::vector<uint16_t>> g, low;
-  std::vector<AdamTensor> ts;
+  std::vector<OptimTensor> ts;
   for (size_t k = 0; k < sizes.size(); ++k) {
     const size_t n = sizes[k];
     p.emplace_back(n), m.emplace_back(n), v.emplace_back(n), g.emplace_back(n), low.emplace_back(n);

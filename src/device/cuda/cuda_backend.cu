@@ -157,16 +157,16 @@ __global__ void reduceKernel(T* dst, const T* src, size_t n, int op) {
   }
 }
 
-constexpr int kAdamPerLaunch = 48;  // AdamTensors passed by value (2.3 KiB of parameters)
-using AdamBatch = Batch<AdamTensor, kAdamPerLaunch>;
+constexpr int kOptimPerLaunch = 48;  // OptimTensors passed by value (2.3 KiB of parameters)
+using OptimBatch = Batch<OptimTensor, kOptimPerLaunch>;
 
 // One block row per tensor; the CPU step's arithmetic (zero/adam_kernels.inc).
 template <typename G, typename L>
-__global__ void adamKernel(AdamCoefficients c, AdamBatch batch) {
-  const AdamTensor t = batch.items[blockIdx.y];
+__global__ void adamKernel(AdamCoefficients c, OptimBatch batch) {
+  const OptimTensor t = batch.items[blockIdx.y];
   float* __restrict p = t.master;
-  float* __restrict m = t.expAvg;
-  float* __restrict v = t.expAvgSq;
+  float* __restrict m = t.state1;
+  float* __restrict v = t.state2;
   const G* __restrict g = static_cast<const G*>(t.grad);
   L* __restrict low = static_cast<L*>(t.low);
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < t.n;
@@ -177,6 +177,28 @@ __global__ void adamKernel(AdamCoefficients c, AdamBatch batch) {
     m[i] = mi;
     v[i] = vi;
     const float pi = p[i] * c.decay - c.stepSize * mi / (sqrtf(vi) * c.invBias2Sqrt + c.eps);
+    p[i] = pi;
+    if (low) low[i] = store<L>(pi);
+  }
+}
+
+// torch.optim.SGD's update (zero/optimizer_step.cc's cpuSgdStep).
+template <typename G, typename L>
+__global__ void sgdKernel(SgdCoefficients c, OptimBatch batch) {
+  const OptimTensor t = batch.items[blockIdx.y];
+  float* __restrict p = t.master;
+  float* __restrict buf = t.state1;
+  const G* __restrict g = static_cast<const G*>(t.grad);
+  L* __restrict low = static_cast<L*>(t.low);
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < t.n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    float d = static_cast<float>(load(g[i])) * c.gradScale + c.weightDecay * p[i];
+    if (c.momentum != 0.0f) {
+      const float b = c.first ? d : c.momentum * buf[i] + (1.0f - c.dampening) * d;
+      buf[i] = b;
+      d = c.nesterov ? d + c.momentum * b : b;
+    }
+    const float pi = p[i] - c.lr * d;
     p[i] = pi;
     if (low) low[i] = store<L>(pi);
   }
@@ -253,6 +275,32 @@ void byFloatType(DataType t, const char* what, Fn&& fn) {
 }
 
 cudaStream_t S(void* s) { return static_cast<cudaStream_t>(s); }
+
+// An optimizer kernel's launches: launch(G*, L*, batch, grid) with the
+// gradients' and the 16-bit copy's device types.
+template <typename Launch>
+void optimizerLaunch(DataType gradDtype, DataType lowDtype, const OptimTensor* tensors, size_t n, const char* what,
+                     Launch launch) {
+  if (lowDtype != DataType::kFloat16 && lowDtype != DataType::kBFloat16)
+    throw InvalidArgument(std::string(what) + ": the 16-bit copy must be float16 or bfloat16, not " +
+                          dtypeName(lowDtype));
+  byFloatType(gradDtype, what, [&](auto* gt) {
+    using G = std::remove_pointer_t<decltype(gt)>;
+    if constexpr (std::is_same<G, double>::value) {
+      throw InvalidArgument(std::string(what) + ": float64 gradients are not supported");
+    } else {
+      auto each = [&](auto* lt) {
+        inBatches<kOptimPerLaunch>(tensors, n, [](const OptimTensor& t) { return t.n; },
+                                  [&](const OptimBatch& b, dim3 grid) {
+                                    launch(gt, lt, b, grid);
+                                    check(cudaGetLastError(), what);
+                                  });
+      };
+      if (lowDtype == DataType::kFloat16) each(static_cast<__half*>(nullptr));
+      else each(static_cast<__nv_bfloat16*>(nullptr));
+    }
+  });
+}
 
 class CudaBackend final : public DeviceBackend {
  public:
@@ -335,6 +383,9 @@ class CudaBackend final : public DeviceBackend {
   void copy(void* dst, const void* src, size_t bytes, void* stream) override {
     if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, S(stream)), "cudaMemcpyAsync");
   }
+  void zero(void* dst, size_t bytes, void* stream) override {
+    if (bytes) check(cudaMemsetAsync(dst, 0, bytes, S(stream)), "cudaMemsetAsync");
+  }
   void batchedCopy(const CopyItem* items, size_t n, void* stream) override {
     inBatches<kItemsPerLaunch>(
         items, n, [](const CopyItem& c) { return c.bytes ? c.bytes / 16 + 1 : 0; },
@@ -390,26 +441,20 @@ class CudaBackend final : public DeviceBackend {
     });
     check(cudaGetLastError(), "reduce kernel");
   }
-  void adam(const AdamCoefficients& c, DataType gradDtype, DataType lowDtype, const AdamTensor* tensors, size_t n,
+  void adam(const AdamCoefficients& c, DataType gradDtype, DataType lowDtype, const OptimTensor* tensors, size_t n,
             void* stream) override {
-    if (lowDtype != DataType::kFloat16 && lowDtype != DataType::kBFloat16)
-      throw InvalidArgument(std::string("adam: the 16-bit copy must be float16 or bfloat16, not ") + dtypeName(lowDtype));
-    byFloatType(gradDtype, "adam", [&](auto* gt) {
+    optimizerLaunch(gradDtype, lowDtype, tensors, n, "adam", [&](auto* gt, auto* lt, const OptimBatch& b, dim3 grid) {
       using G = std::remove_pointer_t<decltype(gt)>;
-      if constexpr (std::is_same<G, double>::value) {
-        throw InvalidArgument("adam: float64 gradients are not supported");
-      } else {
-        auto launch = [&](auto* lt) {
-          using L = std::remove_pointer_t<decltype(lt)>;
-          inBatches<kAdamPerLaunch>(tensors, n, [](const AdamTensor& t) { return t.n; },
-                                    [&](const AdamBatch& b, dim3 grid) {
-                                      adamKernel<G, L><<<grid, kThreads, 0, S(stream)>>>(c, b);
-                                      check(cudaGetLastError(), "adam kernel");
-                                    });
-        };
-        if (lowDtype == DataType::kFloat16) launch(static_cast<__half*>(nullptr));
-        else launch(static_cast<__nv_bfloat16*>(nullptr));
-      }
+      using L = std::remove_pointer_t<decltype(lt)>;
+      adamKernel<G, L><<<grid, kThreads, 0, S(stream)>>>(c, b);
+    });
+  }
+  void sgd(const SgdCoefficients& c, DataType gradDtype, DataType lowDtype, const OptimTensor* tensors, size_t n,
+           void* stream) override {
+    optimizerLaunch(gradDtype, lowDtype, tensors, n, "sgd", [&](auto* gt, auto* lt, const OptimBatch& b, dim3 grid) {
+      using G = std::remove_pointer_t<decltype(gt)>;
+      using L = std::remove_pointer_t<decltype(lt)>;
+      sgdKernel<G, L><<<grid, kThreads, 0, S(stream)>>>(c, b);
     });
   }
   void sumSquares(DataType dtype, const void* src, size_t n, double* out, void* stream) override {
