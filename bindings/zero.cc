@@ -1,11 +1,14 @@
 // chorus._core's ZeRO part: the engine, the DeepSpeed config parser, checkpoint
 // files and the learning-rate schedules. Engine memory is lent to Python as
-// numpy arrays whose base keeps the owner (engine or gathered buffer) alive.
+// numpy arrays whose base keeps the owner (engine or gathered buffer) alive;
+// device memory as a DeviceBlock (__cuda_array_interface__) that torch.as_tensor
+// views in place, holding the owner likewise.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include "chorus/chorus.h"
+#include "device/loader.h"
 #include "zero/cpu_adam.h"
 #include "zero/engine.h"
 #include "zero/shard_file.h"
@@ -21,6 +24,20 @@ py::array lend(std::shared_ptr<Owner> owner, void* data, size_t bytes) {
   auto* holder = new std::shared_ptr<Owner>(std::move(owner));
   py::capsule base(holder, [](void* p) { delete static_cast<std::shared_ptr<Owner>*>(p); });
   return py::array_t<uint8_t>({static_cast<py::ssize_t>(bytes)}, {1}, static_cast<uint8_t*>(data), base);
+}
+
+struct DeviceBlock {
+  uintptr_t ptr;
+  size_t bytes;
+  int device;
+  std::shared_ptr<void> owner;
+};
+
+// Host memory as numpy, device memory as a DeviceBlock.
+template <typename Owner>
+py::object lendAny(const Engine& e, std::shared_ptr<Owner> owner, void* data, size_t bytes) {
+  if (!e.onDevice(data)) return lend(std::move(owner), data, bytes);
+  return py::cast(DeviceBlock{reinterpret_cast<uintptr_t>(data), bytes, e.device(), std::move(owner)});
 }
 
 py::dict configDict(const zero::DsConfig& c) {
@@ -108,11 +125,29 @@ void bindZero(py::module_& m) {
     return py::make_tuple(f.meta, blobs);
   });
 
+  py::class_<DeviceBlock>(m, "DeviceBlock")
+      .def_readonly("device", &DeviceBlock::device)
+      .def_readonly("nbytes", &DeviceBlock::bytes)
+      .def_property_readonly("__cuda_array_interface__", [](const DeviceBlock& b) {
+        py::dict d;
+        d["shape"] = py::make_tuple(b.bytes);
+        d["typestr"] = "|u1";
+        d["data"] = py::make_tuple(b.ptr, false);
+        d["version"] = 2;
+        return d;
+      });
+
   py::class_<Engine, std::shared_ptr<Engine>>(m, "ZeroEngine")
       .def(py::init([](const std::string& configJson, int32_t processSet, int dtype, const std::vector<size_t>& numels,
                        const std::vector<int>& groupOf, const std::string& optimizer, int32_t pipeSet,
-                       const std::vector<double>& normWeights, const std::vector<int32_t>& priorities) {
+                       const std::vector<double>& normWeights, const std::vector<int32_t>& priorities, int device,
+                       uintptr_t stream) {
              zero::EngineSpec spec;
+             if (device >= 0) {  // the engine on this CUDA device, after the caller's stream
+               spec.device = openCudaBackend();
+               spec.ordinal = device;
+               spec.stream = reinterpret_cast<void*>(stream);
+             }
              spec.priorities = priorities;
              spec.pipeProcessSet = pipeSet;
              spec.normWeights = normWeights;
@@ -130,7 +165,7 @@ void bindZero(py::module_& m) {
            }),
            py::arg("config_json"), py::arg("process_set"), py::arg("dtype"), py::arg("numels"), py::arg("group_of"),
            py::arg("optimizer"), py::arg("pipe_set") = -1, py::arg("norm_weights") = std::vector<double>{},
-           py::arg("priorities") = std::vector<int32_t>{})
+           py::arg("priorities") = std::vector<int32_t>{}, py::arg("device") = -1, py::arg("stream") = 0)
       .def_property_readonly("stage", &Engine::stage)
       .def_property_readonly("world", &Engine::world)
       .def_property_readonly("rank", &Engine::rank)
@@ -139,10 +174,15 @@ void bindZero(py::module_& m) {
       .def_property_readonly("placement", &Engine::placement)
       .def_property_readonly("live_bytes", &Engine::liveBytes)
       .def_property_readonly("writes_shard", &Engine::writesShard)
+      .def_property_readonly("device", &Engine::device)
+      .def("sync", [](Engine& e) {
+        py::gil_scoped_release release;
+        e.sync();
+      })
       .def("param_storage", [](std::shared_ptr<Engine> e, size_t i) {
         void* p = e->paramStorage(i);
         const size_t bytes = e->plan().numel(i) * dtypeSize(e->dtype());
-        return lend(e, p, bytes);
+        return lendAny(*e, e, p, bytes);
       })
       .def("load_param", [](Engine& e, size_t i, uintptr_t src) { e.loadParam(i, reinterpret_cast<const void*>(src)); })
       .def("assign_param", [](Engine& e, size_t i, uintptr_t src) {
@@ -183,17 +223,12 @@ void bindZero(py::module_& m) {
         py::gil_scoped_release release;
         e.publishExternal();
       })
+      // fp32 bytes (numpy: view as float32).
       .def("master_view", [](std::shared_ptr<Engine> e) {
-        return py::array_t<float>({static_cast<py::ssize_t>(e->partitionElems())}, {4}, e->master(),
-                                  py::capsule(new std::shared_ptr<Engine>(e), [](void* p) {
-                                    delete static_cast<std::shared_ptr<Engine>*>(p);
-                                  }));
+        return lendAny(*e, e, e->master(), e->partitionElems() * 4);
       })
       .def("external_grad_view", [](std::shared_ptr<Engine> e) {
-        return py::array_t<float>({static_cast<py::ssize_t>(e->partitionElems())}, {4}, e->externalGrad(),
-                                  py::capsule(new std::shared_ptr<Engine>(e), [](void* p) {
-                                    delete static_cast<std::shared_ptr<Engine>*>(p);
-                                  }));
+        return lendAny(*e, e, e->externalGrad(), e->partitionElems() * 4);
       })
       .def("runs", &Engine::runs)
       .def("gather_async", [](Engine& e, const std::vector<size_t>& params) {
@@ -206,7 +241,7 @@ void bindZero(py::module_& m) {
           py::gil_scoped_release release;
           b = e.gathered(i);
         }
-        return lend(b, b->bytes(), e.plan().numel(i) * dtypeSize(e.dtype()));
+        return lendAny(e, b, b->bytes(), e.plan().numel(i) * dtypeSize(e.dtype()));
       })
       .def("release", [](Engine& e, size_t i) {
         py::gil_scoped_release release;

@@ -1,6 +1,7 @@
 # The DeepSpeed example of ../shared/seeds/horovod-and-deepspeed.txt with the import
-# changed to chorus. The CPU adjustments the issue allows: .cuda() became
-# .to(device), and fp16 becomes bf16 where this CPU's torch cannot compute in fp16.
+# changed to chorus. With a GPU it runs as the seed wrote it (.cuda()); without
+# one, .cuda() becomes .to("cpu"), and fp16 becomes bf16 where this CPU's torch
+# cannot compute in fp16.
 #     ./build/chorusrun -np 2 /usr/bin/python3 examples/deepspeed/seed_simple.py
 import torch
 import torch.nn as nn
@@ -61,8 +62,12 @@ def initialize_deepspeed(model, optimizer, config_params):
 def train(model_engine, optimizer, dataloader, epochs):
     for epoch in range(epochs):
         for i, (inputs, labels) in enumerate(dataloader):
-            inputs = inputs.to(device)
-            labels = labels.to(device)
+            if device == "cuda":
+                inputs = inputs.cuda()
+                labels = labels.cuda()
+            else:
+                inputs = inputs.to(device)
+                labels = labels.to(device)
 
             outputs = model_engine(inputs)
             loss = nn.CrossEntropyLoss()(outputs, labels)
@@ -125,7 +130,10 @@ if __name__ == '__main__':
 
     # 8. 初始化 DeepSpeed
     model_engine, optimizer = initialize_deepspeed(model, optimizer, config_params)
-    model_engine.to(device) # 将模型加载到GPU
+    if device == "cuda":
+        model_engine.cuda() # 将模型加载到GPU
+    else:
+        model_engine.to(device)
 
     # 9. 训练模型
     train(model_engine, optimizer, dataloader, epochs)

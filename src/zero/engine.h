@@ -117,6 +117,7 @@ class Engine {
   size_t liveBytes() const { return liveBytes_; }
   // Tensor::device of the engine's buffers (kHostDevice: host memory).
   int device() const { return mem_->device(); }
+  bool onDevice(const void* p) const { return mem_->onDevice(p); }
   // Waits for the engine's device work (results read by the host or another stream).
   void sync() { mem_->sync(); }
 

@@ -21,6 +21,7 @@ class HostMemory final : public Memory {
   HostMemory() : scratch_(kScratchElems * 4) {}
   int device() const override { return kHostDevice; }
   void* stream() const override { return nullptr; }
+  bool onDevice(const void*) const override { return false; }
   Buffer collective(size_t bytes) override { return Buffer::shared(bytes); }
   Buffer scratch(size_t bytes) override { return Buffer(bytes); }
   Buffer state(size_t bytes, bool, bool pin) override { return Buffer(bytes, pin); }
@@ -66,6 +67,7 @@ class DeviceMemory final : public Memory {
   }
   int device() const override { return ordinal_; }
   void* stream() const override { return stream_; }
+  bool onDevice(const void* p) const override { return b_->deviceOf(p) >= 0; }
   Buffer collective(size_t bytes) override { return deviceBuffer(bytes); }
   Buffer scratch(size_t bytes) override { return deviceBuffer(bytes); }
   Buffer state(size_t bytes, bool offloaded, bool pin) override {

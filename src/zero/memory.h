@@ -22,6 +22,8 @@ class Memory {
   // stream the collectives on them are ordered on (null on the host).
   virtual int device() const = 0;
   virtual void* stream() const = 0;
+  // Whether p is in this memory's device (not host-addressable).
+  virtual bool onDevice(const void* p) const = 0;
   // Zeroed model-dtype buffers that collectives read and write (host: shared
   // memory that the other local ranks can reach).
   virtual Buffer collective(size_t bytes) = 0;

@@ -30,6 +30,12 @@ def test_zero_init_hooks_as_deepspeeds(ranks, n):
     assert all(f"[{r}]<stdout>:ok {r}" in out for r in range(n)), out
 
 
+@pytest.mark.parametrize("stage", [0, 3])
+def test_the_model_stays_in_host_memory_without_a_gpu(ranks, stage):
+    out = ok(ranks(2, "ds_placement.py", str(stage), env={"DS_ACCELERATOR": "cpu"}))
+    assert out.count("placement ok") == 2
+
+
 def test_loss_scaler_follows_deepspeeds_schedule(ranks):
     out = ok(ranks(2, "zero_scaler.py"))
     assert out.count("zero scaler ok") == 2

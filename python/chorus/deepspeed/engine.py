@@ -18,8 +18,35 @@ from chorus.torch.mpi_ops import _dtype_code
 _ZERO_FORMULA = {0: lambda n: (16, 0), 1: lambda n: (4, 12 / n), 2: lambda n: (2, 14 / n), 3: lambda n: (0, 16 / n)}
 
 
-def _view(array, dtype, shape):
-    return torch.from_numpy(array).view(dtype).view(shape)
+def _view(block, dtype, shape=None):
+    """A tensor over engine memory, in place: a numpy array (host memory) or a
+    DeviceBlock (device memory, through __cuda_array_interface__)."""
+    if isinstance(block, _core.DeviceBlock):
+        t = torch.as_tensor(block, device=torch.device("cuda", block.device))
+    else:
+        t = torch.from_numpy(block)
+    t = t.view(dtype)
+    return t if shape is None else t.view(shape)
+
+
+def _choose_device(model):
+    """Where the engine keeps the model, as DeepSpeed's accelerator does: the GPU
+    the model is on, else this rank's GPU (LOCAL_RANK) when CUDA is usable and
+    DS_ACCELERATOR does not say cpu, else host memory."""
+    where = {p.device for p in model.parameters() if p.device.type != "meta"}
+    if len(where) > 1:
+        raise ValueError(f"deepspeed.initialize: the model's parameters are on several devices ({sorted(map(str, where))})")
+    if where and next(iter(where)).type not in ("cpu", "cuda"):
+        raise ValueError(f"deepspeed.initialize: chorus's ZeRO engine runs on the CPU or CUDA, not {next(iter(where))}")
+    if where and next(iter(where)).type == "cuda":
+        d = next(iter(where))
+        return torch.device("cuda", d.index if d.index is not None else torch.cuda.current_device())
+    if os.environ.get("DS_ACCELERATOR", "").lower() == "cpu" or not torch.cuda.is_available() or \
+            not _core.cuda_built():
+        return torch.device("cpu")
+    local = os.environ.get("LOCAL_RANK")
+    local = int(local) if local is not None else hvd.local_rank()
+    return torch.device("cuda", local % torch.cuda.device_count())
 
 
 def _full_shape(p):
@@ -54,6 +81,10 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
         self.client_lr_scheduler = lr_scheduler
         self.training_dataloader = None
         self.dtype = torch.float16 if cfg["fp16"] else torch.bfloat16 if cfg["bf16"] else torch.float32
+        self._device = _choose_device(model)
+        if self._device.type == "cuda":
+            torch.cuda.set_device(self._device)
+            model.to(self._device)
         if self.dtype != torch.float32:
             model.to(self.dtype)
         if cfg["stage"] < 3 and cfg["offload_param"] == "cpu":
@@ -89,7 +120,14 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
                                 self._pipe_set.process_set_id if self._pipe_set is not None else -1,
                                 [1.0 if getattr(p, "model_parallel", False) else 1.0 / self._tp for p in self._params]
                                 if self._pipe_set is not None and self._tp > 1 else [],
-                                [int(getattr(p, "chorus_priority", 0)) for p in self._params])
+                                [int(getattr(p, "chorus_priority", 0)) for p in self._params],
+                                *self._core_device())
+
+    def _core_device(self):
+        """(device ordinal, stream) of a CUDA engine: its work follows the current stream; (-1, 0) on the host."""
+        if self._device.type != "cuda":
+            return -1, 0
+        return self._device.index, torch.cuda.current_stream(self._device).cuda_stream
 
     def _rebuild(self):
         """Re-forms the engine over the world after an elastic reset: a C++ ZeRO engine
@@ -100,7 +138,7 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
         if self._stage3 is not None:
             self._stage3.detach()
             for i, p in enumerate(self._params):  # the full parameters, from the old engine's partition
-                p.data = torch.zeros(self._shapes[i], dtype=self.dtype)
+                p.data = torch.zeros(self._shapes[i], dtype=self.dtype, device=self._device)
         else:
             for p in self._params:
                 p.data = p.data.clone()  # off the old engine's storage, which goes now
@@ -132,10 +170,6 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
         if not named:
             raise ValueError("deepspeed.initialize: the model has no trainable parameters")
         params = [p for _, p in named.values()]
-        for p in params:
-            if p.device.type != "cpu":
-                raise ValueError(f"chorus's ZeRO engine keeps parameters in host memory; "
-                                 f"parameter '{named[id(p)][0]}' is on {p.device}")
         return params, [n for n, _ in named.values()]
 
     def _group_of(self, groups):
@@ -155,7 +189,7 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
             p.data = p.data.contiguous()
             core.load_param(i, p.data_ptr())
             if zero_init and core.stage == 3:
-                p.data = torch.empty(0, dtype=self.dtype)
+                p.data = torch.empty(0, dtype=self.dtype, device=self._device)
         core.finish_init()
         for i, p in enumerate(self._params):
             if core.stage < 3:
@@ -183,7 +217,7 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
     def _zero_gather(self, p):
         i = self._index[id(p)]
         self.core.gather_async([i])
-        whole = torch.from_numpy(self.core.gathered(i)).view(self.dtype).view(self._shapes[i]).clone()
+        whole = _view(self.core.gathered(i), self.dtype, self._shapes[i]).clone()
         if not self.core.persistent(i):
             self.core.release(i)
         return whole
@@ -199,8 +233,8 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
     def _bind_client(self):
         """An optimizer chorus cannot translate steps fp32 views of the partition: a
         fresh instance of its class, with its hyperparameters, over those views."""
-        master = torch.from_numpy(self.core.master_view())
-        grads = torch.from_numpy(self.core.external_grad_view())
+        master = _view(self.core.master_view(), torch.float32)
+        grads = _view(self.core.external_grad_view(), torch.float32)
         per_group = {}
         for offset, length, group in self.core.runs():
             t = master[offset:offset + length]
@@ -217,7 +251,7 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
             # The accumulator keeps the shape p has now: a ZeRO-3 placeholder must show its whole one.
             held = p.data
             if tuple(p.shape) != self._shapes[i]:
-                p.data = torch.empty(self._shapes[i], dtype=p.dtype)
+                p.data = torch.empty(self._shapes[i], dtype=p.dtype, device=p.device)
             acc = p.expand_as(p).grad_fn.next_functions[0][0]
             p.data = held
             acc.register_hook(self._make_hook(i, p))
@@ -248,7 +282,7 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
         for i in sorted(self._defer):
             g = self._deferred.pop(i, None)
             if g is None:
-                g = torch.zeros(self._shapes[i], dtype=self.dtype)
+                g = torch.zeros(self._shapes[i], dtype=self.dtype, device=self._device)
             g = g.contiguous()
             reduce(i, g)
             self.core.grad_ready(i, g.data_ptr())
@@ -311,19 +345,26 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
 
     @property
     def device(self):
-        return torch.device("cpu")
+        return self._device
 
     def to(self, *args, **kwargs):
-        device = kwargs.get("device", args[0] if args else None)
-        if isinstance(device, (str, torch.device)) and torch.device(device).type != "cpu":
-            raise ValueError(f"chorus's ZeRO engine keeps the model in host memory; it cannot move to {device}")
+        """The model stays where the engine keeps it (its tensors are views of the
+        engine's memory): a move there is a no-op, elsewhere an error."""
+        device = kwargs.get("device", args[0] if args and isinstance(args[0], (str, torch.device, int)) else None)
+        if device is not None:
+            want = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+            if want.type == "cuda" and want.index is None and torch.cuda.is_available():
+                want = torch.device("cuda", torch.cuda.current_device())
+            if want.type != self._device.type or (want.index is not None and want.index != self._device.index):
+                where = "host memory" if self._device.type == "cpu" else str(self._device)
+                raise ValueError(f"chorus's ZeRO engine keeps the model in {where}; it cannot move to {want}")
         return self
 
     def cuda(self, device=None):
-        return self.to("cuda")
+        return self.to(torch.device("cuda", device) if device is not None else "cuda")
 
     def cpu(self):
-        return self
+        return self.to("cpu")
 
     def deepspeed_io(self, dataset, batch_size=None, collate_fn=None, shuffle=True):
         sampler = torch.utils.data.distributed.DistributedSampler(

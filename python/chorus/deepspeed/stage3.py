@@ -8,10 +8,15 @@ from chorus.deepspeed.runtime.zero.partition_parameters import external_paramete
 _EMPTY = {}
 
 
-def _empty(dtype):
-    if dtype not in _EMPTY:
-        _EMPTY[dtype] = torch.empty(0, dtype=dtype)
-    return _EMPTY[dtype]
+def _empty(dtype, device):
+    if (dtype, device) not in _EMPTY:
+        _EMPTY[dtype, device] = torch.empty(0, dtype=dtype, device=device)
+    return _EMPTY[dtype, device]
+
+
+def _view(block, dtype, shape):
+    from chorus.deepspeed.engine import _view as view
+    return view(block, dtype, shape)
 
 
 class _PreBackward(torch.autograd.Function):
@@ -61,9 +66,9 @@ class Stage3Hooks:
 
     def _point(self, i, p):
         if self.core.persistent(i):
-            p.data = torch.from_numpy(self.core.gathered(i)).view(p.dtype).view(self._shape(i))
+            p.data = _view(self.core.gathered(i), p.dtype, self._shape(i))
         else:
-            p.data = _empty(p.dtype)
+            p.data = _empty(p.dtype, self.engine.device)
 
     def _shape(self, i):
         return self.engine._shapes[i]
@@ -74,12 +79,12 @@ class Stage3Hooks:
         for i in own:
             p = self.params[i]
             if p.numel() == 0 or self.core.persistent(i):
-                p.data = torch.from_numpy(self.core.gathered(i)).view(p.dtype).view(self._shape(i))
+                p.data = _view(self.core.gathered(i), p.dtype, self._shape(i))
 
     def release(self, module):
         for i in self.owned[module]:
             if not self.core.persistent(i):
-                self.params[i].data = _empty(self.params[i].dtype)
+                self.params[i].data = _empty(self.params[i].dtype, self.engine.device)
                 self.core.release(i)
 
     def _prefetch(self, position, direction):
