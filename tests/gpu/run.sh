@@ -118,6 +118,16 @@ check cuda_backend 120 "$bundle/bin/chorus_gpu_tests"
 for n in 1 2 4; do  # ranks sharing the one GPU: staged (1 rank: NCCL)
   check collectives_${n}ranks 150 "$chorusrun" -np $n "$py" tests/gpu/workers/collectives.py
 done
+# The ZeRO engine on the GPU: the seed's DeepSpeed program as the seed wrote it
+# (import changed), the engine against itself in host memory and one torch
+# process, a checkpoint from the GPU loaded in host memory.
+check seed_deepspeed_1rank 120 "$chorusrun" -np 1 "$py" examples/deepspeed/seed_simple.py
+check seed_deepspeed_1rank_trained 5 bash -c 'count_in "$@"' count_in "$logs/seed_deepspeed_1rank.log" 'Epoch \[5/5\]' +
+check seed_deepspeed_2ranks 150 "$chorusrun" -np 2 "$py" examples/deepspeed/seed_simple.py
+check zero_device_1rank 180 "$chorusrun" -np 1 "$py" tests/gpu/workers/zero_device.py
+check zero_device_2ranks 180 "$chorusrun" -np 2 "$py" tests/gpu/workers/zero_device.py --quick --ckpt "$logs/ckpt"
+check zero_checkpoint_gpu_to_cpu 90 env DS_ACCELERATOR=cpu "$chorusrun" -np 1 "$py" tests/gpu/workers/zero_device_load.py \
+  "$logs/ckpt"
 check collectives_4ranks_static_sets 150 env CHORUS_TEST_STATIC_SETS=1 "$chorusrun" -np 4 "$py" tests/gpu/workers/collectives.py
 check collectives_2ranks_host_asked 120 env CHORUS_GPU_OPERATIONS=host "$chorusrun" -np 2 "$py" tests/gpu/workers/collectives.py
 check nccl_one_rank 90 env CHORUS_GPU_OPERATIONS=nccl "$chorusrun" -np 1 "$py" tests/gpu/workers/nccl_checks.py
