@@ -189,9 +189,18 @@ class HostStandIn final : public DeviceBackend {
   }
   void* allocPinned(size_t bytes) override {
     live();
-    return std::malloc(std::max<size_t>(bytes, 1));
+    void* p = std::malloc(std::max<size_t>(bytes, 1));
+    std::lock_guard<std::mutex> lock(mu_);
+    pinned_[reinterpret_cast<uintptr_t>(p)] = std::max<size_t>(bytes, 1);
+    return p;
   }
-  void freePinned(void* p) override { std::free(p); }
+  void freePinned(void* p) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      pinned_.erase(reinterpret_cast<uintptr_t>(p));
+    }
+    std::free(p);
+  }
 
   void* createStream(int ordinal) override {
     onDevice(ordinal);
@@ -263,27 +272,29 @@ class HostStandIn final : public DeviceBackend {
     if (bytes) on(stream)->push([=, this] { std::memcpy(real(dst), real(src), bytes); });
   }
   void zero(void* dst, size_t bytes, void* stream) override {
+    reach(dst, "memset");
     live();
     if (bytes) on(stream)->push([=, this] { std::memset(real(dst), 0, bytes); });
   }
   void batchedCopy(const CopyItem* items, size_t n, void* stream) override {
     std::vector<CopyItem> copy(items, items + n);
+    for (const CopyItem& c : copy) reach(c.dst, "batched copy"), reach(c.src, "batched copy");
     kernel(stream, "batched copy")->push([this, copy = std::move(copy)] {
       for (const CopyItem& c : copy)
         if (c.bytes) std::memcpy(real(c.dst), real(c.src), c.bytes);
     });
   }
   void scale(DataType dtype, void* dst, const void* src, size_t n, double factor, void* stream) override {
-    kernel(stream, "scale")->push([=, this] { scaleCopy(dtype, real(dst), real(src), n, factor); });
+    kernel(stream, "scale", {dst, src})->push([=, this] { scaleCopy(dtype, real(dst), real(src), n, factor); });
   }
   void divide(DataType dtype, void* buf, size_t n, int64_t divisor, void* stream) override {
-    kernel(stream, "divide")->push([=, this] { divideBuffer(dtype, real(buf), n, divisor); });
+    kernel(stream, "divide", {buf})->push([=, this] { divideBuffer(dtype, real(buf), n, divisor); });
   }
   void cast(DataType to, void* dst, DataType from, const void* src, size_t n, void* stream) override {
-    kernel(stream, "cast")->push([=, this] { castElements(to, real(dst), from, real(src), n); });
+    kernel(stream, "cast", {dst, src})->push([=, this] { castElements(to, real(dst), from, real(src), n); });
   }
   void reduce(DataType dtype, ReduceOp op, void* dst, const void* src, size_t n, void* stream) override {
-    kernel(stream, "reduce")->push(
+    kernel(stream, "reduce", {dst, src})->push(
         [=, this] { reduceBuffers(dtype, op == ReduceOp::kAverage ? ReduceOp::kSum : op, real(dst), real(dst), real(src), n); });
   }
 
@@ -307,6 +318,10 @@ class HostStandIn final : public DeviceBackend {
   void optimizerKernel(void* stream, const char* what, DataType gradDtype, const OptimTensor* tensors, size_t n,
                        Step step) {
     std::vector<OptimTensor> ts(tensors, tensors + n);
+    for (const OptimTensor& t : ts)
+      for (const void* p : {static_cast<const void*>(t.master), static_cast<const void*>(t.state1),
+                            static_cast<const void*>(t.state2), t.grad, static_cast<const void*>(t.low)})
+        reach(p, what);
     kernel(stream, what)->push([=, this, ts = std::move(ts)] {
       std::vector<float> g;
       for (const OptimTensor& t : ts) {
@@ -321,7 +336,7 @@ class HostStandIn final : public DeviceBackend {
     });
   }
   void sumSquares(DataType dtype, const void* src, size_t n, double* out, void* stream) override {
-    kernel(stream, "sum of squares")->push(
+    kernel(stream, "sum of squares", {src, out})->push(
         [=, this] { *static_cast<double*>(real(out)) += zero::sumSquares(real(src), dtype, n); });
   }
 
@@ -379,7 +394,20 @@ class HostStandIn final : public DeviceBackend {
     std::lock_guard<std::mutex> lock(mu_);
     if (!broken_.empty()) throw Error(broken_);
   }
-  Stream* kernel(void* stream, const char* what) {
+  // A kernel reaches device memory and pinned host memory (mapped, as CUDA's
+  // unified addressing maps it), never pageable host memory.
+  void reach(const void* p, const char* what) const {
+    if (!p) return;
+    const auto addr = reinterpret_cast<uintptr_t>(p);
+    if (addr >= reserved_ && addr < reserved_ + kReserved) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = pinned_.upper_bound(addr);
+    if (it != pinned_.begin() && addr < std::prev(it)->first + std::prev(it)->second) return;
+    throw Error(std::string("host stand-in: a ") + what +
+                " kernel was given pageable host memory, which a GPU kernel cannot reach");
+  }
+  Stream* kernel(void* stream, const char* what, std::initializer_list<const void*> ptrs = {}) {
+    for (const void* p : ptrs) reach(p, what);
     live();
     Stream* s = on(stream);
     if (s->device() != threadCurrent())
@@ -400,6 +428,7 @@ class HostStandIn final : public DeviceBackend {
   static std::atomic<uint64_t> instances_;
   mutable std::mutex mu_;
   std::map<uintptr_t, Alloc> device_;  // by device address
+  std::map<uintptr_t, size_t> pinned_;  // allocPinned's blocks
   uintptr_t reserved_ = 0;
   size_t next_ = 0;
   mutable std::set<int> contexts_;

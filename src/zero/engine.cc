@@ -53,7 +53,8 @@ Engine::Engine(Runtime& rt, EngineSpec spec)
                           std::to_string(spec_.normWeights.size()) + " for " + std::to_string(spec_.numels.size()) +
                           " parameters at stage " + std::to_string(stage_) + ")");
   for (int g : spec_.groupOf) numGroups_ = std::max(numGroups_, static_cast<size_t>(g) + 1);
-  mem_ = spec_.device ? deviceMemory(spec_.device, spec_.ordinal, spec_.stream) : hostMemory();
+  mem_ = spec_.device ? deviceMemory(spec_.device, spec_.ordinal, spec_.stream, spec_.offloadChunkElems)
+                      : hostMemory();
 
   const auto& z = spec_.config.zero;
   const size_t bucket = static_cast<size_t>(std::max<int64_t>(z.reduceBucketSize, 1));

@@ -58,6 +58,7 @@ struct EngineSpec {
   std::shared_ptr<DeviceBackend> device;
   int ordinal = -1;
   void* stream = nullptr;
+  size_t offloadChunkElems = size_t{4} << 20;  // offloaded steps: elements per chunk moved
   // Each parameter's communication priority (higher goes first among ops ready
   // together): a unit's collectives take the highest of its parameters'. Empty: all 0.
   std::vector<int32_t> priorities;

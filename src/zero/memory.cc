@@ -54,8 +54,8 @@ class HostMemory final : public Memory {
 
 class DeviceMemory final : public Memory {
  public:
-  DeviceMemory(std::shared_ptr<DeviceBackend> b, int ordinal, void* stream)
-      : b_(std::move(b)), ordinal_(ordinal), stream_(stream), norm_(b_, ordinal) {
+  DeviceMemory(std::shared_ptr<DeviceBackend> b, int ordinal, void* stream, size_t chunkElems)
+      : chunk_(std::max<size_t>(chunkElems, 1)), b_(std::move(b)), ordinal_(ordinal), stream_(stream), norm_(b_, ordinal) {
     norm_.reserve(sizeof(double));
   }
   ~DeviceMemory() override {
@@ -93,25 +93,43 @@ class DeviceMemory final : public Memory {
   }
   void zero(void* p, size_t bytes) override {
     CurrentDevice on(*b_, ordinal_);
-    b_->zero(p, bytes, stream_);
+    if (!host(p)) return b_->zero(p, bytes, stream_);
+    b_->synchronizeStream(stream_);
+    if (bytes) std::memset(p, 0, bytes);
   }
   void accumulate(DataType dtype, void* dst, const void* src, size_t n) override {
     CurrentDevice on(*b_, ordinal_);
     b_->reduce(dtype, ReduceOp::kSum, dst, src, n, stream_);
   }
+  // A side in host memory (offloaded state) is converted on the CPU: a kernel
+  // cannot reach pageable memory.
   void toFloat(float* dst, const void* src, DataType dtype, size_t n) override {
     CurrentDevice on(*b_, ordinal_);
-    if (dtype == DataType::kFloat32) b_->copy(dst, src, n * 4, stream_);
-    else b_->cast(DataType::kFloat32, dst, dtype, src, n, stream_);
+    if (!host(dst) && !host(src)) {
+      if (dtype == DataType::kFloat32) b_->copy(dst, src, n * 4, stream_);
+      else b_->cast(DataType::kFloat32, dst, dtype, src, n, stream_);
+      return;
+    }
+    std::vector<char> down;
+    const void* from = onHost(src, n * dtypeSize(dtype), down);
+    convertInto(dst, n * 4, [&](void* out) { zero::toFloat(static_cast<float*>(out), from, dtype, n); });
   }
   void fromFloat(void* dst, const float* src, DataType dtype, size_t n) override {
     CurrentDevice on(*b_, ordinal_);
-    if (dtype == DataType::kFloat32) b_->copy(dst, src, n * 4, stream_);
-    else b_->cast(dtype, dst, DataType::kFloat32, src, n, stream_);
+    if (!host(dst) && !host(src)) {
+      if (dtype == DataType::kFloat32) b_->copy(dst, src, n * 4, stream_);
+      else b_->cast(dtype, dst, DataType::kFloat32, src, n, stream_);
+      return;
+    }
+    std::vector<char> down;
+    const float* from = static_cast<const float*>(onHost(src, n * 4, down));
+    convertInto(dst, n * dtypeSize(dtype), [&](void* out) { zero::fromFloat(out, from, dtype, n); });
   }
   void scale(float* p, size_t n, float factor) override {
     CurrentDevice on(*b_, ordinal_);
-    b_->scale(DataType::kFloat32, p, p, n, factor, stream_);
+    if (!host(p)) return b_->scale(DataType::kFloat32, p, p, n, factor, stream_);
+    b_->synchronizeStream(stream_);
+    for (size_t k = 0; k < n; ++k) p[k] *= factor;
   }
   double sumSquares(const void* src, DataType dtype, size_t n) override {
     CurrentDevice on(*b_, ordinal_);
@@ -140,37 +158,48 @@ class DeviceMemory final : public Memory {
     if (a.low && a.dtype == DataType::kFloat32 && static_cast<float*>(a.low) != a.master)
       b_->copy(a.low, a.master, a.n * 4, stream_);
   }
-  // offload_optimizer: master and state in (pinned) host memory. The gradients
-  // come down a chunk at a time, the CPU step runs on it, and the updated
-  // parameters go up in the model dtype.
+  // offload_optimizer: master and state in (pinned) host memory. Gradients
+  // come down a chunk at a time; the CPU step on chunk k overlaps the copy of
+  // chunk k+1 down and of chunk k-1's parameters up (two buffers of each).
   void offloaded(OptimKind kind, const GroupHyper& h, const RunArgs& a) {
     const size_t es = dtypeSize(a.dtype);
-    if (stage_.size() < 2 * kChunk * es) {
+    if (stage_.size() < 4 * chunk_ * es) {
       b_->synchronizeStream(stream_);
-      stage_ = Buffer::adopt(std::shared_ptr<void>(b_->allocPinned(2 * kChunk * es), [b = b_](void* q) {
+      stage_ = Buffer::adopt(std::shared_ptr<void>(b_->allocPinned(4 * chunk_ * es), [b = b_](void* q) {
                                try {
                                  b->freePinned(q);
                                } catch (...) {
                                }
                              }),
-                             2 * kChunk * es, true);
+                             4 * chunk_ * es, true);
       scratch_ = Buffer(kScratchElems * 4);
+      for (auto& e : downEv_) e = std::make_unique<DeviceEvent>(b_, ordinal_);
     }
-    char* grad = stage_.bytes();
-    char* low = stage_.bytes() + kChunk * es;
-    for (size_t off = 0; off < a.n; off += kChunk) {
-      const size_t m = std::min(kChunk, a.n - off);
-      b_->copy(grad, static_cast<const char*>(a.grad) + off * es, m * es, stream_);
-      b_->synchronizeStream(stream_);  // (also: the last chunk's copy up has left `low`)
+    auto grad = [&](size_t k) { return stage_.bytes() + (k % 2) * chunk_ * es; };
+    auto low = [&](size_t k) { return stage_.bytes() + (2 + k % 2) * chunk_ * es; };
+    auto length = [&](size_t k) { return std::min(chunk_, a.n - k * chunk_); };
+    auto down = [&](size_t k) {
+      b_->copy(grad(k), static_cast<const char*>(a.grad) + k * chunk_ * es, length(k) * es, stream_);
+      b_->record(downEv_[k % 2]->get(), stream_);
+    };
+    const size_t chunks = (a.n + chunk_ - 1) / chunk_;
+    if (chunks) down(0);
+    for (size_t k = 0; k < chunks; ++k) {
+      if (k + 1 < chunks) down(k + 1);  // (its buffer's last reader, step k - 1, is done)
+      // Chunk k is down, and (one stream, in order) chunk k - 2's parameters have left low(k).
+      b_->synchronize(downEv_[k % 2]->get());
+      const size_t off = k * chunk_, m = length(k);
       RunArgs c = a;
       c.master = a.master + off;
       c.state1 = a.state1 + off;
       c.state2 = a.state2 ? a.state2 + off : nullptr;
-      c.grad = grad;
-      c.low = a.low ? low : nullptr;
+      c.grad = grad(k);
+      c.low = a.low ? low(k) : nullptr;
       c.n = m;
       optimizerRun(kind, h, c, scratch_.as<float>(), kScratchElems);
-      if (a.low) b_->copy(static_cast<char*>(a.low) + off * es, low, m * es, stream_);
+      if (a.low) {
+        b_->copy(static_cast<char*>(a.low) + off * es, low(k), m * es, stream_);
+      }
     }
     b_->synchronizeStream(stream_);
   }
@@ -199,21 +228,43 @@ class DeviceMemory final : public Memory {
     return out;
   }
 
-  static constexpr size_t kChunk = size_t{4} << 20;  // elements per offloaded chunk
+  bool host(const void* p) const { return b_->deviceOf(p) < 0; }
+  // src readable by the host: itself (after the stream's work), or a copy in `down`.
+  const void* onHost(const void* src, size_t bytes, std::vector<char>& down) {
+    if (!host(src)) {
+      down.resize(bytes);
+      b_->copy(down.data(), src, bytes, stream_);
+    }
+    b_->synchronizeStream(stream_);
+    return host(src) ? src : down.data();
+  }
+  // write(out) fills `bytes` of host memory that end up in dst.
+  template <typename Write>
+  void convertInto(void* dst, size_t bytes, Write write) {
+    if (host(dst)) return write(dst);
+    std::vector<char> up(bytes);
+    write(up.data());
+    b_->copy(dst, up.data(), bytes, stream_);
+    b_->synchronizeStream(stream_);
+  }
+
+  const size_t chunk_;  // elements per offloaded chunk
   std::shared_ptr<DeviceBackend> b_;
   int ordinal_;
   void* stream_;
   DeviceBuffer norm_;
   Buffer stage_, scratch_;  // offload: pinned chunks of gradients and parameters; CPU scratch
+  std::unique_ptr<DeviceEvent> downEv_[2];
 };
 
 }  // namespace
 
 std::unique_ptr<Memory> hostMemory() { return std::make_unique<HostMemory>(); }
 
-std::unique_ptr<Memory> deviceMemory(std::shared_ptr<DeviceBackend> backend, int ordinal, void* stream) {
+std::unique_ptr<Memory> deviceMemory(std::shared_ptr<DeviceBackend> backend, int ordinal, void* stream,
+                                     size_t offloadChunkElems) {
   if (!backend) throw InvalidArgument("ZeRO engine: a device engine needs a device backend");
-  return std::make_unique<DeviceMemory>(std::move(backend), ordinal, stream);
+  return std::make_unique<DeviceMemory>(std::move(backend), ordinal, stream, offloadChunkElems);
 }
 
 }  // namespace chorus::zero

@@ -51,7 +51,9 @@ class Memory {
 
 std::unique_ptr<Memory> hostMemory();
 // The caller's device work on `stream` (null: the legacy default stream,
-// which torch's default stream is) is ordered before the engine's.
-std::unique_ptr<Memory> deviceMemory(std::shared_ptr<DeviceBackend> backend, int ordinal, void* stream);
+// which torch's default stream is) is ordered before the engine's. Offloaded
+// optimizer steps move offloadChunkElems elements per chunk.
+std::unique_ptr<Memory> deviceMemory(std::shared_ptr<DeviceBackend> backend, int ordinal, void* stream,
+                                     size_t offloadChunkElems = size_t{4} << 20);
 
 }  // namespace chorus::zero

@@ -88,14 +88,40 @@ TEST(DeviceStandIn, AdamOverManyTensorsFollowsTorchsFormula) {
     }
   }
   auto p0 = p, m0 = m, v0 = v;
-  for (size_t k = 0; k < sizes.size(); ++k)
-    ts.push_back({p[k].data(), m[k].data(), v[k].data(), g[k].data(), low[k].data(), sizes[k]});
+  // Kernels reach device memory: each array goes up, and comes back after.
+  std::vector<std::vector<void*>> dev(sizes.size());
+  auto up = [&](const void* src, size_t bytes) {
+    void* d = b->allocDevice(0, bytes);
+    b->copy(d, src, bytes, nullptr);
+    return d;
+  };
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    const size_t n = sizes[k];
+    dev[k] = {up(p[k].data(), n * 4), up(m[k].data(), n * 4), up(v[k].data(), n * 4), up(g[k].data(), n * 2),
+              up(low[k].data(), n * 2)};
+    ts.push_back({static_cast<float*>(dev[k][0]), static_cast<float*>(dev[k][1]), static_cast<float*>(dev[k][2]),
+                  dev[k][3], dev[k][4], n});
+  }
   b->adam(c, DataType::kBFloat16, DataType::kBFloat16, ts.data(), ts.size(), nullptr);
   std::vector<uint16_t> half(1000);
   for (size_t i = 0; i < half.size(); ++i) half[i] = floatToHalf(0.01f * i);
   double sum = 1.0;  // (added to)
-  b->sumSquares(DataType::kFloat16, half.data(), half.size(), &sum, nullptr);
+  void* dh = up(half.data(), half.size() * 2);
+  void* ds = up(&sum, 8);
+  b->sumSquares(DataType::kFloat16, dh, half.size(), static_cast<double*>(ds), nullptr);
+  EXPECT_THROW(b->sumSquares(DataType::kFloat16, half.data(), half.size(), static_cast<double*>(ds), nullptr), Error)
+      << "a kernel reached pageable host memory";
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    b->copy(p[k].data(), dev[k][0], sizes[k] * 4, nullptr);
+    b->copy(m[k].data(), dev[k][1], sizes[k] * 4, nullptr);
+    b->copy(low[k].data(), dev[k][4], sizes[k] * 2, nullptr);
+  }
+  b->copy(&sum, ds, 8, nullptr);
   b->synchronizeStream(nullptr);
+  for (auto& d : dev)
+    for (void* q : d) b->freeDevice(q);
+  b->freeDevice(dh);
+  b->freeDevice(ds);
   for (size_t k = 0; k < sizes.size(); ++k) {
     for (size_t i = 0; i < sizes[k]; ++i) {
       const double grad = static_cast<double>(bf16ToFloat(g[k][i])) * gs;

@@ -39,12 +39,13 @@ struct Choice {
   DataType dtype;
   bool offload;
   OptimKind optimizer;
+  bool pin = true;  // offload_optimizer's pin_memory
 };
 
 std::string configOf(const Choice& c) {
   std::string j = R"({"train_micro_batch_size_per_gpu": 1, "gradient_clipping": 0.5, "zero_optimization": {"stage": )" +
                   std::to_string(c.stage) + R"(, "reduce_bucket_size": 90, "stage3_param_persistence_threshold": 6)";
-  if (c.offload) j += R"(, "offload_optimizer": {"device": "cpu", "pin_memory": true})";
+  if (c.offload) j += std::string(R"(, "offload_optimizer": {"device": "cpu", "pin_memory": )") + (c.pin ? "true" : "false") + "}";
   j += "}";
   if (c.dtype == DataType::kFloat16) j += R"(, "fp16": {"enabled": true, "initial_scale_power": 4})";
   if (c.dtype == DataType::kBFloat16) j += R"(, "bf16": {"enabled": true})";
@@ -67,6 +68,7 @@ Result train(Runtime& rt, int rank, const Choice& c, const std::shared_ptr<Devic
   if (dev) {
     spec.device = dev;
     spec.ordinal = 0;
+    spec.offloadChunkElems = 37;  // (several chunks per run: the overlap of copies and steps)
   }
   Engine engine(rt, spec);
   EXPECT_EQ(engine.device(), dev ? 0 : kHostDevice);
@@ -150,7 +152,8 @@ TEST_P(DeviceEngine, StepsAsTheHostEngineDoesBitForBit) {
 std::string nameOf(const ::testing::TestParamInfo<Choice>& info) {
   const Choice& c = info.param;
   return "stage" + std::to_string(c.stage) + "_" + dtypeName(c.dtype) + (c.offload ? "_offload" : "") +
-         (c.optimizer == OptimKind::kSgd ? "_sgd" : c.optimizer == OptimKind::kAdamW ? "_adamw" : "_adam");
+         (c.optimizer == OptimKind::kSgd ? "_sgd" : c.optimizer == OptimKind::kAdamW ? "_adamw" : "_adam") +
+         (c.offload && !c.pin ? "_pageable" : "");
 }
 
 std::vector<Choice> choices() {
@@ -161,6 +164,7 @@ std::vector<Choice> choices() {
   for (int stage : {0, 1, 2, 3}) out.push_back({stage, DataType::kBFloat16, false, OptimKind::kSgd});
   out.push_back({2, DataType::kBFloat16, true, OptimKind::kSgd});
   out.push_back({3, DataType::kFloat32, false, OptimKind::kAdamW});
+  for (int stage : {1, 3}) out.push_back({stage, DataType::kBFloat16, true, OptimKind::kAdam, false});
   return out;
 }
 
