@@ -188,7 +188,7 @@ void Engine::loadParam(size_t i, const void* src) {
   const size_t s = plan_->units()[u].slices[j], begin = std::min(n, rank_ * s), end = std::min(n, (rank_ + 1) * s);
   mem_->copy(paramPart_.bytes() + (plan_->units()[u].partOffset + plan_->units()[u].offsets[j]) * es,
              full.bytes() + begin * es, (end - begin) * es);
-  mem_->sync();  // (full goes now)
+  mem_->retire(std::make_shared<Buffer>(std::move(full)));
 }
 
 void Engine::assignParam(size_t i, const void* src) {
@@ -319,7 +319,7 @@ void Engine::completeOldest() {
   work->wait();
   mem_->await(*work);
   mem_->accumulate(spec_.dtype, gradSlice(u), work->output(0).data, plan_->units()[u].slice);
-  mem_->sync();  // (the Work's output goes with it)
+  mem_->retire(std::shared_ptr<Work>(std::move(work)));  // (its output is read until then)
 }
 
 void Engine::endBackward() {
@@ -360,8 +360,8 @@ void Engine::reduceAtBoundary() {
     w.wait();
     mem_->await(w);
     if (stage_ == 1) mem_->copy(gradSlice(u), w.output(0).data, plan_->units()[u].slice * esize());
+    mem_->retire(std::make_shared<Work>(std::move(w)));  // (its output is read until then)
   }
-  mem_->sync();  // (the Works' outputs go with them)
 }
 
 StepResult Engine::prepareStep(float* gradScale) {
@@ -408,13 +408,15 @@ StepResult Engine::prepareStep(float* gradScale) {
 }
 
 double Engine::localSumSquares() const {
+  if (spec_.normWeights.empty()) {  // (one read of the device's sum)
+    mem_->normBegin();
+    for (size_t u = 0; u < plan_->units().size(); ++u)
+      mem_->normAdd(gradSlice(u), spec_.dtype, plan_->units()[u].slice);
+    return mem_->normEnd();
+  }
   double sumsq = 0.0;
   for (size_t u = 0; u < plan_->units().size(); ++u) {
     const Unit& unit = plan_->units()[u];
-    if (spec_.normWeights.empty()) {
-      sumsq += mem_->sumSquares(gradSlice(u), spec_.dtype, unit.slice);
-      continue;
-    }
     // kContiguous: the slice is [lo, lo + slice) of the unit's flat buffer.
     const size_t lo = stage_ == 0 ? 0 : static_cast<size_t>(rank_) * unit.slice, hi = lo + unit.slice;
     const char* base = gradSlice(u);

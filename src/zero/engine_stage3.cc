@@ -47,7 +47,7 @@ void Engine::release(size_t i) {
   auto it = live_.find(i);
   if (it == live_.end()) return;
   if (it->second.work) it->second.work->wait();
-  mem_->sync();  // (work queued on the gathered buffer, the caller's too, is done before it goes)
+  mem_->retire(it->second.data);  // (freed once the work queued on it, the caller's too, is done)
   liveBytes_ -= it->second.data->size();
   live_.erase(it);
 }

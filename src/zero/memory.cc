@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <vector>
 
 #include "chorus/error.h"
@@ -46,10 +47,15 @@ class HostMemory final : public Memory {
     optimizerRun(kind, h, a, scratch_.as<float>(), kScratchElems);
   }
   void await(const Work&) override {}
+  void retire(std::shared_ptr<void>) override {}
+  void normBegin() override { norm_ = 0.0; }
+  void normAdd(const void* src, DataType dtype, size_t n) override { norm_ += zero::sumSquares(src, dtype, n); }
+  double normEnd() override { return norm_; }
   void sync() override {}
 
  private:
   Buffer scratch_;
+  double norm_ = 0.0;
 };
 
 class DeviceMemory final : public Memory {
@@ -132,14 +138,33 @@ class DeviceMemory final : public Memory {
     for (size_t k = 0; k < n; ++k) p[k] *= factor;
   }
   double sumSquares(const void* src, DataType dtype, size_t n) override {
+    normBegin();
+    normAdd(src, dtype, n);
+    return normEnd();
+  }
+  void normBegin() override {
     CurrentDevice on(*b_, ordinal_);
-    const double zero = 0.0;
-    b_->copy(norm_.get(), &zero, sizeof zero, stream_);
+    b_->zero(norm_.get(), sizeof(double), stream_);
+  }
+  void normAdd(const void* src, DataType dtype, size_t n) override {
+    CurrentDevice on(*b_, ordinal_);
     b_->sumSquares(dtype, src, n, static_cast<double*>(norm_.get()), stream_);
+  }
+  double normEnd() override {
+    CurrentDevice on(*b_, ordinal_);
     double out = 0.0;
     b_->copy(&out, norm_.get(), sizeof out, stream_);
     b_->synchronizeStream(stream_);
+    retired_.clear();  // (everything queued is done)
     return out;
+  }
+  void retire(std::shared_ptr<void> held) override {
+    CurrentDevice on(*b_, ordinal_);
+    // What an earlier retirement's event says is done goes first.
+    while (!retired_.empty() && b_->query(retired_.front().first->get())) retired_.pop_front();
+    auto e = std::make_shared<DeviceEvent>(b_, ordinal_);
+    b_->record(e->get(), stream_);
+    retired_.emplace_back(std::move(e), std::move(held));
   }
   void optimizer(OptimKind kind, const GroupHyper& h, const RunArgs& a) override {
     CurrentDevice on(*b_, ordinal_);
@@ -211,6 +236,7 @@ class DeviceMemory final : public Memory {
   void sync() override {
     CurrentDevice on(*b_, ordinal_);
     b_->synchronizeStream(stream_);
+    retired_.clear();
   }
 
  private:
@@ -255,6 +281,7 @@ class DeviceMemory final : public Memory {
   DeviceBuffer norm_;
   Buffer stage_, scratch_;  // offload: pinned chunks of gradients and parameters; CPU scratch
   std::unique_ptr<DeviceEvent> downEv_[2];
+  std::deque<std::pair<std::shared_ptr<DeviceEvent>, std::shared_ptr<void>>> retired_;
 };
 
 }  // namespace

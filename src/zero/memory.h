@@ -45,6 +45,14 @@ class Memory {
   virtual void optimizer(OptimKind kind, const GroupHyper& h, const RunArgs& a) = 0;
   // w's results are ready for the work queued here after this call.
   virtual void await(const Work& w) = 0;
+  // Keeps `held` (a Work and its outputs, a gathered buffer) alive until the
+  // work queued here so far is done, without holding the host (on the host:
+  // dropped now).
+  virtual void retire(std::shared_ptr<void> held) = 0;
+  // The sum of squares of several runs: begun, added to on the device, read once.
+  virtual void normBegin() = 0;
+  virtual void normAdd(const void* src, DataType dtype, size_t n) = 0;
+  virtual double normEnd() = 0;
   // The host waits for everything queued.
   virtual void sync() = 0;
 };
