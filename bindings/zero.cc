@@ -8,6 +8,7 @@
 #include <pybind11/stl.h>
 
 #include "chorus/chorus.h"
+#include "device/device_handles.h"
 #include "device/loader.h"
 #include "zero/cpu_adam.h"
 #include "zero/engine.h"
@@ -99,6 +100,28 @@ zero::GroupHyper groupHyper(const py::dict& g) {
 }  // namespace
 
 void bindZero(py::module_& m) {
+  // The device backend's fused Adam/AdamW over tensors given by address (the
+  // GPU benchmark against torch's Adam(fused=True)): each of tensors is
+  // (master, exp_avg, exp_avg_sq, grad, low or 0, numel), on `device`, queued on `stream`.
+  m.def("device_adam",
+        [](const py::dict& group, int64_t step, float gradScale, bool adamw,
+           const std::vector<std::tuple<uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, size_t>>& tensors,
+           int gradDtype, int lowDtype, int device, uintptr_t stream) {
+          const zero::GroupHyper g = groupHyper(group);
+          zero::AdamHyper h{g.lr, g.beta1, g.beta2, g.eps, g.weightDecay, adamw, step, gradScale};
+          std::vector<OptimTensor> ts;
+          for (const auto& [m, a, v, gr, lo, n] : tensors)
+            ts.push_back({reinterpret_cast<float*>(m), reinterpret_cast<float*>(a), reinterpret_cast<float*>(v),
+                          reinterpret_cast<const void*>(gr), reinterpret_cast<void*>(lo), n});
+          auto b = openCudaBackend();
+          py::gil_scoped_release release;
+          CurrentDevice on(*b, device);
+          b->adam(zero::adamCoefficients(h), static_cast<DataType>(gradDtype), static_cast<DataType>(lowDtype),
+                  ts.data(), ts.size(), reinterpret_cast<void*>(stream));
+        },
+        py::arg("group"), py::arg("step"), py::arg("grad_scale"), py::arg("adamw"), py::arg("tensors"),
+        py::arg("grad_dtype"), py::arg("low_dtype"), py::arg("device"), py::arg("stream"));
+
   m.def("ds_config_parse", [](const std::string& json, int world) {
     return configDict(zero::DsConfig::parse(json, world));
   });

@@ -144,6 +144,7 @@ check synthetic_benchmark_cuda 150 "$chorusrun" -np 2 "$py" examples/pytorch/syn
 if ((bench)); then
   check bench_staged_2 200 "$chorusrun" -np 2 "$py" tests/gpu/bench_staged.py --json "$logs/staged_2.json"
   check bench_staged_4 240 "$chorusrun" -np 4 "$py" tests/gpu/bench_staged.py --json "$logs/staged_4.json"
+  check bench_adam 120 "$py" tests/gpu/bench_adam.py --json "$logs/adam.json"
   check bench_nccl 120 env CHORUS_GPU_OPERATIONS=nccl "$chorusrun" -np 1 "$py" tests/gpu/bench_nccl.py "$logs/nccl.json"
   check bench_training_4 240 "$chorusrun" -np 4 "$py" examples/pytorch/synthetic_benchmark.py --num-iters 3 \
     --json "$logs/synthetic_4.json"

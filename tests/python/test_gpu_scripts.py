@@ -30,6 +30,14 @@ def test_gpu_peer_death_script_on_cpu(ranks):
     assert proc.stdout.count("HorovodInternalError caught") == 2, proc.stdout
 
 
+def test_gpu_zero_scripts_on_cpu(ranks, tmp_path):
+    """zero_device.py with both engines in host memory, then its checkpoint loaded by one rank."""
+    out = ok(ranks(2, os.path.join(GPU_WORKERS, "zero_device.py"), "--quick", "--ckpt", str(tmp_path)))
+    assert out.count("zero device ok") == 2, out
+    out = ok(ranks(1, os.path.join(GPU_WORKERS, "zero_device_load.py"), str(tmp_path), env={"DS_ACCELERATOR": "cpu"}))
+    assert "zero device load ok" in out, out
+
+
 def test_gpu_suite_scripts_parse():
     import subprocess
     for script in ("run.sh", "bundle.sh"):
