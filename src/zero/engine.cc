@@ -76,11 +76,15 @@ Engine::Engine(Runtime& rt, EngineSpec spec)
     if (stage_ < 2) grads_ = mem_->collective(total * es);
   } else {
     const bool offParam = z.offloadParam == "cpu";
-    paramPart_ = mem_->state(part * es, offParam, pinOpt && offParam);
+    paramPart_ = mem_->state(part * es, offParam, z.pinMemory && offParam);
   }
   if (stage_ >= 2) gradPart_ = mem_->scratch(part * es);
-  masterIsParams_ = spec_.dtype == DataType::kFloat32 && (stage_ == 0 || stage_ == 3);
+  // An fp32 model's master weights are its parameters (stages 0 and 3) where both
+  // live in the same memory; on a device, offloading one and not the other parts them.
   const bool offOpt = z.offloadOptimizer == "cpu";
+  const bool paramsOffloaded = stage_ == 3 && z.offloadParam == "cpu";
+  masterIsParams_ = spec_.dtype == DataType::kFloat32 && (stage_ == 0 || stage_ == 3) &&
+                    (!spec_.device || offOpt == paramsOffloaded);
   if (!masterIsParams_) master_ = mem_->state(part * 4, offOpt, pinOpt);
   state1_ = mem_->state(part * 4, offOpt, pinOpt);
   if (spec_.optimizer != OptimKind::kSgd) state2_ = mem_->state(part * 4, offOpt, pinOpt);

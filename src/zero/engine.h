@@ -203,6 +203,7 @@ class Engine {
   std::vector<bool> persistent_;
   struct Gathered {
     std::shared_ptr<Buffer> data;
+    std::shared_ptr<Buffer> up;  // offload_param on a device: this rank's slice brought up for the gather
     std::unique_ptr<Work> work;  // set while the gather runs
   };
   void launchGather(size_t i, Gathered& g);

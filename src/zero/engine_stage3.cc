@@ -10,6 +10,11 @@ namespace chorus::zero {
 void Engine::launchGather(size_t i, Gathered& g) {
   const size_t u = plan_->unitOf(i), j = plan_->indexInUnit(i), s = plan_->units()[u].slices[j];
   char* in = paramPart_.bytes() + (plan_->units()[u].partOffset + plan_->units()[u].offsets[j]) * esize();
+  if (mem_->device() != kHostDevice && !mem_->onDevice(in)) {  // offload_param: up just in time
+    if (!g.up || g.up->size() < s * esize()) g.up = std::make_shared<Buffer>(mem_->scratch(s * esize()));
+    mem_->copy(g.up->bytes(), in, s * esize());
+    in = g.up->bytes();
+  }
   char* out = g.data->bytes();
   OpOptions o;
   o.name = name("ag", i);
@@ -48,6 +53,7 @@ void Engine::release(size_t i) {
   if (it == live_.end()) return;
   if (it->second.work) it->second.work->wait();
   mem_->retire(it->second.data);  // (freed once the work queued on it, the caller's too, is done)
+  if (it->second.up) mem_->retire(it->second.up);
   liveBytes_ -= it->second.data->size();
   live_.erase(it);
 }

@@ -171,7 +171,8 @@ class DeviceMemory final : public Memory {
     if (b_->deviceOf(a.master) < 0) return offloaded(kind, h, a);
     // The 16-bit copy goes straight into the parameters; an fp32 model's master
     // is its parameters (a.low null) or they are copied after.
-    const bool lowIs16 = a.low && a.dtype != DataType::kFloat32;
+    // (16-bit parameters in host memory, offload_param: written from the master after)
+    const bool lowIs16 = a.low && a.dtype != DataType::kFloat32 && !host(a.low);
     OptimTensor t{a.master, a.state1, a.state2, a.grad, lowIs16 ? a.low : nullptr, a.n};
     const DataType lowDtype = a.dtype == DataType::kFloat16 ? DataType::kFloat16 : DataType::kBFloat16;
     if (kind == OptimKind::kSgd) {
@@ -180,8 +181,8 @@ class DeviceMemory final : public Memory {
       AdamHyper ah{h.lr, h.beta1, h.beta2, h.eps, h.weightDecay, kind == OptimKind::kAdamW, a.step, a.gradScale};
       b_->adam(adamCoefficients(ah), a.dtype, lowDtype, &t, 1, stream_);
     }
-    if (a.low && a.dtype == DataType::kFloat32 && static_cast<float*>(a.low) != a.master)
-      b_->copy(a.low, a.master, a.n * 4, stream_);
+    if (a.low && !lowIs16 && static_cast<void*>(a.low) != static_cast<void*>(a.master))
+      fromFloat(a.low, a.master, a.dtype, a.n);
   }
   // offload_optimizer: master and state in (pinned) host memory. Gradients
   // come down a chunk at a time; the CPU step on chunk k overlaps the copy of

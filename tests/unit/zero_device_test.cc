@@ -40,12 +40,14 @@ struct Choice {
   bool offload;
   OptimKind optimizer;
   bool pin = true;  // offload_optimizer's pin_memory
+  bool offloadParam = false;
 };
 
 std::string configOf(const Choice& c) {
   std::string j = R"({"train_micro_batch_size_per_gpu": 1, "gradient_clipping": 0.5, "zero_optimization": {"stage": )" +
                   std::to_string(c.stage) + R"(, "reduce_bucket_size": 90, "stage3_param_persistence_threshold": 6)";
   if (c.offload) j += std::string(R"(, "offload_optimizer": {"device": "cpu", "pin_memory": )") + (c.pin ? "true" : "false") + "}";
+  if (c.offloadParam) j += R"(, "offload_param": {"device": "cpu", "pin_memory": true})";
   j += "}";
   if (c.dtype == DataType::kFloat16) j += R"(, "fp16": {"enabled": true, "initial_scale_power": 4})";
   if (c.dtype == DataType::kBFloat16) j += R"(, "bf16": {"enabled": true})";
@@ -153,7 +155,7 @@ std::string nameOf(const ::testing::TestParamInfo<Choice>& info) {
   const Choice& c = info.param;
   return "stage" + std::to_string(c.stage) + "_" + dtypeName(c.dtype) + (c.offload ? "_offload" : "") +
          (c.optimizer == OptimKind::kSgd ? "_sgd" : c.optimizer == OptimKind::kAdamW ? "_adamw" : "_adam") +
-         (c.offload && !c.pin ? "_pageable" : "");
+         (c.offload && !c.pin ? "_pageable" : "") + (c.offloadParam ? "_offload_param" : "");
 }
 
 std::vector<Choice> choices() {
@@ -165,6 +167,9 @@ std::vector<Choice> choices() {
   out.push_back({2, DataType::kBFloat16, true, OptimKind::kSgd});
   out.push_back({3, DataType::kFloat32, false, OptimKind::kAdamW});
   for (int stage : {1, 3}) out.push_back({stage, DataType::kBFloat16, true, OptimKind::kAdam, false});
+  for (bool opt : {false, true})
+    for (DataType t : {DataType::kFloat32, DataType::kFloat16})
+      out.push_back({3, t, opt, OptimKind::kAdam, true, true});
   return out;
 }
 
