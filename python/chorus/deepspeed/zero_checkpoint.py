@@ -25,7 +25,7 @@ def _buffers(module):
 
 
 def _raw(b):
-    return b.detach().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes() if b.numel() else b""
+    return b.detach().reshape(-1).contiguous().view(torch.uint8).cpu().numpy().tobytes() if b.numel() else b""
 
 
 def _agree(ps, error, what):
