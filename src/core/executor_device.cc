@@ -98,6 +98,13 @@ void DeviceRunner::allreduce(const Response* const* group, size_t n, EntryTable&
     return;
   }
   if (present != n) throw Error("device allreduce: a fused group holds tensors this rank did not submit");
+  for (size_t i = 0; i < n; ++i) {  // (fused with the first: each must be on the set's device too)
+    const int d = entries.at(group[i]->name).input.device;
+    if (d != ordinal_)
+      throw InvalidArgument("'" + group[i]->name + "': process set " + std::to_string(setId_) +
+                            " runs this rank's CUDA ops on cuda:" + std::to_string(ordinal_) + ", this tensor is on cuda:" +
+                            std::to_string(d) + " (one device per rank and process set)");
+  }
   {
     Activity a(timeline_, head.name, "WAIT_FOR_DATA");
     for (size_t i = 0; i < n; ++i) waitReady(entries.at(group[i]->name));

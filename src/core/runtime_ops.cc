@@ -92,15 +92,21 @@ std::shared_ptr<DeviceEvent> readyEvent(RuntimeImpl& impl, TensorList inputs, co
   }
   if (dev < 0) return nullptr;
   auto backend = impl.deviceBackend();  // (throws saying what is missing)
-  // A CUDA tensor's memory is that device's (a host pointer here would reach NCCL).
-  for (size_t i = 0; i < inputs.size(); ++i)
-    if (inputs[i].numel() > 0 && backend->deviceOf(inputs[i].data) != dev)
-      throw InvalidArgument(std::string(kind) + " '" + name + "': tensor " + std::to_string(i) + " is said to be on " +
-                            deviceName(dev) + " but its memory is " +
-                            (backend->deviceOf(inputs[i].data) < 0 ? std::string("host memory")
-                                                                  : deviceName(backend->deviceOf(inputs[i].data))));
-  auto ready = std::make_shared<DeviceEvent>(backend, dev);
   CurrentDevice on(*backend, dev);  // (a null stream is the current device's default stream)
+  // A CUDA tensor's memory is that device's (a host pointer here would reach NCCL).
+  auto check = [&](const Tensor& t, size_t i, const char* which) {
+    if (t.numel() <= 0) return;
+    const int where = backend->deviceOf(t.data);
+    if (where != dev)
+      throw InvalidArgument(std::string(kind) + " '" + name + "': " + which + " " + std::to_string(i) +
+                            " is said to be on " + deviceName(dev) + " but its memory is " +
+                            (where < 0 ? std::string("host memory") : deviceName(where)));
+  };
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    check(inputs[i], i, "tensor");
+    if (outputs) check((*outputs)[i], i, "output");
+  }
+  auto ready = std::make_shared<DeviceEvent>(backend, dev);
   backend->record(ready->get(), opts.stream);
   return ready;
 }

@@ -76,7 +76,8 @@ Engine::Engine(Runtime& rt, EngineSpec spec)
     if (stage_ < 2) grads_ = mem_->collective(total * es);
   } else {
     const bool offParam = z.offloadParam == "cpu";
-    paramPart_ = mem_->state(part * es, offParam, z.pinMemory && offParam);
+    // (a device's slices are pinned with offload_param's pin_memory; the host's as before, with the optimizer's)
+    paramPart_ = mem_->state(part * es, offParam, offParam && (spec_.device ? z.pinMemory : pinOpt));
   }
   if (stage_ >= 2) gradPart_ = mem_->scratch(part * es);
   // An fp32 model's master weights are its parameters (stages 0 and 3) where both
@@ -122,15 +123,21 @@ Engine::Engine(Runtime& rt, EngineSpec spec)
 }
 
 Engine::~Engine() {
-  // Ops in flight write into our buffers: let them finish (errors are moot now).
+  // Ops in flight write into our buffers: let them finish (errors are moot now),
+  // on the host and then on the device.
+  auto finish = [&](std::unique_ptr<Work>& w) {
+    if (!w) return;
+    try {
+      if (w->waitFor(std::chrono::milliseconds(60000))) mem_->await(*w);
+    } catch (...) {
+    }
+  };
+  for (auto& b : pool_) finish(b.work);
+  for (auto& [i, g] : live_) finish(g.work);
   try {
     mem_->sync();
   } catch (...) {
   }
-  for (auto& b : pool_)
-    if (b.work) b.work->waitFor(std::chrono::milliseconds(60000));
-  for (auto& [i, g] : live_)
-    if (g.work) g.work->waitFor(std::chrono::milliseconds(60000));
 }
 
 std::string Engine::name(const char* what, size_t id) const { return name_ + what + "." + std::to_string(id); }

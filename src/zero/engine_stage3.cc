@@ -51,7 +51,10 @@ void Engine::release(size_t i) {
   if (persistent_.at(i)) return;
   auto it = live_.find(i);
   if (it == live_.end()) return;
-  if (it->second.work) it->second.work->wait();
+  if (it->second.work) {  // (a prefetch never used: its gather still writes the buffer)
+    it->second.work->wait();
+    mem_->await(*it->second.work);
+  }
   mem_->retire(it->second.data);  // (freed once the work queued on it, the caller's too, is done)
   if (it->second.up) mem_->retire(it->second.up);
   liveBytes_ -= it->second.data->size();
@@ -69,7 +72,10 @@ void Engine::regatherLive() {
       live_.emplace(i, std::move(g));
     }
   for (auto& [i, g] : live_) {
-    if (g.work) g.work->wait();
+    if (g.work) {
+      g.work->wait();
+      mem_->await(*g.work);
+    }
     launchGather(i, g);
   }
   for (auto& [i, g] : live_) {

@@ -80,6 +80,7 @@ class DeviceMemory final : public Memory {
     if (!offloaded) return deviceBuffer(bytes);
     if (!pin) return Buffer(bytes);
     auto b = b_;
+    CurrentDevice on(*b_, ordinal_);
     void* p = b_->allocPinned(std::max<size_t>(bytes, 1));
     std::memset(p, 0, bytes);
     return Buffer::adopt(std::shared_ptr<void>(p, [b](void* q) {

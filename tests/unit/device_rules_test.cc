@@ -171,6 +171,22 @@ TEST(NcclWatchdog, AnAbortAskedForDuringANcclCallWaitsForTheCallToReturn) {
   EXPECT_THROW(f.allreduce(), PeerFailure);
 }
 
+// A call blocked inside NCCL (on a dead peer) returns only when the communicator
+// is aborted: past a grace period the deferred abort goes ahead.
+TEST(NcclWatchdog, ACallThatNeverReturnsIsAbortedAfterAGracePeriod) {
+  NcclFixture f(0.4);
+  bool returned = false;
+  FakeNccl::duringCall = [&] {
+    std::thread([&] { f.path->abort(); }).join();
+    returned = within(5000ms, [] { return FakeNccl::aborts > 0; });  // (NCCL's blocked call ends at the abort)
+  };
+  f.allreduce();
+  FakeNccl::duringCall = nullptr;
+  EXPECT_TRUE(returned) << "the abort waited for a call that could not return";
+  EXPECT_EQ(FakeNccl::aborts, 1);
+  EXPECT_THROW(f.allreduce(), PeerFailure);
+}
+
 TEST(NcclWatchdog, NcclsAsynchronousErrorAbortsTheCommunicator) {
   NcclFixture f(30);
   FakeNccl::asyncError = 6;  // (ncclRemoteError)

@@ -361,7 +361,7 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
         return self
 
     def cuda(self, device=None):
-        return self.to(torch.device("cuda", device) if device is not None else "cuda")
+        return self.to(torch.device("cuda", device) if isinstance(device, int) else device or "cuda")
 
     def cpu(self):
         return self.to("cpu")

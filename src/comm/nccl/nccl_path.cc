@@ -4,9 +4,11 @@
 // CUDA error or a timeout aborts the communicator (ncclCommAbort), so that
 // kernels stuck on a dead peer end and the next op on the set fails with
 // PeerFailure or Timeout. An op's clock starts when it starts on the GPU, not
-// when it is queued behind the caller's kernels. The communicator is never
+// when it is queued behind the caller's kernels. The communicator is not
 // aborted while a thread is inside an NCCL call on it: the abort waits for
-// that call to return (NCCL's communicators are not thread-safe).
+// that call to return (NCCL's communicators are not thread-safe), unless the
+// call has not returned within min(timeout, 10 s): one blocked on a dead peer
+// returns only when aborted.
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -172,13 +174,13 @@ class NcclPath final : public DevicePath {
   class InCall {
    public:
     InCall(NcclPath& p, void* stream) : p_(p), stream_(stream), on_(*p.b_, p.ordinal_) {
+      w_.start = std::make_unique<DeviceEvent>(p_.b_, p_.ordinal_);  // (before counting: they may throw)
+      w_.done = std::make_unique<DeviceEvent>(p_.b_, p_.ordinal_);
       {
         std::lock_guard<std::mutex> lock(p_.mu_);
         if (p_.failed_) std::rethrow_exception(p_.failed_);
-        ++p_.inCall_;
+        if (p_.inCall_++ == 0) p_.inCallSince_ = Clock::now();
       }
-      w_.start = std::make_unique<DeviceEvent>(p_.b_, p_.ordinal_);
-      w_.done = std::make_unique<DeviceEvent>(p_.b_, p_.ordinal_);
       try {
         p_.b_->record(w_.start->get(), stream_);
       } catch (...) {
@@ -225,7 +227,14 @@ class NcclPath final : public DevicePath {
     try {
       CurrentDevice on(*b_, ordinal_);  // (else this thread's first call makes a context on GPU 0)
       while (!stop_) {
-        cv_.wait_for(lock, std::chrono::milliseconds(queued_.empty() ? 200 : 2));
+        cv_.wait_for(lock, std::chrono::milliseconds(queued_.empty() && !abortPending_ ? 200 : 2));
+        // An NCCL call that does not return (blocked on a dead peer) cannot wait for
+        // the abort that would free it: past a grace period the abort goes ahead.
+        if (abortPending_ && inCall_ > 0 &&
+            std::chrono::duration<double>(Clock::now() - inCallSince_).count() > std::min(timeout_, 10.0)) {
+          CHORUS_LOG(LogLevel::kError, -1, "an NCCL call did not return after the communicator failed; aborting it");
+          doAbortLocked();
+        }
         while (!queued_.empty() && b_->query(queued_.front().done->get())) queued_.pop_front();
         if (aborted_) {
           queued_.clear();
@@ -271,6 +280,7 @@ class NcclPath final : public DevicePath {
   std::deque<Watched> queued_;
   std::exception_ptr failed_;
   int inCall_ = 0;
+  Clock::time_point inCallSince_;  // when the calls in progress began
   bool aborted_ = false, abortPending_ = false, stop_ = false;
   std::thread watchdog_;
 };
