@@ -36,6 +36,12 @@ def test_the_model_stays_in_host_memory_without_a_gpu(ranks, stage):
     assert out.count("placement ok") == 2
 
 
+def test_zero3_leaf_modules_gather_their_children(ranks):
+    """set_z3_leaf_modules(model, [nn.MultiheadAttention]): a TransformerEncoderLayer at stage 3."""
+    out = ok(ranks(2, "zero_leaf.py"))
+    assert out.count("zero leaf ok") == 2, out
+
+
 def test_loss_scaler_follows_deepspeeds_schedule(ranks):
     out = ok(ranks(2, "zero_scaler.py"))
     assert out.count("zero scaler ok") == 2

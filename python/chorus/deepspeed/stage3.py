@@ -39,8 +39,16 @@ class Stage3Hooks:
         index = {id(p): i for i, p in enumerate(self.params)}
         self.owned = {}  # module -> indices of its own trainable parameters
         self.handles = []
+        # A ZeRO-3 leaf (deepspeed.utils.set_z3_leaf_modules) owns its whole subtree's
+        # parameters: its forward may read a child's without calling the child
+        # (nn.MultiheadAttention reads out_proj.weight).
+        inside_leaf = {id(sub) for m in engine.module.modules() if getattr(m, "_z3_leaf", False)
+                       for sub in m.modules() if sub is not m}
         for m in engine.module.modules():
-            own = [index[id(p)] for p in m.parameters(recurse=False) if id(p) in index]
+            if id(m) in inside_leaf:
+                continue
+            leaf = getattr(m, "_z3_leaf", False)
+            own = [index[id(p)] for p in m.parameters(recurse=leaf) if id(p) in index]
             # Parameters another module owns that this one's forward uses (register_external_parameter).
             own += [index[id(p)] for p in external_parameters(m) if id(p) in index and index[id(p)] not in own]
             if own:
