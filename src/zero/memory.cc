@@ -79,17 +79,9 @@ class DeviceMemory final : public Memory {
   Buffer state(size_t bytes, bool offloaded, bool pin) override {
     if (!offloaded) return deviceBuffer(bytes);
     if (!pin) return Buffer(bytes);
-    auto b = b_;
-    CurrentDevice on(*b_, ordinal_);
-    void* p = b_->allocPinned(std::max<size_t>(bytes, 1));
-    std::memset(p, 0, bytes);
-    return Buffer::adopt(std::shared_ptr<void>(p, [b](void* q) {
-                           try {
-                             b->freePinned(q);
-                           } catch (...) {
-                           }
-                         }),
-                         bytes, true);
+    Buffer out = pinnedBuffer(bytes);
+    std::memset(out.bytes(), 0, bytes);
+    return out;
   }
   void copy(void* dst, const void* src, size_t bytes) override {
     CurrentDevice on(*b_, ordinal_);
@@ -192,13 +184,7 @@ class DeviceMemory final : public Memory {
     const size_t es = dtypeSize(a.dtype);
     if (stage_.size() < 4 * chunk_ * es) {
       b_->synchronizeStream(stream_);
-      stage_ = Buffer::adopt(std::shared_ptr<void>(b_->allocPinned(4 * chunk_ * es), [b = b_](void* q) {
-                               try {
-                                 b->freePinned(q);
-                               } catch (...) {
-                               }
-                             }),
-                             4 * chunk_ * es, true);
+      stage_ = pinnedBuffer(4 * chunk_ * es);
       scratch_ = Buffer(kScratchElems * 4);
       for (auto& e : downEv_) e = std::make_unique<DeviceEvent>(b_, ordinal_);
     }
@@ -242,6 +228,17 @@ class DeviceMemory final : public Memory {
   }
 
  private:
+  Buffer pinnedBuffer(size_t bytes) {
+    CurrentDevice on(*b_, ordinal_);
+    void* p = b_->allocPinned(std::max<size_t>(bytes, 1));
+    return Buffer::adopt(std::shared_ptr<void>(p, [b = b_](void* q) {
+                           try {
+                             b->freePinned(q);
+                           } catch (...) {
+                           }
+                         }),
+                         bytes, true);
+  }
   Buffer deviceBuffer(size_t bytes) {
     auto b = b_;
     void* p = b_->allocDevice(ordinal_, std::max<size_t>(bytes, 1));
