@@ -15,6 +15,7 @@ namespace py = pybind11;
 using namespace chorus;
 
 void bindZero(py::module_& m);
+void bindCluster(py::module_& m);
 
 namespace {
 
@@ -370,4 +371,5 @@ PYBIND11_MODULE(_core, m) {
     return rt().elasticHostUpdates();
   });
   bindZero(m);
+  bindCluster(m);
 }

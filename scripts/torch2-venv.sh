@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Makes (once) the venv where chorus meets the frameworks that drive DeepSpeed and
 # start torch.distributed jobs: PyTorch 2 (torchrun), Hugging Face Transformers and
-# Accelerate, Lightning. Debian's interpreter (chorus's extension is built for it),
+# Accelerate, Lightning, Ray and Spark. Debian's interpreter (chorus's extension is built for it),
 # without Debian's site-packages (their torch 1.13 and torchvision 0.14 would mix in).
 # pip's cache keeps a rerun cheap. Prints the venv's python.
 # Usage: bash scripts/torch2-venv.sh   (CHORUS_TORCH2_VENV overrides the folder)
@@ -9,8 +9,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="$(realpath -m "${CHORUS_TORCH2_VENV:-build/venv-torch2}")"
 py="$venv/bin/python"
-# Transformers 5 needs torch >= 2.6.
-pins=(torch==2.9.1 transformers==5.25.0 accelerate==1.15.0 lightning==2.6.6 numpy pytest)
+# Transformers 5 needs torch >= 2.6. Ray (Train) and PySpark (with Connect's client) are
+# the cluster engines chorus.ray and chorus.spark start jobs from.
+pins=(torch==2.9.1 transformers==5.25.0 accelerate==1.15.0 lightning==2.6.6 numpy pytest
+  "ray[train]==2.60.0" "pyspark[connect]==4.3.0" "pandas<3")
 want="${pins[*]}"
 if [ "$(cat "$venv/.pins" 2>/dev/null)" != "$want" ]; then
   mkdir -p "$(dirname "$venv")"

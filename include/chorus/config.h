@@ -24,6 +24,9 @@ struct Config {
   std::string rendezvousAddr;
   int rendezvousPort = 0;
   std::string secret;
+  // Who serves that store: "launcher" (chorusrun, another process) or "rank0" (rank 0
+  // of the job serves it on rendezvousPort: jobs a cluster engine starts, Spark, Ray).
+  std::string rendezvousServer = "launcher";
   // Address the TCP data transport listens on; empty: the one this host reaches
   // the rendezvous store from (loopback when the store is on this host).
   std::string bindAddress;

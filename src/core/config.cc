@@ -25,6 +25,9 @@ const std::vector<SettingInfo>& settingsTable() {
        "Address of the rendezvous store."},
       {"CHORUS_RENDEZVOUS_PORT", "HOROVOD_GLOO_RENDEZVOUS_PORT", "(set by chorusrun)",
        "Port of the rendezvous store."},
+      {"CHORUS_RENDEZVOUS_SERVER", "", "launcher",
+       "Who serves the rendezvous store: launcher (chorusrun, or another process) or rank0 (rank 0 serves "
+       "it on CHORUS_RENDEZVOUS_PORT with CHORUS_SECRET; chorus.spark and chorus.ray start jobs so)."},
       {"CHORUS_SECRET", "HOROVOD_SECRET_KEY", "(set by chorusrun)",
        "Job secret; the store refuses requests without it."},
       {"CHORUS_ELASTIC_WORKER", "", "(set by chorusrun)",
@@ -190,6 +193,9 @@ void Config::applyEnv() {
     if (rendezvousAddr.empty() && readSetting("CHORUS_RENDEZVOUS_ADDR", &v)) rendezvousAddr = v;
     if (rendezvousPort == 0) readNumber("CHORUS_RENDEZVOUS_PORT", &rendezvousPort);
     if (secret.empty() && readSetting("CHORUS_SECRET", &v)) secret = v;
+    if (readSetting("CHORUS_RENDEZVOUS_SERVER", &v)) rendezvousServer = v;
+    if (rendezvousServer != "launcher" && rendezvousServer != "rank0")
+      throw InvalidArgument("CHORUS_RENDEZVOUS_SERVER='" + rendezvousServer + "' is not one of launcher, rank0");
   }
   if (readSetting("CHORUS_BIND_ADDR", &v)) bindAddress = v;
   if (readSetting("CHORUS_IFACE", &v)) iface = v;

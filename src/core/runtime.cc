@@ -139,6 +139,7 @@ void RuntimeImpl::init(Config cfg) {
   config = cfg;
   rank = cfg.rank;
   size = cfg.size;
+  if (cfg.elasticWorker.empty() && !cfg.store && cfg.rendezvousServer == "rank0" && rank == 0) serveRendezvous(cfg);
   if (cfg.elasticWorker.empty()) {  // (an elastic worker's joined its round through it)
     store = storePorts_.empty() ? openStore(cfg)
                                 : connectTcpStoreOnFirstOf(cfg.rendezvousAddr, storePorts_, cfg.secret,
@@ -310,6 +311,19 @@ void RuntimeImpl::bootstrapFromEnv(Config& cfg, const LaunchEnv& env) {
     cfg.rendezvousPort = storeServer_->port();
   } else if (env.storePorts.size() > 1) {
     storePorts_ = env.storePorts;  // which of them rank 0 got, the handshake tells
+  }
+}
+
+// Rank 0 of a job a cluster engine started (chorus.spark, chorus.ray) serves the
+// store on the port its starter held for it (see net::HeldPort).
+void RuntimeImpl::serveRendezvous(const Config& cfg) {
+  if (cfg.secret.empty() || cfg.rendezvousPort <= 0)
+    throw InvalidArgument("CHORUS_RENDEZVOUS_SERVER=rank0 needs CHORUS_RENDEZVOUS_PORT and CHORUS_SECRET");
+  try {
+    storeServer_ = startTcpStoreServer("0.0.0.0", cfg.rendezvousPort, cfg.secret);
+  } catch (const Error& e) {
+    throw Error(std::string(e.what()) + " (rank 0 serves the rendezvous store on CHORUS_RENDEZVOUS_PORT=" +
+                std::to_string(cfg.rendezvousPort) + ")");
   }
 }
 

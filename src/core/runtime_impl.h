@@ -84,6 +84,7 @@ class RuntimeImpl {
   void chooseTorchMaster();
   void startMetrics();
   std::unique_ptr<MetricsServer> metrics_;
+  void serveRendezvous(const Config& cfg);
   void bootstrapFromEnv(Config& cfg, const LaunchEnv& env);
   // Elastic workers: waits for the driver's next round that includes this worker
   // and takes its rank and size from it (src/core/elastic.cc).
