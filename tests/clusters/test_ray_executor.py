@@ -1,0 +1,122 @@
+"""chorus.ray.RayExecutor on a real Ray cluster: a head and two one-CPU nodes."""
+import pytest
+import ray
+import torch
+
+import workers
+from chorus.ray import RayExecutor, WorkerError
+from conftest import eventually, job_segments
+
+
+class Counter:
+    """An executable_cls: state that lives in each worker between calls."""
+
+    def __init__(self, start, step=1):
+        self.value = start
+        self.step = step
+
+    def bump(self):
+        self.value += self.step
+        return self.value
+
+
+@pytest.fixture
+def executor(ray_cluster):
+    made = []
+
+    def make(**kwargs):
+        settings = RayExecutor.create_settings(timeout_s=30, placement_group_timeout_s=30)
+        ex = RayExecutor(settings, **{"num_workers": 2, "cpus_per_worker": 1, **kwargs})
+        made.append(ex)
+        return ex
+    yield make
+    for ex in made:
+        ex.shutdown()
+    assert eventually(lambda: not job_segments("ray-")), job_segments("ray-")
+
+
+def test_run_on_two_nodes_in_rank_order(executor, ray_cluster):
+    ex = executor()
+    ex.start(extra_env_vars={"CHORUS_TEST_VALUE": "v2"})
+    results = ex.run(workers.identity, args=("y",))
+    assert [r["rank"] for r in results] == [0, 1]
+    for r in results:
+        # Two Ray nodes are two hosts to chorus (told apart by node id): TCP between them.
+        assert r["size"] == 2 and r["cross_size"] == 2 and r["local_rank"] == 0 and r["local_size"] == 1
+        assert r["sum"] == [3.0, 3.0, 3.0] and r["x"] == "y" and r["env"] == "v2"
+    # chorus stays up in the actors between calls, as Horovod's does.
+    assert [r["pid"] for r in ex.run(workers.identity, args=("z",))] == [r["pid"] for r in results]
+    refs = ex.run_remote(workers.identity, args=("r",))
+    assert [r["x"] for r in ray.get(refs)] == ["r", "r"]
+
+
+def test_executable_cls_lives_in_each_worker(executor):
+    ex = executor()
+    ex.start(executable_cls=Counter, executable_args=[10], executable_kwargs={"step": 5})
+    assert ex.execute(lambda c: c.bump()) == [15, 15]
+    assert ex.execute(lambda c: c.bump()) == [20, 20]
+    assert ex.execute_single(lambda c: c.value) == 20
+
+
+def test_hosts_and_workers_per_host_and_the_older_slot_names(executor):
+    ex = executor(num_workers=None, num_hosts=2, num_workers_per_host=1)
+    ex.start()
+    assert [r["cross_size"] for r in ex.run(workers.identity, args=(0,))] == [2, 2]
+    ex.shutdown()
+    old = executor(num_workers=None, num_slots=2, cpus_per_slot=1)
+    old.start()
+    assert len(old.run(workers.identity, args=(0,))) == 2
+
+
+def test_replicas_are_equal_after_training(executor):
+    ex = executor()
+    ex.start()
+    results = ex.run(workers.train, kwargs={"steps": 15})
+    for a, b in zip(results[0]["params"], results[1]["params"]):
+        assert torch.equal(a, b)
+    assert results[0]["losses"][-1] < results[0]["losses"][0] / 2
+
+
+def test_a_failing_function_names_its_worker(executor):
+    ex = executor()
+    ex.start()
+
+    def fail_on_one():
+        import chorus.torch as hvd
+        hvd.init()
+        if hvd.rank() == 1:
+            raise ValueError("worker one refuses")
+        return hvd.rank()
+    with pytest.raises(WorkerError, match=r"(?s)worker 1 .*worker one refuses") as info:
+        ex.run(fail_on_one)
+    assert info.value.rank == 1
+
+
+def test_a_killed_worker_fails_run_naming_it_and_a_new_executor_works(executor):
+    ex = executor()
+    ex.start()
+    refs = ex.run_remote(workers.fail_on, args=(-1, 120))  # every rank lingers
+    ray.kill(ex.workers[1])
+    with pytest.raises(WorkerError, match=r"(?s)worker 1 .*died") as info:
+        ex._get(refs, "running fail_on")
+    assert info.value.node_id
+    ex.shutdown()
+    again = executor()
+    again.start()
+    assert [r["sum"] for r in again.run(workers.identity, args=(0,))] == [[3.0] * 3] * 2
+
+
+def test_bad_arguments_are_refused(ray_cluster):
+    settings = RayExecutor.create_settings()
+    with pytest.raises(ValueError, match="num_workers, or num_hosts"):
+        RayExecutor(settings)
+    with pytest.raises(ValueError, match="gpus_per_worker needs use_gpu"):
+        RayExecutor(settings, num_workers=2, gpus_per_worker=1)
+    with pytest.raises(RuntimeError, match="start"):
+        RayExecutor(settings, num_workers=2).run(workers.identity)
+
+
+def test_more_workers_than_the_cluster_holds_is_a_clear_error(ray_cluster):
+    ex = RayExecutor(RayExecutor.create_settings(placement_group_timeout_s=2), num_workers=3, cpus_per_worker=1)
+    with pytest.raises(TimeoutError, match="did not offer 3 bundles"):
+        ex.start()
