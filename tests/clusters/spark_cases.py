@@ -1,4 +1,5 @@
-"""The chorus.spark.run cases every Spark mode runs (local, local-cluster, Connect)."""
+"""The chorus.spark.run cases every Spark mode runs (local, local-cluster, Connect):
+each test file imports the test_ functions it shares, under its own session."""
 import io
 
 import pytest
@@ -9,7 +10,7 @@ import workers
 from conftest import eventually, job_segments, rank_processes
 
 
-def returns_in_rank_order(num_proc=2):
+def test_returns_every_rank_value_in_rank_order(num_proc=2):
     out = io.StringIO()
     results = chorus.spark.run(workers.identity, args=("x",), num_proc=num_proc, env={"CHORUS_TEST_VALUE": "v1"},
                                stdout=out)
@@ -25,7 +26,7 @@ def returns_in_rank_order(num_proc=2):
     return results
 
 
-def a_failing_rank_fails_run_and_leaves_nothing(num_proc=2):
+def test_a_failing_rank_fails_run_cancels_the_job_and_leaves_nothing(num_proc=2):
     with pytest.raises(chorus.spark.runner.SparkJobError) as info:
         chorus.spark.run(workers.fail_on, args=(1,), num_proc=num_proc)
     assert info.value.rank == 1
@@ -35,10 +36,10 @@ def a_failing_rank_fails_run_and_leaves_nothing(num_proc=2):
     assert eventually(lambda: not rank_processes()), rank_processes()
     assert eventually(lambda: not job_segments("spark-")), job_segments("spark-")
     # The session still runs jobs.
-    returns_in_rank_order(num_proc)
+    test_returns_every_rank_value_in_rank_order(num_proc)
 
 
-def replicas_are_equal_after_training(num_proc=2):
+def test_replicas_are_equal_after_training(num_proc=2):
     results = chorus.spark.run(workers.train, kwargs={"steps": 15}, num_proc=num_proc)
     first = results[0]["params"]
     for r in results[1:]:

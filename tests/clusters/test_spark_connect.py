@@ -2,7 +2,7 @@
 import pytest
 
 import chorus.spark
-import spark_cases
+from spark_cases import test_replicas_are_equal_after_training, test_returns_every_rank_value_in_rank_order  # noqa: F401
 import workers
 from conftest import eventually, rank_processes, spark_session
 
@@ -13,10 +13,6 @@ def spark():
     assert type(session).__module__.startswith("pyspark.sql.connect")
     yield session
     session.stop()
-
-
-def test_returns_every_rank_value_in_rank_order():
-    spark_cases.returns_in_rank_order()
 
 
 def test_a_failing_rank_fails_run():
@@ -32,8 +28,4 @@ def test_a_failing_rank_fails_run():
     with pytest.raises(chorus.spark.runner.SparkJobError, match="rank 1 gives up on purpose"):
         chorus.spark.run(fail_in_collective, num_proc=2)
     assert eventually(lambda: not rank_processes()), rank_processes()
-    spark_cases.returns_in_rank_order()
-
-
-def test_replicas_are_equal_after_training():
-    spark_cases.replicas_are_equal_after_training()
+    test_returns_every_rank_value_in_rank_order()

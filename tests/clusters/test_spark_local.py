@@ -2,7 +2,8 @@
 import pytest
 
 import chorus.spark
-import spark_cases
+from spark_cases import (test_a_failing_rank_fails_run_cancels_the_job_and_leaves_nothing,  # noqa: F401
+                         test_replicas_are_equal_after_training, test_returns_every_rank_value_in_rank_order)
 import workers
 from conftest import spark_session
 
@@ -12,18 +13,6 @@ def spark():
     session = spark_session("local[2]")
     yield session
     session.stop()
-
-
-def test_returns_every_rank_value_in_rank_order():
-    spark_cases.returns_in_rank_order()
-
-
-def test_a_failing_rank_fails_run_cancels_the_job_and_leaves_nothing():
-    spark_cases.a_failing_rank_fails_run_and_leaves_nothing()
-
-
-def test_replicas_are_equal_after_training():
-    spark_cases.replicas_are_equal_after_training()
 
 
 def test_more_ranks_than_slots_is_a_clear_error_within_start_timeout():

@@ -8,12 +8,21 @@ from typing import Optional, Set
 
 import ray
 from ray.train.backend import Backend, BackendConfig
-from ray.train.data_parallel_trainer import DataParallelTrainer
 from ray.train.torch.config import TorchConfig, _TorchBackend
 
 from chorus import _core
 from chorus.ray import worker as _worker
 from chorus.runner.rank_process import rank_env
+
+try:  # Ray Train v2 (the default since Ray 2.51), else v1 (RAY_TRAIN_V2_ENABLED=0 or an older Ray)
+    from ray.train.v2._internal.constants import is_v2_enabled
+except ImportError:  # pragma: no cover - Ray before v2
+    def is_v2_enabled():
+        return False
+if is_v2_enabled():
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+else:
+    from ray.train.data_parallel_trainer import DataParallelTrainer
 
 
 def _start_chorus(worker_group, key=None, timeout_s=300, nics=None):
