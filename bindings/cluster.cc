@@ -9,6 +9,7 @@
 #include <pybind11/stl.h>
 
 #include "chorus/store.h"
+#include "rendezvous/elastic_rounds.h"
 #include "rendezvous/net_address.h"
 
 namespace py = pybind11;
@@ -32,6 +33,40 @@ struct PyStoreServer {
 
 py::bytes asBytes(const std::vector<char>& v) { return py::bytes(v.data(), v.size()); }
 
+// The elastic driver's workers as Python callables (chorus.ray's actors); the
+// driver calls them from step(), with the interpreter lock held.
+class PyPool : public elastic::WorkerPool {
+ public:
+  PyPool(py::object discover, py::object start, py::object stop, py::object stopAll, py::object log)
+      : discover_(std::move(discover)), start_(std::move(start)), stop_(std::move(stop)),
+        stopAll_(std::move(stopAll)), log_(std::move(log)) {}
+  std::vector<elastic::Host> discover() override {
+    std::vector<elastic::Host> out;
+    for (const auto& [host, slots] : discover_().cast<std::vector<std::pair<std::string, int>>>())
+      out.push_back({host, slots});
+    return out;
+  }
+  int start(const std::string& id, const std::string& host, int slot,
+            const std::map<std::string, std::string>& env) override {
+    return start_(id, host, slot, env).cast<int>();
+  }
+  void stop(int handle) override { stop_(handle); }
+  void stopAll() override { stopAll_(); }
+  void log(const std::string& line) override {
+    if (log_.is_none()) return WorkerPool::log(line);
+    log_(line);
+  }
+
+ private:
+  py::object discover_, start_, stop_, stopAll_, log_;
+};
+
+// The pool lives as long as the driver that calls it.
+struct PyElasticDriver {
+  std::unique_ptr<PyPool> pool;
+  std::unique_ptr<elastic::Driver> driver;
+};
+
 }  // namespace
 
 void bindCluster(py::module_& m) {
@@ -53,6 +88,56 @@ void bindCluster(py::module_& m) {
            py::arg("bind") = "0.0.0.0", py::arg("port") = 0, py::arg("secret"))
       .def_property_readonly("port", &PyStoreServer::port)
       .def("close", &PyStoreServer::close);
+
+  py::class_<PyElasticDriver>(m, "ElasticDriver",
+                              "The elastic driver chorusrun runs (src/rendezvous/elastic_rounds.h), with workers "
+                              "that Python starts and stops.")
+      .def(py::init([](py::object discover, py::object start, py::object stop, py::object stopAll, int minNp,
+                       int maxNp, int initialNp, int resetLimit, double cooldownMin, double cooldownMax,
+                       double elasticTimeout, int blacklistAfter, double discoveryInterval, const std::string& bind,
+                       const std::string& advertised, int port, const std::string& name, py::object log,
+                       std::map<std::string, std::string> words) {
+             elastic::Options o;
+             o.minNp = minNp;
+             o.maxNp = maxNp;
+             o.initialNp = initialNp;
+             o.resetLimit = resetLimit;
+             o.cooldownMin = cooldownMin;
+             o.cooldownMax = cooldownMax;
+             o.elasticTimeout = elasticTimeout;
+             o.blacklistAfter = blacklistAfter;
+             o.discoveryInterval = discoveryInterval;
+             o.name = name;
+             if (words.count("min_np")) o.minNpWord = words["min_np"];
+             if (words.count("reset_limit")) o.resetLimitWord = words["reset_limit"];
+             if (words.count("elastic_timeout")) o.timeoutWord = words["elastic_timeout"];
+             if (words.count("blacklist_after")) o.blacklistWord = words["blacklist_after"];
+             PyElasticDriver d;
+             d.pool = std::make_unique<PyPool>(discover, start, stop, stopAll, log);
+             d.driver = std::make_unique<elastic::Driver>(o, *d.pool, bind, advertised, port);
+             return d;
+           }),
+           py::arg("discover"), py::arg("start"), py::arg("stop"), py::arg("stop_all"), py::arg("min_np") = 1,
+           py::arg("max_np") = 0, py::arg("initial_np") = 0, py::arg("reset_limit") = -1,
+           py::arg("cooldown_min") = 0.0, py::arg("cooldown_max") = 0.0, py::arg("elastic_timeout") = 600.0,
+           py::arg("blacklist_after") = 3, py::arg("discovery_interval") = 1.0, py::arg("bind") = "0.0.0.0",
+           py::arg("advertised") = "127.0.0.1", py::arg("port") = 0, py::arg("name") = "chorus elastic",
+           py::arg("log") = py::none(), py::arg("words") = std::map<std::string, std::string>{})
+      .def_property_readonly("store_addr", [](const PyElasticDriver& d) { return d.driver->storeAddr(); })
+      .def_property_readonly("store_port", [](const PyElasticDriver& d) { return d.driver->storePort(); })
+      .def_property_readonly("secret", [](const PyElasticDriver& d) { return d.driver->secret(); })
+      .def_property_readonly("hosts", [](const PyElasticDriver& d) { return d.driver->hosts(); })
+      .def_property_readonly("failure", [](const PyElasticDriver& d) { return d.driver->failure(); })
+      .def("store_environment", [](const PyElasticDriver& d) { return d.driver->storeEnvironment(); })
+      .def("begin", [](PyElasticDriver& d) { d.driver->begin(); })
+      .def("step",
+           [](PyElasticDriver& d, const std::vector<std::tuple<int, bool, std::string>>& ended) {
+             std::vector<elastic::WorkerEnd> e;
+             for (const auto& [handle, ok, what] : ended) e.push_back({handle, ok, what, false});
+             return d.driver->step(e);
+           },
+           "Worker ends as (handle, ok, what); returns the job's exit code once it is over, else None.")
+      .def("abort", [](PyElasticDriver& d, const std::string& why) { return d.driver->abort(why); });
 
   py::class_<Store, std::shared_ptr<Store>>(m, "StoreClient", "A client of chorus's TCP store.")
       .def(py::init([](const std::string& host, int port, const std::string& secret, double timeout) {

@@ -6,7 +6,7 @@
 #include <thread>
 
 #include "chorus/error.h"
-#include "core/elastic_keys.h"
+#include "rendezvous/elastic_keys.h"
 #include "core/logging.h"
 #include "core/runtime_impl.h"
 

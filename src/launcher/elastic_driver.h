@@ -1,11 +1,7 @@
 #pragma once
 // chorusrun's elastic mode (horovodrun --min-np/--max-np): hosts come from a
-// discovery script, one worker per slot; the driver groups the live workers into
-// rounds (see src/core/elastic_keys.h), blacklists the host of a worker that
-// fails, starts workers on hosts that appear, and tells the workers when the
-// host set changed. The job ends when every worker has exited 0, or fails when
-// fewer than min-np workers remain for longer than the elastic timeout, or after
-// more than reset-limit resets.
+// discovery script, one worker process per slot, run by the elastic driver of
+// src/rendezvous/elastic_rounds.h (which chorus.ray drives with Ray actors).
 #include <string>
 #include <vector>
 

@@ -48,3 +48,40 @@ def train(steps=20, seed=0):
         opt.step()
         losses.append(hvd.allreduce(loss.detach(), op=hvd.Average).item())
     return {"params": [p.detach().clone() for p in model.parameters()], "losses": losses}
+
+
+def elastic_train(batches, progress, pause=0.05):
+    """Elastic training (hvd.elastic.run, TorchState) that records the world size at
+    every committed batch; rank 0 writes "batch size" to `progress` as it goes."""
+    import torch
+    import chorus.torch as hvd
+    hvd.init()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                   named_parameters=model.named_parameters())
+    state = hvd.elastic.TorchState(model, opt, batch=0, sizes=[], unequal=[])
+
+    @hvd.elastic.run
+    def train(state):
+        while state.batch < batches:
+            x = torch.randn(8, 4)
+            loss = torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            state.sizes.append(hvd.size())
+            # Replicas equal at every step: every rank's weights, side by side.
+            weights = hvd.allgather(model.weight.detach().clone())
+            if not all(torch.equal(weights[0], w) for w in weights):
+                state.unequal.append((state.batch, hvd.size()))
+            state.batch += 1
+            if hvd.rank() == 0:
+                with open(progress, "a") as f:
+                    f.write(f"{state.batch} {hvd.size()}\n")
+            time.sleep(pause)
+            state.commit()
+
+    train(state)
+    return {"rank": hvd.rank(), "batch": state.batch, "sizes": list(state.sizes), "unequal": list(state.unequal),
+            "params": [p.detach().clone() for p in model.parameters()]}

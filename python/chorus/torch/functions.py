@@ -45,11 +45,13 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
         raise ValueError("broadcast_optimizer_state does not support LBFGS")
     if not optimizer.state_dict()["state"]:
         # As Horovod: an optimizer that has not stepped gets its state from one step
-        # on zero gradients (which stay, zeros rather than None); a DistributedOptimizer
+        # on zero gradients (which stay, zeros rather than None): every gradient is
+        # zeroed first, or a gradient left from an earlier step (a plain SGD's after an
+        # elastic reset) would move this rank's weights alone. A DistributedOptimizer
         # takes it with its wrapped class's step, without collectives.
         for group in optimizer.param_groups:
             for p in group["params"]:
-                if p.requires_grad and p.grad is None:
+                if p.requires_grad:
                     p.grad = torch.zeros_like(p)
                     if isinstance(optimizer, torch.optim.SparseAdam):
                         p.grad = p.grad.to_sparse()

@@ -151,7 +151,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def synchronize(self):
         """Waits for every gradient allreduce and writes the results into p.grad."""
-        if _set_rank_and_size(self._process_set)[1] <= 1:
+        if _set_rank_and_size(self._process_set)[1] <= 1 and not self._handles:
             self._synchronized = True
             return
         # Parameters whose hook did not fire this step are reduced now, so that all
@@ -165,6 +165,21 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     self._handles[p] = self._allreduce_grad_async(p)
                 else:
                     self._group_grad_ready(p)
+        try:
+            self._wait_for_handles()
+        except BaseException:
+            self._clear_pending()
+            raise
+
+    def _clear_pending(self):
+        """Forgets the gradient allreduces in flight: after a failed or interrupted
+        step (an elastic rollback), the next step starts afresh."""
+        self._handles.clear()
+        self._group_ready.clear()
+        for p in self._delay:
+            self._delay[p] = self.backward_passes_per_step
+
+    def _wait_for_handles(self):
         done = {}
         for p, (handle, ctx) in list(self._handles.items()):
             if handle is None:

@@ -23,6 +23,13 @@ class _ModelHandler:
 
 
 class _OptimizerHandler(_ModelHandler):
+    def restore(self):
+        # The step the failure cut short may have left gradient allreduces pending.
+        clear = getattr(self.value, "_clear_pending", None)
+        if clear is not None:
+            clear()
+        super().restore()
+
     def sync(self):
         broadcast_optimizer_state(self.value, root_rank=0)
 

@@ -1,5 +1,5 @@
 #pragma once
-// The store keys through which chorusrun's elastic driver and the workers of an
+// The store keys through which the elastic driver (elastic_rounds.h) and the workers of an
 // elastic job agree on rounds (the sets of workers that train together):
 //   elastic/round            the latest round N the driver published
 //   elastic/r<N>/<worker>    "rank size updates" of a worker in round N (absent: not

@@ -1,0 +1,75 @@
+"""chorus.ray.ElasticRayExecutor on a real Ray cluster: a node removed while the job
+trains (it goes on from the last commit with the rest) and a node added (it joins)."""
+import os
+import threading
+
+import pytest
+import torch
+
+import workers
+from chorus.ray import ElasticRayExecutor
+from conftest import eventually, job_segments
+
+
+def progress_of(path):
+    """[(batch, size)] rank 0 has committed so far."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [tuple(map(int, line.split())) for line in f if line.strip()]
+
+
+def test_the_job_survives_a_removed_node_and_grows_when_one_joins(ray_cluster, tmp_path):
+    cluster, nodes = ray_cluster
+    progress = str(tmp_path / "progress")
+    settings = ElasticRayExecutor.create_settings(min_np=1, max_np=2, elastic_timeout=60, timeout_s=30)
+    executor = ElasticRayExecutor(settings, cpus_per_slot=1)
+    executor.start()
+    outcome = {}
+
+    def go():
+        try:
+            outcome["results"] = executor.run(workers.elastic_train, kwargs={"batches": 400, "progress": progress})
+        except BaseException as e:  # noqa: BLE001 - checked below
+            outcome["error"] = e
+
+    thread = threading.Thread(target=go)
+    thread.start()
+    assert eventually(lambda: any(size == 2 for _, size in progress_of(progress)[5:]), 120), progress_of(progress)
+    cluster.remove_node(nodes[1])  # its worker dies with it
+    assert eventually(lambda: any(size == 1 for _, size in progress_of(progress)[-5:]), 120), progress_of(progress)
+    seen = len(progress_of(progress))
+    assert eventually(lambda: len(progress_of(progress)) > seen + 5, 60)  # it trains on alone
+    nodes[1] = cluster.add_node(num_cpus=1)
+    thread.join(600)
+    assert not thread.is_alive()
+    assert "error" not in outcome, outcome.get("error")
+    results = outcome["results"]
+    assert [r["rank"] for r in results] == [0, 1]
+    final = results[0]
+    assert final["batch"] == 400
+    # Every committed batch counted once: the rollback went to the last commit, not to the start.
+    assert len(final["sizes"]) == 400
+    sizes = final["sizes"]
+    first_one = sizes.index(1)
+    assert 2 in sizes[:first_one] and 2 in sizes[first_one:], sizes
+    # Replicas equal at every step (before and after each change) and at the end.
+    assert final["unequal"] == [] and results[1]["unequal"] == [], (final["unequal"][:5], results[1]["unequal"][:5])
+    for a, b in zip(results[0]["params"], results[1]["params"]):
+        assert torch.equal(a, b)
+    assert eventually(lambda: not job_segments("rayelastic-")), job_segments("rayelastic-")
+
+
+def test_too_few_workers_for_too_long_fails_the_job(ray_cluster):
+    settings = ElasticRayExecutor.create_settings(min_np=3, max_np=3, elastic_timeout=3)
+    executor = ElasticRayExecutor(settings, cpus_per_slot=1)
+    executor.start()
+    with pytest.raises(RuntimeError, match="fewer than min_np 3"):
+        executor.run(workers.identity, args=(0,))
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError, match="min_np=3 and max_np=2"):
+        ElasticRayExecutor(ElasticRayExecutor.create_settings(min_np=3, max_np=2))
+    with pytest.raises(ValueError, match="override_discovery"):
+        ElasticRayExecutor(override_discovery=False)
