@@ -76,6 +76,10 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         raise ValueError("deepspeed.initialize: model is required")
     if not _hvd.is_initialized():
         _hvd.init(process_sets="dynamic")
+    if _os.environ.get("TORCHELASTIC_RUN_ID") is not None:
+        # Under torchrun (Spark's TorchDistributor starts it) DeepSpeed's initialize
+        # starts torch.distributed too, and programs rely on it (dist.get_rank()).
+        comm.init_distributed(dist_init_required=dist_init_required)
     pipe_set, tp = None, 1
     if mpu is not None:  # ZeRO over the data-parallel set; the norm over the tensor-parallel one
         from chorus.torch import ProcessSet
