@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import workers
-from chorus.ray import ElasticRayExecutor
+from chorus.ray import ElasticRayExecutor, RayHostDiscovery
 from conftest import eventually, job_segments
 
 
@@ -71,5 +71,23 @@ def test_too_few_workers_for_too_long_fails_the_job(ray_cluster):
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="min_np=3 and max_np=2"):
         ElasticRayExecutor(ElasticRayExecutor.create_settings(min_np=3, max_np=2))
-    with pytest.raises(ValueError, match="override_discovery"):
+    with pytest.raises(ValueError, match="override_discovery=False needs settings.discovery"):
         ElasticRayExecutor(override_discovery=False)
+
+
+class OneNodeOnly(RayHostDiscovery):
+    """A discovery of the user's own (override_discovery=False): the first node only."""
+
+    def find_available_hosts_and_slots(self):
+        hosts = super().find_available_hosts_and_slots()
+        first = sorted(hosts)[0]
+        return {first: hosts[first]}
+
+
+def test_a_discovery_of_the_users_own_chooses_the_hosts(ray_cluster):
+    settings = ElasticRayExecutor.create_settings(min_np=1, max_np=2)
+    settings.discovery = OneNodeOnly(cpus_per_slot=1)
+    executor = ElasticRayExecutor(settings, cpus_per_slot=1, override_discovery=False)
+    executor.start()
+    results = executor.run(workers.identity, args=(0,))
+    assert [r["size"] for r in results] == [1]

@@ -15,10 +15,11 @@ def __getattr__(name):
     if name in ("HorovodTrainer", "HorovodConfig", "ChorusConfig"):
         from chorus.ray import train
         return getattr(train, name)
-    if name == "ElasticRayExecutor":
-        from chorus.ray.elastic import ElasticRayExecutor
-        return ElasticRayExecutor
+    if name in ("ElasticRayExecutor", "RayHostDiscovery"):
+        from chorus.ray import elastic
+        return getattr(elastic, name)
     raise AttributeError(f"module 'chorus.ray' has no attribute {name!r}")
 
 
-__all__ = ["RayExecutor", "WorkerError", "HorovodTrainer", "HorovodConfig", "ChorusConfig", "ElasticRayExecutor"]
+__all__ = ["RayExecutor", "WorkerError", "HorovodTrainer", "HorovodConfig", "ChorusConfig", "ElasticRayExecutor",
+           "RayHostDiscovery"]

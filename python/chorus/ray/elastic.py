@@ -29,6 +29,32 @@ class ElasticSettings:
     discovery_interval: float = 1.0
     cooldown_range: Optional[tuple] = None
     ssh_identity_file: Optional[str] = None
+    discovery: object = None  # a RayHostDiscovery (or one like it), with override_discovery=False
+
+
+class RayHostDiscovery:
+    """The hosts an elastic job may use: Ray's live nodes (told apart by node id), each
+    with as many slots as its resources hold workers. Subclass it and override
+    find_available_hosts_and_slots to choose hosts yourself (override_discovery=False)."""
+
+    def __init__(self, use_gpu=False, cpus_per_slot=1, gpus_per_slot=1):
+        self.use_gpu = use_gpu
+        self.cpus_per_slot = cpus_per_slot
+        self.gpus_per_slot = gpus_per_slot
+
+    def find_available_hosts_and_slots(self):
+        """{host: slots} of the nodes alive now."""
+        hosts = {}
+        for node in ray.nodes():
+            if not node.get("Alive"):
+                continue
+            res = node.get("Resources", {})
+            slots = int(res.get("CPU", 0) // self.cpus_per_slot) if self.cpus_per_slot else 1 << 20
+            if self.use_gpu:
+                slots = min(slots, int(res.get("GPU", 0) // (self.gpus_per_slot or 1)))
+            if slots > 0:
+                hosts[node["NodeID"]] = slots
+        return hosts
 
 
 class _ElasticWorker:
@@ -76,9 +102,13 @@ class ElasticRayExecutor:
         if self.settings.min_np < 1 or (self.settings.max_np is not None and self.settings.max_np < self.settings.min_np):
             raise ValueError(f"ElasticRayExecutor: min_np={self.settings.min_np} and max_np={self.settings.max_np} "
                              "must satisfy 1 <= min_np <= max_np")
-        if not override_discovery:
-            raise ValueError("ElasticRayExecutor: override_discovery=False (a discovery script) is chorusrun's "
-                             "--host-discovery-script; under Ray the hosts are the cluster's live nodes")
+        if override_discovery:
+            self.discovery = RayHostDiscovery(use_gpu, self.cpus, self.gpus)
+        elif self.settings.discovery is None:
+            raise ValueError("ElasticRayExecutor: override_discovery=False needs settings.discovery (a "
+                             "RayHostDiscovery whose find_available_hosts_and_slots() chooses the hosts)")
+        else:
+            self.discovery = self.settings.discovery
         self.env_vars = {k: str(v) for k, v in (env_vars or {}).items()}
         self._started = False
         self._workers = {}  # handle -> (actor, ref, node)
@@ -92,17 +122,7 @@ class ElasticRayExecutor:
     # -- the driver's pool -------------------------------------------------------------
 
     def _discover(self):
-        hosts = []
-        for node in ray.nodes():
-            if not node.get("Alive"):
-                continue
-            res = node.get("Resources", {})
-            slots = int(res.get("CPU", 0) // self.cpus) if self.cpus else 1 << 20
-            if self.gpus:
-                slots = min(slots, int(res.get("GPU", 0) // self.gpus))
-            if slots > 0:
-                hosts.append((node["NodeID"], slots))
-        return hosts
+        return [(host, int(slots)) for host, slots in self.discovery.find_available_hosts_and_slots().items()]
 
     def _start(self, worker_id, node, slot, env):
         actor = ray.remote(_ElasticWorker).options(
