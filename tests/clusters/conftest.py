@@ -65,10 +65,16 @@ def eventually(check, timeout=30.0):
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    """A head (no CPUs) and two nodes of one CPU each, no dashboard."""
+    """A head (no CPUs, serving Ray Client) and two nodes of one CPU each, no dashboard."""
     import ray
     from ray.cluster_utils import Cluster
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    import socket
+    with socket.socket() as s:  # the head's Ray Client server, for ray:// drivers
+        s.bind(("127.0.0.1", 0))
+        client_port = s.getsockname()[1]
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False,
+                                                            "ray_client_server_port": client_port})
+    cluster.client_address = f"ray://127.0.0.1:{client_port}"
     nodes = [cluster.add_node(num_cpus=1) for _ in range(2)]
     ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
     cluster.wait_for_nodes()

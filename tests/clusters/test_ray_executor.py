@@ -1,4 +1,7 @@
 """chorus.ray.RayExecutor on a real Ray cluster: a head and two one-CPU nodes."""
+import subprocess
+import sys
+
 import pytest
 import ray
 import torch
@@ -120,3 +123,17 @@ def test_more_workers_than_the_cluster_holds_is_a_clear_error(ray_cluster):
     ex = RayExecutor(RayExecutor.create_settings(placement_group_timeout_s=2), num_workers=3, cpus_per_worker=1)
     with pytest.raises(TimeoutError, match="did not offer 3 bundles"):
         ex.start()
+
+
+def test_a_ray_client_driver_is_never_on_the_data_path(ray_cluster):
+    # A driver connected through ray:// is not reachable from the workers: rank 0's
+    # actor serves the store, so the job runs all the same.
+    cluster, _ = ray_cluster
+    code = (f"import ray, workers\nray.init({cluster.client_address!r})\n"
+            "from chorus.ray import RayExecutor\n"
+            "ex = RayExecutor(RayExecutor.create_settings(timeout_s=30), num_workers=2, cpus_per_worker=1)\n"
+            "ex.start()\nprint('sums', [r['sum'] for r in ex.run(workers.identity, args=(1,))])\nex.shutdown()\n")
+    proc = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert "sums [[3.0, 3.0, 3.0], [3.0, 3.0, 3.0]]" in proc.stdout
