@@ -21,7 +21,7 @@ def progress_of(path):
 
 def test_the_job_survives_a_removed_node_and_grows_when_one_joins(ray_cluster, tmp_path):
     cluster, nodes = ray_cluster
-    progress = str(tmp_path / "progress")
+    progress, stop = str(tmp_path / "progress"), str(tmp_path / "stop")
     settings = ElasticRayExecutor.create_settings(min_np=1, max_np=2, elastic_timeout=60, timeout_s=30)
     executor = ElasticRayExecutor(settings, cpus_per_slot=1)
     executor.start()
@@ -29,30 +29,33 @@ def test_the_job_survives_a_removed_node_and_grows_when_one_joins(ray_cluster, t
 
     def go():
         try:
-            outcome["results"] = executor.run(workers.elastic_train, kwargs={"batches": 400, "progress": progress})
+            outcome["results"] = executor.run(workers.elastic_train,
+                                              kwargs={"batches": 100000, "progress": progress, "stop_file": stop})
         except BaseException as e:  # noqa: BLE001 - checked below
             outcome["error"] = e
 
     thread = threading.Thread(target=go)
     thread.start()
-    assert eventually(lambda: any(size == 2 for _, size in progress_of(progress)[5:]), 120), progress_of(progress)
+    sizes_now = lambda: [size for _, size in progress_of(progress)]  # noqa: E731
+    assert eventually(lambda: 2 in sizes_now()[5:], 120), sizes_now()
     cluster.remove_node(nodes[1])  # its worker dies with it
-    assert eventually(lambda: any(size == 1 for _, size in progress_of(progress)[-5:]), 120), progress_of(progress)
-    seen = len(progress_of(progress))
-    assert eventually(lambda: len(progress_of(progress)) > seen + 5, 60)  # it trains on alone
+    assert eventually(lambda: 1 in sizes_now()[-5:], 120), sizes_now()
+    seen = len(sizes_now())
+    assert eventually(lambda: len(sizes_now()) > seen + 5, 60)  # it trains on alone
     nodes[1] = cluster.add_node(num_cpus=1)
-    thread.join(600)
+    assert eventually(lambda: sizes_now()[-5:] == [2] * 5, 120), sizes_now()[-20:]  # the new worker joined
+    open(stop, "w").close()
+    thread.join(300)
     assert not thread.is_alive()
     assert "error" not in outcome, outcome.get("error")
     results = outcome["results"]
     assert [r["rank"] for r in results] == [0, 1]
     final = results[0]
-    assert final["batch"] == 400
     # Every committed batch counted once: the rollback went to the last commit, not to the start.
-    assert len(final["sizes"]) == 400
+    assert len(final["sizes"]) == final["batch"]
     sizes = final["sizes"]
     first_one = sizes.index(1)
-    assert 2 in sizes[:first_one] and 2 in sizes[first_one:], sizes
+    assert 2 in sizes[:first_one] and sizes[-1] == 2, sizes
     # Replicas equal at every step (before and after each change) and at the end.
     assert final["unequal"] == [] and results[1]["unequal"] == [], (final["unequal"][:5], results[1]["unequal"][:5])
     for a, b in zip(results[0]["params"], results[1]["params"]):

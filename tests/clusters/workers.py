@@ -50,9 +50,10 @@ def train(steps=20, seed=0):
     return {"params": [p.detach().clone() for p in model.parameters()], "losses": losses}
 
 
-def elastic_train(batches, progress, pause=0.05):
+def elastic_train(batches, progress, pause=0.05, stop_file=None):
     """Elastic training (hvd.elastic.run, TorchState) that records the world size at
-    every committed batch; rank 0 writes "batch size" to `progress` as it goes."""
+    every committed batch; rank 0 writes "batch size" to `progress` as it goes. It
+    ends after `batches`, or at the first commit after stop_file appears (rank 0's view)."""
     import torch
     import chorus.torch as hvd
     hvd.init()
@@ -81,6 +82,8 @@ def elastic_train(batches, progress, pause=0.05):
                     f.write(f"{state.batch} {hvd.size()}\n")
             time.sleep(pause)
             state.commit()
+            if stop_file and hvd.broadcast_object(os.path.exists(stop_file), root_rank=0, name="stop"):
+                break
 
     train(state)
     return {"rank": hvd.rank(), "batch": state.batch, "sizes": list(state.sizes), "unequal": list(state.unequal),
