@@ -22,3 +22,9 @@ def test_elastic_ray_example_trains():
 def test_spark_run_example_trains_on_a_local_cluster():
     out = run_example("examples/spark/pytorch_spark_run.py", "--master", "local-cluster[2,1,1024]")
     assert "ranks [0, 1], replicas equal: True" in out, out[-4000:]
+
+
+def test_spark_estimator_example_trains():
+    out = run_example("examples/spark/pytorch_spark_mnist.py", "--master", "local[2]")
+    accuracy = float(re.search(r"Test accuracy: ([0-9.]+)", out).group(1))
+    assert accuracy > 0.8, out[-4000:]
