@@ -33,31 +33,58 @@ struct PyStoreServer {
 
 py::bytes asBytes(const std::vector<char>& v) { return py::bytes(v.data(), v.size()); }
 
-// The elastic driver's workers as Python callables (chorus.ray's actors); the
-// driver calls them from step(), with the interpreter lock held.
+// The elastic driver's workers as Python callables (chorus.ray's actors, Spark task
+// slots). step() runs without the interpreter lock (it waits on the store); each
+// callback takes it. A callback's Exception becomes std::runtime_error, which the
+// driver reports as a discovery or start failure; KeyboardInterrupt and SystemExit
+// stay Python's and end step() with them.
 class PyPool : public elastic::WorkerPool {
  public:
   PyPool(py::object discover, py::object start, py::object stop, py::object stopAll, py::object log)
       : discover_(std::move(discover)), start_(std::move(start)), stop_(std::move(stop)),
         stopAll_(std::move(stopAll)), log_(std::move(log)) {}
+  ~PyPool() override {
+    py::gil_scoped_acquire gil;
+    discover_ = start_ = stop_ = stopAll_ = log_ = py::object();
+  }
   std::vector<elastic::Host> discover() override {
-    std::vector<elastic::Host> out;
-    for (const auto& [host, slots] : discover_().cast<std::vector<std::pair<std::string, int>>>())
-      out.push_back({host, slots});
-    return out;
+    return call([&] {
+      std::vector<elastic::Host> out;
+      for (const auto& [host, slots] : discover_().cast<std::vector<std::pair<std::string, int>>>())
+        out.push_back({host, slots});
+      return out;
+    });
   }
   int start(const std::string& id, const std::string& host, int slot,
             const std::map<std::string, std::string>& env) override {
-    return start_(id, host, slot, env).cast<int>();
+    return call([&] { return start_(id, host, slot, env).cast<int>(); });
   }
-  void stop(int handle) override { stop_(handle); }
-  void stopAll() override { stopAll_(); }
+  void stop(int handle) override {
+    call([&] { return stop_(handle); });
+  }
+  void stopAll() override {
+    call([&] { return stopAll_(); });
+  }
   void log(const std::string& line) override {
+    py::gil_scoped_acquire gil;
     if (log_.is_none()) return WorkerPool::log(line);
     log_(line);
   }
 
  private:
+  template <typename F>
+  auto call(F f) -> decltype(f()) {
+    py::gil_scoped_acquire gil;
+    try {
+      return f();
+    } catch (py::error_already_set& e) {
+      if (!e.matches(PyExc_Exception)) throw;  // KeyboardInterrupt, SystemExit
+      throw std::runtime_error(e.what());
+    } catch (const py::cast_error& e) {
+      throw std::runtime_error(std::string("a callback returned the wrong type: ") + e.what());
+    }
+  }
+
   py::object discover_, start_, stop_, stopAll_, log_;
 };
 
@@ -65,7 +92,20 @@ class PyPool : public elastic::WorkerPool {
 struct PyElasticDriver {
   std::unique_ptr<PyPool> pool;
   std::unique_ptr<elastic::Driver> driver;
+  PyElasticDriver() = default;
+  PyElasticDriver(PyElasticDriver&&) = default;
+  PyElasticDriver& operator=(PyElasticDriver&&) = default;
+  ~PyElasticDriver() {
+    // Python destroys this object holding the lock; the driver's store thread does not need it.
+    driver.reset();
+    pool.reset();
+  }
 };
+
+elastic::Driver& live(PyElasticDriver& d) {
+  if (!d.driver) throw py::value_error("the elastic driver is closed");
+  return *d.driver;
+}
 
 }  // namespace
 
@@ -114,6 +154,7 @@ void bindCluster(py::module_& m) {
              if (words.count("blacklist_after")) o.blacklistWord = words["blacklist_after"];
              PyElasticDriver d;
              d.pool = std::make_unique<PyPool>(discover, start, stop, stopAll, log);
+             py::gil_scoped_release release;  // the store's start and first connection
              d.driver = std::make_unique<elastic::Driver>(o, *d.pool, bind, advertised, port);
              return d;
            }),
@@ -123,21 +164,37 @@ void bindCluster(py::module_& m) {
            py::arg("blacklist_after") = 3, py::arg("discovery_interval") = 1.0, py::arg("bind") = "0.0.0.0",
            py::arg("advertised") = "127.0.0.1", py::arg("port") = 0, py::arg("name") = "chorus elastic",
            py::arg("log") = py::none(), py::arg("words") = std::map<std::string, std::string>{})
-      .def_property_readonly("store_addr", [](const PyElasticDriver& d) { return d.driver->storeAddr(); })
-      .def_property_readonly("store_port", [](const PyElasticDriver& d) { return d.driver->storePort(); })
-      .def_property_readonly("secret", [](const PyElasticDriver& d) { return d.driver->secret(); })
-      .def_property_readonly("hosts", [](const PyElasticDriver& d) { return d.driver->hosts(); })
-      .def_property_readonly("failure", [](const PyElasticDriver& d) { return d.driver->failure(); })
-      .def("store_environment", [](const PyElasticDriver& d) { return d.driver->storeEnvironment(); })
-      .def("begin", [](PyElasticDriver& d) { d.driver->begin(); })
+      .def_property_readonly("store_addr", [](PyElasticDriver& d) { return live(d).storeAddr(); })
+      .def_property_readonly("store_port", [](PyElasticDriver& d) { return live(d).storePort(); })
+      .def_property_readonly("secret", [](PyElasticDriver& d) { return live(d).secret(); })
+      .def_property_readonly("hosts", [](PyElasticDriver& d) { return live(d).hosts(); })
+      .def_property_readonly("failure", [](PyElasticDriver& d) { return live(d).failure(); })
+      .def("store_environment", [](PyElasticDriver& d) { return live(d).storeEnvironment(); })
+      .def("begin",
+           [](PyElasticDriver& d) {
+             py::gil_scoped_release release;
+             live(d).begin();
+           })
       .def("step",
            [](PyElasticDriver& d, const std::vector<std::tuple<int, bool, std::string>>& ended) {
              std::vector<elastic::WorkerEnd> e;
              for (const auto& [handle, ok, what] : ended) e.push_back({handle, ok, what, false});
-             return d.driver->step(e);
+             py::gil_scoped_release release;
+             return live(d).step(e);
            },
            "Worker ends as (handle, ok, what); returns the job's exit code once it is over, else None.")
-      .def("abort", [](PyElasticDriver& d, const std::string& why) { return d.driver->abort(why); });
+      .def("abort",
+           [](PyElasticDriver& d, const std::string& why) {
+             py::gil_scoped_release release;
+             return live(d).abort(why);
+           })
+      .def("close",
+           [](PyElasticDriver& d) {
+             py::gil_scoped_release release;  // the pool's destructor takes it back
+             d.driver.reset();
+             d.pool.reset();
+           },
+           "Stops the driver's store and lets go of the callables.");
 
   py::class_<Store, std::shared_ptr<Store>>(m, "StoreClient", "A client of chorus's TCP store.")
       .def(py::init([](const std::string& host, int port, const std::string& secret, double timeout) {

@@ -319,6 +319,7 @@ void RuntimeImpl::bootstrapFromEnv(Config& cfg, const LaunchEnv& env) {
 void RuntimeImpl::serveRendezvous(const Config& cfg) {
   if (cfg.secret.empty() || cfg.rendezvousPort <= 0)
     throw InvalidArgument("CHORUS_RENDEZVOUS_SERVER=rank0 needs CHORUS_RENDEZVOUS_PORT and CHORUS_SECRET");
+  storeServer_.reset();  // an init that failed before may have left one on this port
   try {
     storeServer_ = startTcpStoreServer("0.0.0.0", cfg.rendezvousPort, cfg.secret);
   } catch (const Error& e) {

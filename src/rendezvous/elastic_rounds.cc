@@ -185,16 +185,22 @@ void Driver::updateHosts(bool first) {
   const int cap = o_.maxNp > 0 ? o_.maxNp : 1 << 30;
   const int want = first && o_.initialNp > 0 ? std::min(o_.initialNp, cap) : cap;
   bool added = false;
-  for (const auto& h : usableHosts(found)) {
-    for (int slot = 0; slot < h.slots && alive < want; ++slot) {
-      bool have = false;
-      for (const auto& w : workers_) have |= w.alive && w.host == h.name && w.slot == slot;
-      if (have) continue;
-      if (!first && !added) pool_.log(o_.name + ": host " + h.name + " joins the job");
-      startWorker(h.name, slot);
-      ++alive;
-      added = true;
+  try {
+    for (const auto& h : usableHosts(found)) {
+      for (int slot = 0; slot < h.slots && alive < want; ++slot) {
+        bool have = false;
+        for (const auto& w : workers_) have |= w.alive && w.host == h.name && w.slot == slot;
+        if (have) continue;
+        if (!first && !added) pool_.log(o_.name + ": host " + h.name + " joins the job");
+        startWorker(h.name, slot);
+        ++alive;
+        added = true;
+      }
     }
+  } catch (...) {
+    // The workers started before the failure joined: the others must hear of them.
+    if (added && !first) bumpUpdated(false);
+    throw;
   }
   if (added && !first) bumpUpdated(false);
 }
@@ -256,7 +262,9 @@ std::optional<int> Driver::step(const std::vector<WorkerEnd>& ended) {
   if (since(lastDiscovery_) >= o_.discoveryInterval) {
     try {
       updateHosts(false);
-    } catch (const std::exception& ex) {
+    } catch (const std::runtime_error& ex) {  // discovery or a start failed; the next turn tries again
+      pool_.log(o_.name + ": " + ex.what());
+    } catch (const std::invalid_argument& ex) {  // discovery's output unreadable
       pool_.log(o_.name + ": " + ex.what());
     }
     lastDiscovery_ = Clock::now();

@@ -43,10 +43,25 @@ def spark_session(master):
     return spark
 
 
+def _descends_from_us(pid):
+    """Whether pid's ancestors include this process (the engines it started): other
+    test files run beside this one and have rank processes of their own."""
+    me = os.getpid()
+    while pid > 1:
+        if pid == me:
+            return True
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
+
+
 def rank_processes():
-    """chorus rank processes (chorus.runner.child) alive now."""
+    """chorus rank processes (chorus.runner.child) of this test process's clusters alive now."""
     out = subprocess.run(["pgrep", "-f", "chorus.runner.child"], stdout=subprocess.PIPE, text=True).stdout
-    return [int(p) for p in out.split()]
+    return [int(p) for p in out.split() if _descends_from_us(int(p))]
 
 
 def job_segments(prefix):

@@ -60,7 +60,8 @@ def test_the_job_survives_a_removed_node_and_grows_when_one_joins(ray_cluster, t
     assert final["unequal"] == [] and results[1]["unequal"] == [], (final["unequal"][:5], results[1]["unequal"][:5])
     for a, b in zip(results[0]["params"], results[1]["params"]):
         assert torch.equal(a, b)
-    assert eventually(lambda: not job_segments("rayelastic-")), job_segments("rayelastic-")
+    job = executor._job_id
+    assert eventually(lambda: not job_segments(job)), job_segments(job)
 
 
 def test_too_few_workers_for_too_long_fails_the_job(ray_cluster):

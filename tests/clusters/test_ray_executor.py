@@ -33,9 +33,11 @@ def executor(ray_cluster):
         made.append(ex)
         return ex
     yield make
+    jobs = [ex._job_id for ex in made if ex._job_id]
     for ex in made:
         ex.shutdown()
-    assert eventually(lambda: not job_segments("ray-")), job_segments("ray-")
+    for job in jobs:
+        assert eventually(lambda: not job_segments(job)), job_segments(job)
 
 
 def test_run_on_two_nodes_in_rank_order(executor, ray_cluster):
@@ -132,8 +134,11 @@ def test_a_ray_client_driver_is_never_on_the_data_path(ray_cluster):
     code = (f"import ray, workers\nray.init({cluster.client_address!r})\n"
             "from chorus.ray import RayExecutor\n"
             "ex = RayExecutor(RayExecutor.create_settings(timeout_s=30), num_workers=2, cpus_per_worker=1)\n"
-            "ex.start()\nprint('sums', [r['sum'] for r in ex.run(workers.identity, args=(1,))])\nex.shutdown()\n")
+            "ex.start()\nprint('sums', [r['sum'] for r in ex.run(workers.identity, args=(1,))])\n"
+            "print('served', ex.run(workers.serves_the_store))\nex.shutdown()\n")
     proc = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert "sums [[3.0, 3.0, 3.0], [3.0, 3.0, 3.0]]" in proc.stdout
+    # The store listens in rank 0's worker process, nowhere else.
+    assert "served [True, False]" in proc.stdout, proc.stdout[-4000:]

@@ -88,3 +88,28 @@ def elastic_train(batches, progress, pause=0.05, stop_file=None):
     train(state)
     return {"rank": hvd.rank(), "batch": state.batch, "sizes": list(state.sizes), "unequal": list(state.unequal),
             "params": [p.detach().clone() for p in model.parameters()]}
+
+
+def serves_the_store():
+    """Whether a socket of this process listens on the rendezvous port."""
+    port = int(os.environ["CHORUS_RENDEZVOUS_PORT"])
+    inodes = set()
+    for name in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/net/{name}") as f:
+                next(f)
+                for line in f:
+                    fields = line.split()
+                    if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":  # LISTEN
+                        inodes.add(fields[9])
+        except OSError:
+            pass
+    mine = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            mine.add(target[8:-1])
+    return bool(inodes & mine)

@@ -58,6 +58,9 @@ class RayHostDiscovery:
 
 
 class _ElasticWorker:
+    def ready(self):
+        return os.getpid()
+
     def run(self, env, fn, args, kwargs):
         _worker.set_env(env)
         try:
@@ -134,10 +137,12 @@ class ElasticRayExecutor:
         if self.settings.nics:
             full["CHORUS_IFACE"] = sorted(self.settings.nics)[0]
         full.update(self.env_vars)
+        ready = actor.ready.remote()  # answers once Ray has placed and started the actor
         ref = actor.run.remote(full, self._fn, self._args, self._kwargs)
         handle = self._next
         self._next += 1
         self._workers[handle] = (actor, ref, node)
+        self._pending[handle] = (ready, time.monotonic() + self.settings.timeout_s)
         return handle
 
     def _stop(self, handle):
@@ -153,12 +158,26 @@ class ElasticRayExecutor:
             sys.stderr.write(line + "\n")
             sys.stderr.flush()
 
+    def _unplaced(self):
+        """Workers Ray has not started within timeout_s (a node whose CPUs other jobs
+        hold): failed, so that the driver does not wait for them."""
+        ended = []
+        for handle, (ready, deadline) in list(self._pending.items()):
+            if ray.wait([ready], timeout=0)[0]:
+                del self._pending[handle]
+            elif time.monotonic() > deadline and handle not in self._done:
+                del self._pending[handle]
+                self._done.add(handle)
+                ray.kill(self._workers[handle][0])
+                ended.append((handle, False, f"was not started by Ray within timeout_s={self.settings.timeout_s}"))
+        return ended
+
     def _ended(self, results):
+        ended = self._unplaced()
         refs = {ref: h for h, (_, ref, _) in self._workers.items() if h not in self._done}
         if not refs:
-            return []
+            return ended
         ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0.05)
-        ended = []
         for ref in ready:
             handle = refs[ref]
             self._done.add(handle)
@@ -182,7 +201,7 @@ class ElasticRayExecutor:
             raise RuntimeError("ElasticRayExecutor: call start() first")
         self._fn, self._args, self._kwargs = worker_fn, tuple(args), dict(kwargs or {})
         self._job_id = "rayelastic-" + uuid.uuid4().hex[:12]
-        self._workers, self._done, self._next = {}, set(), 0
+        self._workers, self._done, self._next, self._pending = {}, set(), 0, {}
         s = self.settings
         cooldown = s.cooldown_range or (0.0, 0.0)
         driver = _core.ElasticDriver(

@@ -1,6 +1,5 @@
 """What runs inside each Ray worker of a chorus job (an actor of RayExecutor, or a
 Ray Train worker): its chorus variables, rank 0's held port, the end of the job."""
-import glob
 import os
 
 import ray
@@ -25,16 +24,11 @@ def set_env(env):
     os.environ.update({k: str(v) for k, v in env.items()})
 
 
-def remove_segments(job):
-    """Unlinks the job's shared-memory segments on this node; returns how many."""
-    n = 0
-    for path in glob.glob(f"/dev/shm/chorus-{job}-*") if job else []:
-        try:
-            os.unlink(path)
-            n += 1
-        except OSError:
-            pass
-    return n
+def remove_segments(job, pid=None):
+    """Unlinks the job's shared-memory segments on this node (pid's only, or all once
+    no worker of the job runs here); returns how many."""
+    from chorus.runner.rank_process import remove_segments as remove
+    return remove(job, pid)
 
 
 def end_job():
@@ -42,7 +36,7 @@ def end_job():
     global _held
     if _core.is_initialized():
         _core.shutdown()
-    remove_segments(os.environ.get("CHORUS_JOB_ID", ""))
+    remove_segments(os.environ.get("CHORUS_JOB_ID", ""), os.getpid())
     if _held is not None:
         _held.release()
         _held = None

@@ -17,10 +17,11 @@ import traceback
 
 
 def _remove_segments():
+    # Only this process's: other ranks of the job on this host may still use theirs.
     job = os.environ.get("CHORUS_JOB_ID", "")
     if not job:
         return
-    for path in glob.glob(f"/dev/shm/chorus-{job}-*"):
+    for path in glob.glob(f"/dev/shm/chorus-{job}-{os.getpid()}-*"):
         try:
             os.unlink(path)
         except OSError:

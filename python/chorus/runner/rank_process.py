@@ -10,6 +10,22 @@ import tempfile
 import time
 
 
+def remove_segments(job_id, pid=None):
+    """Unlinks the job's shared-memory segments on this host: those process pid made
+    (chorus names them /chorus-<job>-<pid>-...), or with pid None every one of the job's
+    (only when no rank of the job runs on this host any more). Returns how many."""
+    if not job_id:
+        return 0
+    n = 0
+    for path in glob.glob(f"/dev/shm/chorus-{job_id}-{pid}-*" if pid else f"/dev/shm/chorus-{job_id}-*"):
+        try:
+            os.unlink(path)
+            n += 1
+        except OSError:
+            pass
+    return n
+
+
 def rank_env(rank, size, hosts, rendezvous, secret, job_id, extra=None):
     """chorus's variables for rank `rank` of a job whose ranks run on `hosts`
     (rank order; equal names share a host). rendezvous: (address, port) of the
@@ -107,25 +123,20 @@ class RankProcess:
         return tuple(texts)
 
     def kill(self):
-        """Ends the child and every process it started."""
-        if self._proc.poll() is None:
-            try:
-                os.killpg(self._proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self._proc.wait()
+        """Ends the child and every process it started (even after the child itself exited)."""
+        try:
+            os.killpg(self._proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self._proc.wait()
 
     def close(self):
-        """Kills what is left, removes the job's shared memory on this host and the files."""
+        """Kills what is left, removes the shared memory the child made and the files
+        (other ranks of the job on this host may still use theirs)."""
         self.kill()
         if self._proc.stdin:
             self._proc.stdin.close()
-        if self.job_id:
-            for path in glob.glob(f"/dev/shm/chorus-{self.job_id}-*"):
-                try:
-                    os.unlink(path)
-                except OSError:
-                    pass
+        remove_segments(self.job_id, self._proc.pid)
         shutil.rmtree(self._dir, ignore_errors=True)
 
 

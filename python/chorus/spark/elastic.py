@@ -16,11 +16,11 @@ import time
 import uuid
 
 from chorus import _core
-from chorus.runner.rank_process import RankProcess, load_value
+from chorus.runner.rank_process import RankProcess, load_value, remove_segments
 from chorus.spark.runner import _PICKLER, _check_controller, _driver_host, _is_connect, _session, _write_output
 
 _BEAT_SECONDS = 1.0
-_LOST_AFTER = 10.0  # a slot silent this long is lost (its executor is gone)
+_LOST_AFTER = 20.0  # a slot silent this long is lost (its executor is gone; a loaded host still beats)
 
 
 def _with_rank(fn, *args, **kwargs):
@@ -71,6 +71,7 @@ def _slot_task(store, payload, job_id, start_timeout, executable):
                 time.sleep(0.2)
         if proc is not None:
             proc.close()
+        remove_segments(job_id)  # the job is over: no worker of it runs any more
         for record in records:
             yield record
 
@@ -230,19 +231,25 @@ def run_elastic(fn, args=(), kwargs={}, num_proc=None, min_num_proc=None, max_nu
         while code is None:
             code = driver.step(pool.poll_ended())
             time.sleep(0.05)
+    except BaseException:
+        sc.cancelJobGroup(group)  # interrupted, or no start: the tasks stop with it
+        raise
     finally:
         pool.client.set("spark/done", "1")
         thread.join(60)
         if thread.is_alive():
             sc.cancelJobGroup(group)
             thread.join()
+        failure = driver.failure
+        pool.driver = None  # the driver holds the pool's methods: break the cycle,
+        driver.close()      # and stop its store now
     records = outcome.get("records", [])
     _write_output([(i, r) for i, r in enumerate(records)], stdout or sys.stdout, stderr or sys.stderr,
                   prefix_output_with_timestamp)
     if code != 0:
         failed = [r for r in records if not r["ok"]]
         detail = f"\n{failed[-1]['error']}\n{failed[-1].get('traceback', '')}" if failed else ""
-        raise RuntimeError(f"chorus.spark.run_elastic: the elastic job failed: {driver.failure}{detail}")
+        raise RuntimeError(f"chorus.spark.run_elastic: the elastic job failed: {failure}{detail}")
     if "error" in outcome:
         raise outcome["error"]
     values = [load_value(r, _PICKLER) for r in records if r["ok"]]

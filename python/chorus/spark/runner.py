@@ -10,7 +10,7 @@ import time
 import uuid
 
 from chorus import _core
-from chorus.runner.rank_process import RankProcess, load_value, rank_env
+from chorus.runner.rank_process import RankProcess, load_value, rank_env, remove_segments
 
 _PICKLER = "pyspark.cloudpickle"
 
@@ -18,10 +18,11 @@ _PICKLER = "pyspark.cloudpickle"
 class SparkJobError(RuntimeError):
     """A rank of a chorus.spark job failed; .rank, .traceback say which and where."""
 
-    def __init__(self, rank, message, traceback_text):
+    def __init__(self, rank, message, traceback_text, job_id=""):
         super().__init__(f"chorus.spark: rank {rank} failed: {message}\n{traceback_text}".rstrip())
         self.rank = rank
         self.traceback = traceback_text
+        self.job_id = job_id
 
 
 def _check_controller(use_mpi, use_gloo, extra_mpi_args):
@@ -118,6 +119,9 @@ def _make_task(payload, num_proc, job_id, env, start_timeout, executable, report
                 client.add("failures", 1)
             except Exception:  # noqa: BLE001 - the driver still gets the record with the job's result
                 pass
+        # Every rank's process has ended: what the job left in this host's shared memory goes.
+        ctx.barrier()
+        remove_segments(job_id)
         record["stdout"], record["stderr"] = out, err
         yield rank, record
 
@@ -199,6 +203,9 @@ def run(fn, args=(), kwargs={}, num_proc=None, start_timeout=None, env=None, std
             if client is not None and failed is None and client.check("failures"):
                 failed = _first_failure(client, num_proc)
                 sc.cancelJobGroup(group)  # the others stop now, not at their own timeouts
+    except BaseException:
+        _cancel(spark, sc, group)  # interrupted (Ctrl-C): the ranks stop with it
+        raise
     finally:
         thread.join()
         if report_server is not None:
@@ -208,16 +215,26 @@ def run(fn, args=(), kwargs={}, num_proc=None, start_timeout=None, env=None, std
     errors = [(r["time"], rank, r) for rank, r in records if not r["ok"]]
     if errors:
         _, rank, r = min(errors, key=lambda e: (e[0], e[1]))
-        raise SparkJobError(rank, r["error"], r.get("traceback", ""))
+        raise SparkJobError(rank, r["error"], r.get("traceback", ""), job_id)
     if failed is not None:
         rank, message = failed
         message, _, tb = message.partition("\n")
-        raise SparkJobError(rank, message, tb + "(the job was cancelled: its other ranks were stopped)")
+        raise SparkJobError(rank, message, tb + "(the job was cancelled: its other ranks were stopped)", job_id)
     if "error" in outcome:
         raise outcome["error"]
     if len(records) != num_proc:
         raise RuntimeError(f"chorus.spark.run: {len(records)} of {num_proc} ranks reported back")
     return [load_value(r, _PICKLER) for _, r in records]
+
+
+def _cancel(spark, sc, group):
+    try:
+        if sc is not None:
+            sc.cancelJobGroup(group)
+        else:
+            spark.interruptTag(group)
+    except Exception:  # noqa: BLE001 - best effort while an exception is on its way
+        pass
 
 
 def _first_failure(client, num_proc):
