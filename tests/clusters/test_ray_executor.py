@@ -142,3 +142,28 @@ def test_a_ray_client_driver_is_never_on_the_data_path(ray_cluster):
     assert "sums [[3.0, 3.0, 3.0], [3.0, 3.0, 3.0]]" in proc.stdout
     # The store listens in rank 0's worker process, nowhere else.
     assert "served [True, False]" in proc.stdout, proc.stdout[-4000:]
+
+
+def test_inside_a_placement_group_the_workers_use_it(ray_cluster):
+    # The group holds both nodes' CPUs: an executor making a group of its own could not
+    # be placed (TimeoutError); use_current_placement_group puts its workers in this one.
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+    pg = placement_group([{"CPU": 1}, {"CPU": 1}], strategy="STRICT_SPREAD")
+    ray.get(pg.ready(), timeout=60)
+
+    @ray.remote(num_cpus=0)
+    def driver():
+        ex = RayExecutor(RayExecutor.create_settings(timeout_s=30, placement_group_timeout_s=5), num_workers=2,
+                         cpus_per_worker=1)
+        ex.start()
+        try:
+            return [r["sum"] for r in ex.run(workers.identity, args=(0,))]
+        finally:
+            ex.shutdown()
+
+    try:
+        strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_capture_child_tasks=True)
+        assert ray.get(driver.options(scheduling_strategy=strategy).remote(), timeout=300) == [[3.0] * 3] * 2
+    finally:
+        remove_placement_group(pg)
