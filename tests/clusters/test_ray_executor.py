@@ -136,8 +136,13 @@ def test_a_ray_client_driver_is_never_on_the_data_path(ray_cluster):
             "ex = RayExecutor(RayExecutor.create_settings(timeout_s=30), num_workers=2, cpus_per_worker=1)\n"
             "ex.start()\nprint('sums', [r['sum'] for r in ex.run(workers.identity, args=(1,))])\n"
             "print('served', ex.run(workers.serves_the_store))\nex.shutdown()\n")
-    proc = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=300)
+    for _ in range(3):
+        proc = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, timeout=300)
+        # Ray's proxy sometimes fails to start the client's server on a loaded machine
+        # (its fork races its own gRPC threads): that is Ray's, so the client tries again.
+        if "Starting Ray client server failed" not in proc.stdout:
+            break
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert "sums [[3.0, 3.0, 3.0], [3.0, 3.0, 3.0]]" in proc.stdout
     # The store listens in rank 0's worker process, nowhere else.
