@@ -13,6 +13,7 @@ import tempfile
 
 import numpy as np
 import pyspark.sql.types as T
+import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.optim as optim
@@ -77,8 +78,9 @@ if __name__ == "__main__":
     train_df = encoder.fit(df).transform(df)
     train_df, test_df = train_df.randomSplit([0.9, 0.1], seed=1)
 
+    torch.manual_seed(0)
     model = Net()
-    optimizer = optim.SGD(model.parameters(), lr=0.05, momentum=0.5)
+    optimizer = optim.Adam(model.parameters(), lr=0.003)
     loss = nn.NLLLoss()
     backend = SparkBackend(num_proc=args.num_proc, stdout=sys.stdout, stderr=sys.stderr,
                            prefix_output_with_timestamp=True)
