@@ -68,6 +68,14 @@ def job_segments(prefix):
     return glob.glob(f"/dev/shm/chorus-{prefix}*")
 
 
+def progress_of(path):
+    """[(batch, size)] that rank 0 of workers.elastic_train committed so far."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [tuple(map(int, line.split())) for line in f if line.strip()]
+
+
 def eventually(check, timeout=30.0):
     """check() until true (the engines end their processes asynchronously)."""
     deadline = time.monotonic() + timeout

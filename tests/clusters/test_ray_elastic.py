@@ -8,15 +8,7 @@ import torch
 
 import workers
 from chorus.ray import ElasticRayExecutor, RayHostDiscovery
-from conftest import eventually, job_segments
-
-
-def progress_of(path):
-    """[(batch, size)] rank 0 has committed so far."""
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [tuple(map(int, line.split())) for line in f if line.strip()]
+from conftest import progress_of, eventually, job_segments
 
 
 def test_the_job_survives_a_removed_node_and_grows_when_one_joins(ray_cluster, tmp_path):

@@ -12,7 +12,7 @@ import torch
 
 import chorus.spark
 import workers
-from conftest import eventually, job_segments, rank_processes, spark_session
+from conftest import progress_of, eventually, job_segments, rank_processes, spark_session
 
 
 @pytest.fixture(scope="module")
@@ -20,13 +20,6 @@ def spark():
     session = spark_session("local-cluster[2,1,1024]")
     yield session
     session.stop()
-
-
-def progress_of(path):
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [tuple(map(int, line.split())) for line in f if line.strip()]
 
 
 def executor_pids(app_id):

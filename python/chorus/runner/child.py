@@ -5,7 +5,6 @@ exception's message and traceback, to RESULT (atomically). It dies with its
 parent: its standard input is a pipe from the parent, and the pipe's end (the
 parent gone, even killed) ends the child's whole process group.
 """
-import glob
 import importlib
 import os
 import pickle
@@ -15,17 +14,12 @@ import threading
 import time
 import traceback
 
+from chorus.runner.rank_process import remove_segments
+
 
 def _remove_segments():
     # Only this process's: other ranks of the job on this host may still use theirs.
-    job = os.environ.get("CHORUS_JOB_ID", "")
-    if not job:
-        return
-    for path in glob.glob(f"/dev/shm/chorus-{job}-{os.getpid()}-*"):
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+    remove_segments(os.environ.get("CHORUS_JOB_ID", ""), os.getpid())
 
 
 def _watch_parent():
