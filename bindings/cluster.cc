@@ -10,7 +10,7 @@
 
 #include "chorus/store.h"
 #include "rendezvous/elastic_rounds.h"
-#include "rendezvous/net_address.h"
+#include "base/net_address.h"
 
 namespace py = pybind11;
 using namespace chorus;

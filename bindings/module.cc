@@ -9,7 +9,7 @@
 #include <pybind11/stl.h>
 
 #include "chorus/chorus.h"
-#include "zero/cpu_adam.h"
+#include "reduce/cpu_optimizer.h"
 
 namespace py = pybind11;
 using namespace chorus;
@@ -128,12 +128,15 @@ PYBIND11_MODULE(_core, m) {
   static py::exception<Timeout> timeoutError(m, "TimeoutError", internalError.ptr());
   static py::exception<ShutdownError> shutdownError(m, "ShutdownError", internalError.ptr());
   static py::exception<StallError> stallError(m, "StallError", internalError.ptr());
+  static py::exception<Refused> refusedError(m, "RefusedError", internalError.ptr());
   static py::exception<InvalidArgument> invalidArgument(m, "InvalidArgument", PyExc_ValueError);
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const InvalidArgument& e) {
       invalidArgument(e.what());
+    } catch (const Refused& e) {
+      refusedError(e.what());
     } catch (const Mismatch& e) {
       mismatchError(e.what());
     } catch (const Timeout& e) {
@@ -339,16 +342,16 @@ PYBIND11_MODULE(_core, m) {
   m.def("cpu_adam_step",
         [](uintptr_t params, uintptr_t grads, uintptr_t expAvg, uintptr_t expAvgSq, size_t n, float lr, float beta1,
            float beta2, float eps, float weightDecay, int64_t step, bool adamw, uintptr_t low, int lowDtype) {
-          zero::AdamHyper h{lr, beta1, beta2, eps, weightDecay, adamw, step};
+          AdamHyper h{lr, beta1, beta2, eps, weightDecay, adamw, step};
           py::gil_scoped_release release;
-          zero::cpuAdamStep(h, reinterpret_cast<float*>(params), reinterpret_cast<const float*>(grads),
+          cpuAdamStep(h, reinterpret_cast<float*>(params), reinterpret_cast<const float*>(grads),
                             reinterpret_cast<float*>(expAvg), reinterpret_cast<float*>(expAvgSq), n,
                             reinterpret_cast<void*>(low), static_cast<DataType>(lowDtype));
         },
         py::arg("params"), py::arg("grads"), py::arg("exp_avg"), py::arg("exp_avg_sq"), py::arg("n"), py::arg("lr"),
         py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"), py::arg("step"),
         py::arg("adamw"), py::arg("low") = 0, py::arg("low_dtype") = static_cast<int>(DataType::kBFloat16));
-  m.def("adam_simd_level", [] { return std::string(zero::adamSimdLevel()); });
+  m.def("adam_simd_level", [] { return std::string(adamSimdLevel()); });
   m.def("take_interrupted", []() -> std::optional<PyWork> {
     if (!tlsInterrupted) return std::nullopt;
     PyWork w{*tlsInterrupted};

@@ -10,7 +10,7 @@
 #include "chorus/chorus.h"
 #include "device/device_handles.h"
 #include "device/loader.h"
-#include "zero/cpu_adam.h"
+#include "reduce/cpu_optimizer.h"
 #include "zero/engine.h"
 #include "zero/shard_file.h"
 
@@ -108,7 +108,7 @@ void bindZero(py::module_& m) {
            const std::vector<std::tuple<uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, size_t>>& tensors,
            int gradDtype, int lowDtype, int device, uintptr_t stream) {
           const zero::GroupHyper g = groupHyper(group);
-          zero::AdamHyper h{g.lr, g.beta1, g.beta2, g.eps, g.weightDecay, adamw, step, gradScale};
+          AdamHyper h{g.lr, g.beta1, g.beta2, g.eps, g.weightDecay, adamw, step, gradScale};
           std::vector<OptimTensor> ts;
           for (const auto& [m, a, v, gr, lo, n] : tensors)
             ts.push_back({reinterpret_cast<float*>(m), reinterpret_cast<float*>(a), reinterpret_cast<float*>(v),
@@ -116,7 +116,7 @@ void bindZero(py::module_& m) {
           auto b = openCudaBackend();
           py::gil_scoped_release release;
           CurrentDevice on(*b, device);
-          b->adam(zero::adamCoefficients(h), static_cast<DataType>(gradDtype), static_cast<DataType>(lowDtype),
+          b->adam(adamCoefficients(h), static_cast<DataType>(gradDtype), static_cast<DataType>(lowDtype),
                   ts.data(), ts.size(), reinterpret_cast<void*>(stream));
         },
         py::arg("group"), py::arg("step"), py::arg("grad_scale"), py::arg("adamw"), py::arg("tensors"),

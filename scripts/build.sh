@@ -4,6 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # CHORUS_TF_PYTHON (scripts/tf-venv.sh prints one): also build the TensorFlow ops.
 # CHORUS_TORCH2_PYTHON (scripts/torch2-venv.sh): also run the tests under torchrun, Transformers, Accelerate, Lightning.
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release ${CHORUS_TF_PYTHON:+-DCHORUS_TF_PYTHON="$CHORUS_TF_PYTHON"} \
+# CI (CI set): warnings are errors.
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release ${CI:+-DCHORUS_WERROR=ON} ${CHORUS_TF_PYTHON:+-DCHORUS_TF_PYTHON="$CHORUS_TF_PYTHON"} \
   ${CHORUS_TORCH2_PYTHON:+-DCHORUS_TORCH2_PYTHON="$CHORUS_TORCH2_PYTHON"} >/dev/null
 cmake --build build -j"${JOBS:-2}"

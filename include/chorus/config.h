@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "chorus/settings.h"
+
 namespace chorus {
 
 class Store;
@@ -97,18 +99,5 @@ struct Config {
   static Config fromEnv();
   void applyEnv();
 };
-
-struct SettingInfo {
-  const char* name;          // CHORUS_*
-  const char* horovodAlias;  // HOROVOD_* or ""
-  const char* defaultValue;
-  const char* meaning;
-};
-// The table of all settings, in the order the docs list them.
-const std::vector<SettingInfo>& settingsTable();
-
-// Reads a setting by its CHORUS_ name, falling back to the HOROVOD_ alias.
-// Returns false when neither is set.
-bool readSetting(const char* chorusName, std::string* value);
 
 }  // namespace chorus

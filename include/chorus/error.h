@@ -17,6 +17,14 @@ class InvalidArgument : public Error {
   using Error::Error;
 };
 
+// The ranks agreed to refuse an op (allgather or broadcast while a rank has
+// joined, a root outside the set): it fails on every rank that asked for it,
+// and the runtime goes on. Python: a HorovodInternalError, as Horovod raises.
+class Refused : public Error {
+ public:
+  using Error::Error;
+};
+
 // Ranks asked for the same tensor with different parameters.
 class Mismatch : public Error {
  public:

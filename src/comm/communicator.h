@@ -159,6 +159,12 @@ struct MpiLinks {
 // throws InvalidArgument naming the setting.
 void checkCommOptions(const CommOptions& opts);
 
+// A buffer of at least kSharedPoolMinBytes from the shared-memory backend's pool,
+// which peers on this host write into directly and where a reused buffer costs
+// no page faults or zero-filling; null when the pool cannot give one.
+inline constexpr size_t kSharedPoolMinBytes = size_t{1} << 20;
+std::shared_ptr<void> allocateFromSharedPool(size_t bytes);
+
 // Positions of a group's members grouped by host, hosts in order of their first member.
 std::vector<std::vector<int>> groupByHost(const std::vector<std::string>& memberHosts);
 // Every host holds the same number of members.

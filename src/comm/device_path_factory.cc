@@ -6,7 +6,7 @@
 #include "chorus/error.h"
 #include "comm/device_path.h"
 #include "comm/nccl/nccl_api.h"
-#include "core/logging.h"
+#include "base/logging.h"
 
 namespace chorus {
 

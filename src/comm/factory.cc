@@ -2,13 +2,11 @@
 #include <algorithm>
 
 #include "chorus/error.h"
-#include "chorus/runtime.h"
 #include "comm/bootstrap.h"
 #include "comm/communicator.h"
 #include "comm/hierarchical/hierarchical_communicator.h"
 #include "comm/mpi/mpi_world.h"
 #include "comm/shm/peer_path.h"
-#include "comm/shm/shared_pool.h"
 #include "comm/shm/shm_communicator.h"
 
 namespace chorus {
@@ -23,17 +21,6 @@ std::string launcherBootstrap() { return launchedByMpi() ? "mpi" : ""; }
 std::unique_ptr<Bootstrap> openBootstrap(const std::string& kind, int64_t handle, bool needThreads) {
   if (kind == "mpi") return openMpiWorld(handle, needThreads);
   throw InvalidArgument("no bootstrap for launcher '" + kind + "'");
-}
-
-// Memory for outputs (chorus::allocateShared, the executor's outputs): large
-// buffers from the shared-memory backend's pool, which peers on this host write
-// into directly, and where a reused buffer costs no page faults or zero-filling.
-static_assert(SharedPool::kMinBytes == kSharedMinBytes, "the public threshold is the pool's");
-std::shared_ptr<void> allocateShared(size_t bytes) {
-  std::shared_ptr<void> buf;
-  if (bytes >= SharedPool::kMinBytes) buf = SharedPool::instance()->allocate(bytes);
-  if (!buf) buf = std::shared_ptr<char[]>(new char[std::max<size_t>(bytes, 1)]);
-  return buf;
 }
 
 std::vector<std::vector<int>> groupByHost(const std::vector<std::string>& memberHosts) {

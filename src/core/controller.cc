@@ -5,7 +5,7 @@
 #include <sstream>
 
 #include "chorus/error.h"
-#include "core/logging.h"
+#include "base/logging.h"
 #include "device/loader.h"
 
 namespace chorus {
@@ -90,7 +90,7 @@ Controller::Controller(int32_t setId, std::vector<int> globalRanks, int globalRa
   cacheApplied_ = cache_.enabled();
   executor_.setProgressHook([this] { wakeIdleWaiters(); });
   DeviceSettings dev;
-  dev.backend = [device = config_.device]() { return device ? device : openCudaBackend(); };
+  dev.backend = [device = config_.device]() { return backendOrCuda(device); };
   dev.path.gpuOperations = config_.gpuOperations;
   dev.path.stageChunkBytes = config_.gpuStageChunkBytes;
   dev.path.timeoutSeconds = config_.timeoutSeconds;

@@ -6,8 +6,8 @@
 #include <thread>
 
 #include "chorus/error.h"
-#include "rendezvous/elastic_keys.h"
-#include "core/logging.h"
+#include "base/elastic_keys.h"
+#include "base/logging.h"
 #include "core/runtime_impl.h"
 
 namespace chorus {

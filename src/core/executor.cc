@@ -59,7 +59,7 @@ void Executor::fail(const Response& r, EntryTable& entries) {
   }
   std::exception_ptr err = r.errorKind == ErrorKind::kMismatch
                                ? std::make_exception_ptr(Mismatch(r.error))
-                               : std::make_exception_ptr(InvalidArgument(r.error));
+                               : std::make_exception_ptr(Refused(r.error));
   finishEntry(entries, it, release_, err);
 }
 

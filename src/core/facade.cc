@@ -1,4 +1,7 @@
+#include <algorithm>
+
 #include "chorus/chorus.h"
+#include "comm/communicator.h"
 
 namespace chorus {
 
@@ -6,6 +9,15 @@ namespace chorus {
 Runtime& defaultRuntime() {
   static Runtime* instance = new Runtime();  // never destroyed: threads may outlive statics
   return *instance;
+}
+
+// Memory for outputs (the executor's, hvd.allreduce's new tensors): large
+// buffers from the shared pool, else the heap.
+static_assert(kSharedPoolMinBytes == kSharedMinBytes, "the public threshold is the pool's");
+std::shared_ptr<void> allocateShared(size_t bytes) {
+  std::shared_ptr<void> buf = allocateFromSharedPool(bytes);
+  if (!buf) buf = std::shared_ptr<char[]>(new char[std::max<size_t>(bytes, 1)]);
+  return buf;
 }
 
 }  // namespace chorus

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "chorus/types.h"
-#include "core/byte_io.h"
+#include "base/byte_io.h"
 
 namespace chorus {
 

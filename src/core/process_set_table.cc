@@ -7,6 +7,13 @@
 
 namespace chorus {
 
+ProcessSet::ProcessSet(int32_t id, std::vector<int> ranks, int globalRank)
+    : id_(id), ranks_(std::move(ranks)) {
+  auto it = std::find(ranks_.begin(), ranks_.end(), globalRank);
+  rankInSet_ = it == ranks_.end() ? -1 : static_cast<int>(it - ranks_.begin());
+}
+
+
 std::string listString(const std::vector<int>& v) {
   std::ostringstream os;
   os << "[";

@@ -9,12 +9,12 @@
 
 #include "chorus/error.h"
 #include "core/launch_env.h"
-#include "core/logging.h"
+#include "base/logging.h"
 #include "core/metrics_server.h"
 #include "core/runtime_impl.h"
 #include "device/loader.h"
-#include "rendezvous/net_address.h"
-#include "rendezvous/wire.h"
+#include "base/net_address.h"
+#include "base/wire.h"
 
 namespace chorus {
 
@@ -564,7 +564,7 @@ std::pair<int, int> Runtime::elasticJoinNextRound() { return impl_->elasticJoinN
 namespace chorus {
 
 std::shared_ptr<DeviceBackend> RuntimeImpl::deviceBackend() {
-  return config.device ? config.device : openCudaBackend();
+  return backendOrCuda(config.device);
 }
 
 }  // namespace chorus

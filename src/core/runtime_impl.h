@@ -15,7 +15,7 @@
 #include "core/name_registry.h"
 #include "core/process_set_table.h"
 #include "core/timeline.h"
-#include "rendezvous/net_address.h"
+#include "base/net_address.h"
 
 namespace chorus {
 

@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "chorus/error.h"
-#include "core/sync_dir.h"
+#include "base/sync_dir.h"
 
 namespace chorus {
 

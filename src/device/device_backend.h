@@ -14,6 +14,7 @@
 #include <string>
 
 #include "chorus/types.h"
+#include "reduce/cpu_optimizer.h"
 
 namespace chorus {
 
@@ -29,13 +30,6 @@ struct CopyItem {
   size_t bytes;
 };
 
-// Adam/AdamW's per-step numbers, worked out once on the host
-// (zero::adamCoefficients) so that the device and the CPU apply the same ones:
-// grad' = grad * gradScale + l2 * p; m = beta1 m + (1 - beta1) grad';
-// v = beta2 v + (1 - beta2) grad'^2; p = p * decay - stepSize * m / (sqrt(v) * invBias2Sqrt + eps).
-struct AdamCoefficients {
-  float beta1, beta2, eps, stepSize, invBias2Sqrt, decay, l2, gradScale;
-};
 
 // One tensor of a fused optimizer step: the fp32 master weights and state are
 // updated in place; low (null: none) also receives the new weights as 16 bits.
@@ -48,13 +42,6 @@ struct OptimTensor {
   size_t n;
 };
 
-// torch.optim.SGD's update: d = grad * gradScale + weightDecay * p; with
-// momentum, buf = first ? d : momentum * buf + (1 - dampening) * d and d = buf
-// (nesterov: d + momentum * buf); p -= lr * d.
-struct SgdCoefficients {
-  float lr, momentum, dampening, weightDecay, gradScale;
-  bool nesterov, first;
-};
 
 class DeviceBackend {
  public:

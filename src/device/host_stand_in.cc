@@ -14,8 +14,8 @@
 #include "chorus/error.h"
 #include "reduce/half.h"
 #include "reduce/reduce.h"
-#include "zero/cpu_adam.h"
-#include "zero/optimizer_step.h"
+#include "reduce/cast.h"
+#include "reduce/cpu_optimizer.h"
 
 namespace chorus {
 
@@ -83,28 +83,6 @@ struct Event {
     cv.wait(lock, [&] { return completed >= gen; });
   }
 };
-
-void castElements(DataType to, void* dst, DataType from, const void* src, size_t n) {
-  auto load = [&](size_t i) -> double {
-    switch (from) {
-      case DataType::kFloat16: return halfToFloat(static_cast<const uint16_t*>(src)[i]);
-      case DataType::kBFloat16: return bf16ToFloat(static_cast<const uint16_t*>(src)[i]);
-      case DataType::kFloat32: return static_cast<const float*>(src)[i];
-      case DataType::kFloat64: return static_cast<const double*>(src)[i];
-      default: throw InvalidArgument(std::string("cast: unsupported source dtype ") + dtypeName(from));
-    }
-  };
-  for (size_t i = 0; i < n; ++i) {
-    const double v = load(i);
-    switch (to) {
-      case DataType::kFloat16: static_cast<uint16_t*>(dst)[i] = floatToHalf(static_cast<float>(v)); break;
-      case DataType::kBFloat16: static_cast<uint16_t*>(dst)[i] = floatToBf16(static_cast<float>(v)); break;
-      case DataType::kFloat32: static_cast<float*>(dst)[i] = static_cast<float>(v); break;
-      case DataType::kFloat64: static_cast<double*>(dst)[i] = v; break;
-      default: throw InvalidArgument(std::string("cast: unsupported target dtype ") + dtypeName(to));
-    }
-  }
-}
 
 class HostStandIn final : public DeviceBackend {
  public:
@@ -301,7 +279,7 @@ class HostStandIn final : public DeviceBackend {
   void adam(const AdamCoefficients& c, DataType gradDtype, DataType lowDtype, const OptimTensor* tensors, size_t n,
             void* stream) override {
     optimizerKernel(stream, "adam", gradDtype, tensors, n, [=, this](const OptimTensor& t, const float* grad) {
-      zero::cpuAdamStep(c, static_cast<float*>(real(t.master)), grad, static_cast<float*>(real(t.state1)),
+      cpuAdamStep(c, static_cast<float*>(real(t.master)), grad, static_cast<float*>(real(t.state1)),
                         static_cast<float*>(real(t.state2)), t.n, t.low ? real(t.low) : nullptr, lowDtype);
     });
   }
@@ -309,8 +287,8 @@ class HostStandIn final : public DeviceBackend {
            void* stream) override {
     optimizerKernel(stream, "sgd", gradDtype, tensors, n, [=, this](const OptimTensor& t, const float* grad) {
       float* p = static_cast<float*>(real(t.master));
-      zero::cpuSgdStep(c, p, grad, static_cast<float*>(real(t.state1)), t.n);
-      if (t.low) zero::fromFloat(real(t.low), p, lowDtype, t.n);
+      cpuSgdStep(c, p, grad, static_cast<float*>(real(t.state1)), t.n);
+      if (t.low) fromFloat(real(t.low), p, lowDtype, t.n);
     });
   }
   // The CPU step on each tensor, its gradients in float32 first.
@@ -328,7 +306,7 @@ class HostStandIn final : public DeviceBackend {
         const float* grad = static_cast<const float*>(real(t.grad));
         if (gradDtype != DataType::kFloat32) {
           g.resize(t.n);
-          zero::toFloat(g.data(), grad, gradDtype, t.n);
+          toFloat(g.data(), grad, gradDtype, t.n);
           grad = g.data();
         }
         step(t, grad);
@@ -337,7 +315,7 @@ class HostStandIn final : public DeviceBackend {
   }
   void sumSquares(DataType dtype, const void* src, size_t n, double* out, void* stream) override {
     kernel(stream, "sum of squares", {src, out})->push(
-        [=, this] { *static_cast<double*>(real(out)) += zero::sumSquares(real(src), dtype, n); });
+        [=, this] { *static_cast<double*>(real(out)) += chorus::sumSquares(real(src), dtype, n); });
   }
 
   void enqueue(void* stream, std::function<void()> fn) { on(stream)->push(std::move(fn)); }

@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "chorus/error.h"
+#include "chorus/settings.h"
 
 namespace chorus {
 
@@ -32,8 +33,8 @@ const Opened& library() {
   static const Opened opened = [] {
     Opened o;
 #ifdef CHORUS_WITH_CUDA
-    const char* env = std::getenv("CHORUS_CUDA_BACKEND");
-    o.path = env && *env ? env : ownFolder() + "libchorus_cuda.so";
+    std::string env;
+    o.path = readSetting("CHORUS_CUDA_BACKEND", &env) && !env.empty() ? env : ownFolder() + "libchorus_cuda.so";
     o.handle = dlopen(o.path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (!o.handle) o.error = std::string("cannot open the CUDA backend ") + o.path + ": " + dlerror();
 #else
@@ -72,4 +73,8 @@ std::shared_ptr<DeviceBackend> openCudaBackend() {
 
 namespace chorus {
 bool cudaBuilt() { return cudaBackendBuilt(); }
+std::shared_ptr<DeviceBackend> backendOrCuda(const std::shared_ptr<DeviceBackend>& given) {
+  return given ? given : openCudaBackend();
+}
+
 }  // namespace chorus

@@ -17,4 +17,8 @@ bool cudaBackendBuilt();
 // is missing (the library, the driver, a device) when no GPU can be used.
 std::shared_ptr<DeviceBackend> openCudaBackend();
 
+// The backend a runtime uses: the one its Config gives (a test's host
+// stand-in), else CUDA's, opened when first needed.
+std::shared_ptr<DeviceBackend> backendOrCuda(const std::shared_ptr<DeviceBackend>& given);
+
 }  // namespace chorus

@@ -13,7 +13,7 @@
 #include "launcher/spawn.h"
 #include "launcher/supervisor.h"
 #include "rendezvous/elastic_rounds.h"
-#include "rendezvous/net_address.h"
+#include "base/net_address.h"
 
 namespace chorus::launcher {
 

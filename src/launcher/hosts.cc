@@ -1,6 +1,6 @@
 #include "launcher/hosts.h"
 
-#include "rendezvous/net_address.h"
+#include "base/net_address.h"
 
 #include <algorithm>
 #include <fstream>

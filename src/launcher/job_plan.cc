@@ -8,11 +8,12 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "chorus/settings.h"
 #include "chorus/store.h"
 #include "launcher/binding.h"
 #include "launcher/hosts.h"
 #include "launcher/spawn.h"
-#include "rendezvous/net_address.h"
+#include "base/net_address.h"
 
 extern char** environ;
 
@@ -52,8 +53,8 @@ std::vector<HostSlots> selectHosts(const LaunchOptions& o) {
 // (CHORUS_PYTHON), else the one chorus was built with, else python3.
 std::string pythonForScripts(const LaunchOptions& o) {
   if (!o.python.empty()) return o.python;
-  const char* py = std::getenv("CHORUS_PYTHON");
-  if (py && *py) return py;
+  std::string py;
+  if (readSetting("CHORUS_PYTHON", &py) && !py.empty()) return py;
 #ifdef CHORUS_DEFAULT_PYTHON
   if (access(CHORUS_DEFAULT_PYTHON, X_OK) == 0) return CHORUS_DEFAULT_PYTHON;
 #endif

@@ -7,7 +7,7 @@
 
 #include "launcher/remote.h"
 #include "launcher/supervisor.h"
-#include "rendezvous/net_address.h"
+#include "base/net_address.h"
 
 namespace chorus::launcher {
 

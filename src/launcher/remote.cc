@@ -1,5 +1,6 @@
 #include "launcher/remote.h"
 
+#include "chorus/settings.h"
 #include "launcher/spawn.h"
 
 #include <fcntl.h>
@@ -85,7 +86,7 @@ void checkReachable(const std::vector<std::string>& hosts, const SshOptions& ssh
     }
     close(err[1]);
     fcntl(err[0], F_SETFL, O_NONBLOCK);
-    probes.push_back({h, pid, err[0]});
+    probes.push_back({h, pid, err[0], "", -1});
   }
   const auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(timeoutSeconds * 1000) + 2000);
   size_t left = probes.size();
@@ -189,11 +190,11 @@ int runRankAgent(const std::string& cwd, const std::vector<std::string>& command
     if (eq != std::string::npos) setenv(entry.substr(0, eq).c_str(), entry.substr(eq + 1).c_str(), 1);
     entry.clear();
   }
-  const char* beat = std::getenv("CHORUS_AGENT_TIMEOUT");
+  std::string beat;
   // The launcher writes every second. A lossy link stalls TCP for many seconds
   // (retransmission backoff) while the connection lives: only a long silence is
   // taken for a lost launcher (its death closes this input at once anyway).
-  const double silence = beat ? std::atof(beat) : 60.0;
+  const double silence = readSetting("CHORUS_AGENT_TIMEOUT", &beat) ? std::atof(beat.c_str()) : 60.0;
   if (chdir(cwd.c_str()) != 0) {
     // As horovodrun: the rank starts in the home directory when the launcher's is not here.
   }

@@ -18,7 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "rendezvous/wire.h"
+#include "base/wire.h"
+#include "chorus/settings.h"
 
 namespace chorus::launcher {
 
@@ -51,9 +52,8 @@ void stopWithParent(pid_t parent) {
 }
 
 void redirectToRankLog() {
-  const char* file = std::getenv("CHORUS_RANK_LOG_FILE");
-  if (!file || !*file) return;
-  const std::string path = file;
+  std::string path;
+  if (!readSetting("CHORUS_RANK_LOG_FILE", &path) || path.empty()) return;
   unsetenv("CHORUS_RANK_LOG_FILE");
   // mkdir -p of the folder
   for (size_t at = path.find('/', 1); at != std::string::npos; at = path.find('/', at + 1))

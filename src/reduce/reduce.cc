@@ -6,6 +6,7 @@
 #include <cstring>
 #include <string>
 
+#include "base/cpu_features.h"
 #include "chorus/error.h"
 
 namespace chorus {
@@ -40,15 +41,13 @@ const Kernels kAvx2{"avx2", kernels_avx2::reduceMany, kernels_avx2::reduceBuffer
 const Kernels kAvx512{"avx512", kernels_avx512::reduceMany, kernels_avx512::reduceBuffers,
                       kernels_avx512::scaleCopy, kernels_avx512::reduceManyStreamed};
 
-// The best the CPU runs, unless CHORUS_SIMD names a lower level (for tests and benchmarks).
 const Kernels& pick() {
-  __builtin_cpu_init();
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
-  const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
-  std::string want = std::getenv("CHORUS_SIMD") ? std::getenv("CHORUS_SIMD") : "auto";
-  if (want == "generic") return kGeneric;
-  if (want == "avx2") return avx2 ? kAvx2 : kGeneric;
-  return avx512 ? kAvx512 : avx2 ? kAvx2 : kGeneric;
+  switch (cpuSimdLevel()) {
+    case SimdLevel::kAvx512: return kAvx512;
+    case SimdLevel::kAvx2: return kAvx2;
+    case SimdLevel::kGeneric: break;
+  }
+  return kGeneric;
 }
 
 const Kernels& kernels() {

@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <stdexcept>
 
-#include "rendezvous/elastic_keys.h"
+#include "base/elastic_keys.h"
 
 namespace chorus::elastic {
 

@@ -2,7 +2,7 @@
 
 #include <vector>
 
-#include "core/logging.h"
+#include "base/logging.h"
 
 namespace chorus::rendezvous {
 

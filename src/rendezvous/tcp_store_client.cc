@@ -9,8 +9,8 @@
 
 #include "chorus/error.h"
 #include "chorus/store.h"
-#include "core/byte_io.h"
-#include "rendezvous/wire.h"
+#include "base/byte_io.h"
+#include "base/wire.h"
 
 namespace chorus {
 

@@ -20,12 +20,12 @@
 
 #include "chorus/error.h"
 #include "chorus/store.h"
-#include "core/byte_io.h"
-#include "core/logging.h"
+#include "base/byte_io.h"
+#include "base/logging.h"
 #include "rendezvous/kv_table.h"
-#include "rendezvous/net_address.h"
+#include "base/net_address.h"
 #include "rendezvous/refusal_log.h"
-#include "rendezvous/wire.h"
+#include "base/wire.h"
 
 namespace chorus {
 
@@ -329,8 +329,10 @@ class Server : public TcpStoreServer {
         out.put<uint8_t>(static_cast<uint8_t>(StoreStatus::kOk));
         out.put<uint8_t>(table_.check(key) ? 1 : 0);
         return;
+      case StoreOp::kHello:  // only a connection's first frame, handled before any request
+        break;
     }
-    throw Error("unknown store operation " + std::to_string(static_cast<int>(op)));
+    throw Error("unexpected store operation " + std::to_string(static_cast<int>(op)));
   }
 
   static constexpr size_t kMaxHello = 4096;

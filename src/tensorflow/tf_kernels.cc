@@ -53,7 +53,9 @@ absl::Status toStatus(std::exception_ptr e) {
     std::rethrow_exception(e);
   } catch (const ch::InvalidArgument& x) {
     return absl::InvalidArgumentError(x.what());
-  } catch (const ch::Mismatch& x) {
+  } catch (const ch::Mismatch& x) {  // the ranks' requests disagree, or they refused the op
+    return absl::FailedPreconditionError(x.what());
+  } catch (const ch::Refused& x) {
     return absl::FailedPreconditionError(x.what());
   } catch (const std::exception& x) {
     return absl::UnknownError(x.what());

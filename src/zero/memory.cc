@@ -9,7 +9,8 @@
 #include "chorus/runtime.h"
 #include "device/device_handles.h"
 #include "reduce/reduce.h"
-#include "zero/cpu_adam.h"
+#include "reduce/cast.h"
+#include "reduce/cpu_optimizer.h"
 
 namespace chorus::zero {
 
@@ -35,21 +36,21 @@ class HostMemory final : public Memory {
   void accumulate(DataType dtype, void* dst, const void* src, size_t n) override {
     reduceBuffers(dtype, ReduceOp::kSum, dst, dst, src, n);
   }
-  void toFloat(float* dst, const void* src, DataType dtype, size_t n) override { zero::toFloat(dst, src, dtype, n); }
+  void toFloat(float* dst, const void* src, DataType dtype, size_t n) override { chorus::toFloat(dst, src, dtype, n); }
   void fromFloat(void* dst, const float* src, DataType dtype, size_t n) override {
-    zero::fromFloat(dst, src, dtype, n);
+    chorus::fromFloat(dst, src, dtype, n);
   }
   void scale(float* p, size_t n, float factor) override {
     for (size_t k = 0; k < n; ++k) p[k] *= factor;
   }
-  double sumSquares(const void* src, DataType dtype, size_t n) override { return zero::sumSquares(src, dtype, n); }
+  double sumSquares(const void* src, DataType dtype, size_t n) override { return chorus::sumSquares(src, dtype, n); }
   void optimizer(OptimKind kind, const GroupHyper& h, const RunArgs& a) override {
     optimizerRun(kind, h, a, scratch_.as<float>(), kScratchElems);
   }
   void await(const Work&) override {}
   void retire(std::shared_ptr<void>) override {}
   void normBegin() override { norm_ = 0.0; }
-  void normAdd(const void* src, DataType dtype, size_t n) override { norm_ += zero::sumSquares(src, dtype, n); }
+  void normAdd(const void* src, DataType dtype, size_t n) override { norm_ += chorus::sumSquares(src, dtype, n); }
   double normEnd() override { return norm_; }
   void sync() override {}
 
@@ -111,7 +112,7 @@ class DeviceMemory final : public Memory {
     }
     std::vector<char> down;
     const void* from = onHost(src, n * dtypeSize(dtype), down);
-    convertInto(dst, n * 4, [&](void* out) { zero::toFloat(static_cast<float*>(out), from, dtype, n); });
+    convertInto(dst, n * 4, [&](void* out) { chorus::toFloat(static_cast<float*>(out), from, dtype, n); });
   }
   void fromFloat(void* dst, const float* src, DataType dtype, size_t n) override {
     CurrentDevice on(*b_, ordinal_);
@@ -122,7 +123,7 @@ class DeviceMemory final : public Memory {
     }
     std::vector<char> down;
     const float* from = static_cast<const float*>(onHost(src, n * 4, down));
-    convertInto(dst, n * dtypeSize(dtype), [&](void* out) { zero::fromFloat(out, from, dtype, n); });
+    convertInto(dst, n * dtypeSize(dtype), [&](void* out) { chorus::fromFloat(out, from, dtype, n); });
   }
   void scale(float* p, size_t n, float factor) override {
     CurrentDevice on(*b_, ordinal_);

@@ -24,15 +24,8 @@ struct RunArgs {
 };
 
 SgdCoefficients sgdCoefficients(const GroupHyper& h, float gradScale, int64_t step);
-// torch.optim.SGD's update of n parameters (device_backend.h's SgdCoefficients).
-void cpuSgdStep(const SgdCoefficients& c, float* p, const float* g, float* buf, size_t n);
 
 void optimizerRun(OptimKind kind, const GroupHyper& h, const RunArgs& a, float* scratch, size_t scratchElems);
 
-// Sum of squares of n gradient elements in the model dtype (inf/nan propagate).
-double sumSquares(const void* grad, DataType dtype, size_t n);
-// dst[i] = float(src[i]) and back.
-void toFloat(float* dst, const void* src, DataType dtype, size_t n);
-void fromFloat(void* dst, const float* src, DataType dtype, size_t n);
 
 }  // namespace chorus::zero

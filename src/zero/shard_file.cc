@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "chorus/error.h"
-#include "core/sync_dir.h"
+#include "base/sync_dir.h"
 
 namespace chorus::zero {
 

@@ -16,8 +16,8 @@
 #include "device/loader.h"
 #include "reduce/half.h"
 #include "reduce/reduce.h"
-#include "zero/cpu_adam.h"
-#include "zero/optimizer_step.h"
+#include "reduce/cpu_optimizer.h"
+#include "reduce/cast.h"
 
 namespace chorus {
 namespace {
@@ -132,13 +132,13 @@ TEST(CudaBackend, IntegersReduceInTheirOwnTypeAndWrap) {
 TEST(CudaBackend, AdamMatchesTheCpuStep) {
   std::mt19937 rng(3);
   std::uniform_real_distribution<float> u(-1, 1);
-  zero::AdamHyper h;
+  AdamHyper h;
   h.lr = 1e-2f;
   h.weightDecay = 0.1f;
   h.adamw = true;
   h.step = 3;
   h.gradScale = 0.5f;
-  const AdamCoefficients c = zero::adamCoefficients(h);
+  const AdamCoefficients c = adamCoefficients(h);
   for (DataType gd : {DataType::kFloat32, DataType::kBFloat16}) {
     std::vector<size_t> sizes;
     for (int i = 0; i < 60; ++i) sizes.push_back(1 + (i * 7919) % 5000);
@@ -164,7 +164,7 @@ TEST(CudaBackend, AdamMatchesTheCpuStep) {
                     static_cast<float*>(dv.back()->p), dg.back()->p, dl.back()->p, n});
       want.push_back(p.back());
       wantLow.emplace_back(n);
-      zero::cpuAdamStep(c, want.back().data(), g32.back().data(), m.back().data(), v.back().data(), n,
+      cpuAdamStep(c, want.back().data(), g32.back().data(), m.back().data(), v.back().data(), n,
                         wantLow.back().data(), DataType::kBFloat16);
     }
     gpu()->adam(c, gd, DataType::kBFloat16, ts.data(), ts.size(), nullptr);
@@ -190,7 +190,7 @@ TEST(CudaBackend, SumOfSquaresMatchesTheCpuAndCarriesOverflow) {
   const double zeroD = 0.0;
   out.put(&zeroD);
   gpu()->sumSquares(DataType::kFloat16, dh.p, n, static_cast<double*>(out.p), nullptr);
-  const double want = zero::sumSquares(h.data(), DataType::kFloat16, n);
+  const double want = sumSquares(h.data(), DataType::kFloat16, n);
   EXPECT_NEAR(out.get<double>()[0], want, 1e-5 * want);
   h[n / 2] = 0x7c00;  // +inf in float16: the overflow the loss scaler looks for
   dh.put(h.data());

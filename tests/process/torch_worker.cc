@@ -5,6 +5,7 @@
 
 namespace ct = chorus::torch_api;
 
+#undef CHECK  // torch defines one; this worker returns instead of aborting
 #define CHECK(cond)                                                              \
   do {                                                                           \
     if (!(cond)) {                                                               \

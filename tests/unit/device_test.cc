@@ -19,7 +19,7 @@
 #include "device/host_stand_in.h"
 #include "device_helpers.h"
 #include "reduce/half.h"
-#include "zero/cpu_adam.h"
+#include "reduce/cpu_optimizer.h"
 #include "harness.h"
 
 namespace chorus::testing {
@@ -71,8 +71,8 @@ TEST(DeviceStandIn, AdamOverManyTensorsFollowsTorchsFormula) {
   auto b = makeHostStandIn();
   const float lr = 0.01f, b1 = 0.9f, b2 = 0.99f, eps = 1e-8f, wd = 0.05f, gs = 0.25f;
   const int64_t step = 4;
-  zero::AdamHyper h{lr, b1, b2, eps, wd, true, step, gs};
-  const AdamCoefficients c = zero::adamCoefficients(h);
+  AdamHyper h{lr, b1, b2, eps, wd, true, step, gs};
+  const AdamCoefficients c = adamCoefficients(h);
   std::vector<size_t> sizes = {1, 17, 1000, 4099};
   std::vector<std::vector<float>> p, m, v;
   std::vector<std::vector<uint16_t>> g, low;

@@ -18,7 +18,7 @@
 
 #include "chorus/error.h"
 #include "chorus/store.h"
-#include "rendezvous/wire.h"
+#include "base/wire.h"
 
 namespace chorus {
 namespace {

@@ -11,7 +11,7 @@
 
 #include "chorus/runtime.h"
 #include "chorus/store.h"
-#include "rendezvous/elastic_keys.h"
+#include "base/elastic_keys.h"
 
 namespace {
 

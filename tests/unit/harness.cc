@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <stdexcept>
 #include <cstring>
 #include <thread>
 
@@ -83,6 +84,7 @@ double reference(ReduceOp op, DataType dtype, int n, int64_t i) {
       case ReduceOp::kMin: acc = std::min(acc, v); break;
       case ReduceOp::kMax: acc = std::max(acc, v); break;
       case ReduceOp::kProduct: acc *= v; break;
+      case ReduceOp::kAdasum: throw std::logic_error("Adasum has no element-wise expected value");
     }
   }
   if (op == ReduceOp::kAverage) {

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "chorus/chorus.h"
-#include "rendezvous/net_address.h"
+#include "base/net_address.h"
 
 namespace chorus {
 namespace {

@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "chorus/chorus.h"
-#include "rendezvous/net_address.h"
+#include "base/net_address.h"
 
 namespace chorus {
 namespace {

@@ -8,7 +8,7 @@ from chorus.common.basics import (ProcessSet, add_process_set, ccl_built, cross_
                                   is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
                                   mpi_threads_supported, nccl_built, rank, remove_process_set, rocm_built,
                                   shutdown, size, start_timeline, stop_timeline)
-from chorus.util import check_extension, gpu_available, split_list
+from chorus.common.util import check_extension, gpu_available, split_list
 from chorus.tensorflow.compression import Compression
 from chorus.tensorflow.mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather, alltoall, barrier,
                                        broadcast, broadcast_, grouped_allgather, join, local_rank_op,
@@ -17,6 +17,7 @@ from chorus.tensorflow.functions import (allgather_object, allreduce, broadcast_
                                          broadcast_object, broadcast_object_fn, broadcast_variables, grouped_allreduce, grouped_reducescatter,
                                          reducescatter)
 from chorus.tensorflow.gradient_tape import DistributedGradientTape
+from chorus.tensorflow.util import _executing_eagerly  # noqa: F401 (hvd._executing_eagerly, as Horovod has it)
 from chorus.tensorflow.optimizer import DistributedOptimizer
 from chorus.tensorflow import elastic  # noqa: E402
 from chorus.tensorflow.keras import callbacks  # noqa: E402 (the seed writes hvd.callbacks with this import)

@@ -4,7 +4,7 @@ that commit and count (CommitStateCallback, UpdateBatchStateCallback,
 UpdateEpochStateCallback)."""
 import functools
 
-import keras
+from chorus.tensorflow._keras import keras, optimizer_variables
 import tensorflow as tf
 
 from chorus import _core
@@ -89,11 +89,13 @@ class TensorFlowKerasState(_VariablesState):
         super().__init__(**kwargs)
 
     def _variables(self):
-        if self.optimizer is not None and not self.optimizer.built:
+        if self.optimizer is not None and getattr(self.optimizer, "built", True) is False:
             # A worker that joins has not stepped yet: its optimizer's slots must
             # exist to receive the committed ones.
             self.optimizer.build(self.model.trainable_variables)
-        opt = list(self.optimizer.variables) if self.optimizer is not None else []
+        if self.optimizer is not None and hasattr(self.optimizer, "_create_all_weights"):
+            self.optimizer._create_all_weights(self.model.trainable_variables)  # Keras 2's legacy slots
+        opt = optimizer_variables(self.optimizer)
         return list(self.model.variables) + opt
 
 

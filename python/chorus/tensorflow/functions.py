@@ -3,7 +3,7 @@ IndexedSlices, variables and Python objects."""
 import tensorflow as tf
 
 from chorus.common import objects
-from chorus.common.basics import _set_id, global_process_set
+from chorus.common.process_sets import _set_id, global_process_set
 from chorus.tensorflow import mpi_ops
 from chorus.tensorflow.compression import Compression
 from chorus.tensorflow.mpi_ops import Adasum, Average, Sum, _reduce_op

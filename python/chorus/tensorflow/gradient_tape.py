@@ -2,11 +2,11 @@
 distributed optimizers."""
 import tensorflow as tf
 
-from chorus.common.basics import global_process_set
+from chorus.common.process_sets import global_process_set
 from chorus.tensorflow.compression import Compression
 from chorus.tensorflow.functions import _tf_variable, allreduce, grouped_allreduce
 from chorus.tensorflow.mpi_ops import Adasum, Average, Sum
-from chorus.util import split_list
+from chorus.common.util import split_list
 
 
 class GradientReducer:

@@ -8,7 +8,9 @@ import re
 import tensorflow as tf
 from tensorflow.python.framework import ops
 
-from chorus.common.basics import _set_id, _set_of, global_process_set
+from chorus.common import basics as _basics  # noqa: F401 (hvd.mpi_ops._basics, as Horovod has it)
+from chorus.common.process_sets import _set_id, _set_of, global_process_set
+from chorus.tensorflow.util import _executing_eagerly
 
 from chorus.common.reduce_ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (hvd.Sum...)
 from chorus.common.reduce_ops import resolve_op as _reduce_op  # noqa: F401
@@ -18,10 +20,6 @@ if not os.path.exists(_LIB_PATH):
     raise ImportError(f"chorus.tensorflow: {_LIB_PATH} is missing: chorus was built without TensorFlow "
                       "(configure with -DCHORUS_TF_PYTHON=<a python with tensorflow>, as scripts/test.sh does)")
 _lib = tf.load_op_library(_LIB_PATH)
-
-
-def _executing_eagerly():
-    return tf.executing_eagerly()
 
 
 def _normalize_name(name):

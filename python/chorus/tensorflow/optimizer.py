@@ -2,7 +2,7 @@
 Keras distributed optimizer; a tf.compat.v1 optimizer averages in compute_gradients."""
 import tensorflow as tf
 
-from chorus.common.basics import global_process_set
+from chorus.common.process_sets import global_process_set
 from chorus.tensorflow.compression import Compression
 from chorus.tensorflow.gradient_tape import GradientReducer
 from chorus.tensorflow.mpi_ops import Average
@@ -21,7 +21,8 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
                          num_groups=0, groups=None, process_set=global_process_set, scale_local_gradients=True):
     """Wraps an optimizer so that the gradients it applies are averaged over the ranks."""
     import keras
-    if isinstance(optimizer, keras.optimizers.Optimizer):
+    from chorus.tensorflow.keras.optimizer_keras2 import is_keras2_optimizer
+    if isinstance(optimizer, keras.optimizers.Optimizer) or is_keras2_optimizer(optimizer):
         from chorus.tensorflow.keras.optimizer import DistributedOptimizer as keras_distributed
         return keras_distributed(optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
                                  gradient_predivide_factor, op, backward_passes_per_step,
@@ -37,4 +38,5 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
         dist._chorus_reducer = GradientReducer(device_dense, device_sparse, compression, sparse_as_dense, op,
                                                gradient_predivide_factor, num_groups, groups, process_set)
         return dist
-    raise ValueError(f"DistributedOptimizer needs a Keras or tf.compat.v1 optimizer, got {type(optimizer).__name__}")
+    raise TypeError(f"DistributedOptimizer needs a Keras optimizer (Keras 3, or Keras 2 from tf_keras) or a "
+                    f"tf.compat.v1 optimizer, got {type(optimizer).__name__}")

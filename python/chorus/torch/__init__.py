@@ -5,7 +5,7 @@ from chorus.common.basics import (ProcessSet, add_process_set, ccl_built, cross_
                                  mpi_enabled, mpi_threads_supported, nccl_built, rank, remove_process_set,
                                  rocm_built, shutdown, size, start_timeline, stats, stop_timeline)
 from chorus.torch.compression import Compression
-from chorus.util import check_extension, gpu_available, split_list
+from chorus.common.util import check_extension, gpu_available, split_list
 from chorus.torch.functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                                     broadcast_parameters)
 from chorus.torch.mpi_ops import (Adasum, Average, HorovodInternalError, Max, Min, MismatchError,

@@ -2,7 +2,8 @@
 import torch
 
 from chorus.common import objects
-from chorus.common.basics import _set_id, global_process_set, rank
+from chorus.common.basics import rank
+from chorus.common.process_sets import _set_id, global_process_set
 from chorus.torch.mpi_ops import broadcast_async_, synchronize
 
 

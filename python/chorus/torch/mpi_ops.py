@@ -13,7 +13,9 @@ import threading
 import torch
 
 from chorus import _core
-from chorus.common.basics import _set_id, global_process_set, rank
+from chorus.common import basics as _basics  # noqa: F401 (hvd.mpi_ops._basics, as Horovod has it)
+from chorus.common.basics import rank
+from chorus.common.process_sets import _set_id, global_process_set
 from chorus.common.reduce_ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (hvd.Sum...)
 from chorus.common.reduce_ops import resolve_op as _resolve_op
 from chorus.torch.compression import Compression

@@ -5,7 +5,7 @@ import warnings
 import torch
 
 from chorus import _core
-from chorus.common.basics import _set_id, global_process_set
+from chorus.common.process_sets import _set_id, global_process_set
 from chorus.torch.compression import Compression
 from chorus.torch.mpi_ops import (Adasum, Average, Sum, _abandon, _dtype_code, _set_rank_and_size,
                                   allreduce_async_, grouped_allreduce_async_, sparse_allreduce_async,
@@ -220,8 +220,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def step(self, closure=None):
         if self._should_synchronize:
             if self._synchronized:
-                warnings.warn("optimizer.step() called after optimizer.synchronize() without "
-                              "skip_synchronize(); gradients are reduced only once")
+                # Starts with the phrase Horovod's warning has, which programs and tests match on.
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() after "
+                              "optimizer.synchronize(): the gradients were reduced once already and are "
+                              "not reduced again; wrap the step in `with optimizer.skip_synchronize():`")
             else:
                 self.synchronize()
         self._synchronized = False

@@ -8,7 +8,7 @@ and recv's (requires_grad=True) sends the gradient back to where it came from.
 import torch
 
 from chorus import _core
-from chorus.common.basics import _set_id, global_process_set
+from chorus.common.process_sets import _set_id, global_process_set
 from chorus.torch.mpi_ops import (_device_args, _dtype_code, _is_copy, _ordered, _register, _run_now, _stage, _start,
                                   _waits_now, poll, synchronize)
 

@@ -2,7 +2,7 @@
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from chorus.common.basics import global_process_set
+from chorus.common.process_sets import global_process_set
 from chorus.torch.mpi_ops import Sum, allreduce
 
 

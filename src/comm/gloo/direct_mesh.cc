@@ -18,7 +18,7 @@
 #include "chorus/error.h"
 #include "chorus/store.h"
 #include "comm/tcp_listen.h"
-#include "rendezvous/wire.h"
+#include "base/wire.h"
 
 namespace chorus {
 

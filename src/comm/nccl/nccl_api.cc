@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "chorus/error.h"
+#include "chorus/settings.h"
 
 namespace chorus {
 
@@ -36,10 +37,10 @@ NcclApi openNccl() {
     if (lib) path = p;
     else tried.push_back(p + " (" + dlerror() + ")");
   };
-  const char* env = std::getenv("CHORUS_NCCL_LIBRARY");
-  if (env && *env) {
+  std::string env;
+  if (readSetting("CHORUS_NCCL_LIBRARY", &env) && !env.empty()) {
     attempt(env);
-    if (!lib) throw Error("CHORUS_NCCL_LIBRARY=" + std::string(env) + " cannot be opened: " + tried.back());
+    if (!lib) throw Error("CHORUS_NCCL_LIBRARY=" + env + " cannot be opened: " + tried.back());
   }
   {
     std::lock_guard<std::mutex> lock(mu());

@@ -19,7 +19,7 @@
 #include "chorus/error.h"
 #include "comm/device_path.h"
 #include "comm/nccl/nccl_api.h"
-#include "core/logging.h"
+#include "base/logging.h"
 #include "device/device_handles.h"
 
 namespace chorus {

@@ -1,4 +1,5 @@
 #include "comm/shm/shared_pool.h"
+#include "comm/communicator.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -143,6 +144,11 @@ size_t SharedPool::peerMappings() const {
 uint64_t SharedPool::peerMapsHanded() const {
   std::lock_guard<std::mutex> lock(mu_);
   return handed_;
+}
+
+static_assert(SharedPool::kMinBytes == kSharedPoolMinBytes, "the interface's threshold is the pool's");
+std::shared_ptr<void> allocateFromSharedPool(size_t bytes) {
+  return bytes >= SharedPool::kMinBytes ? SharedPool::instance()->allocate(bytes) : nullptr;
 }
 
 }  // namespace chorus

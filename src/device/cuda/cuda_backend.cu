@@ -160,7 +160,7 @@ __global__ void reduceKernel(T* dst, const T* src, size_t n, int op) {
 constexpr int kOptimPerLaunch = 48;  // OptimTensors passed by value (2.3 KiB of parameters)
 using OptimBatch = Batch<OptimTensor, kOptimPerLaunch>;
 
-// One block row per tensor; the CPU step's arithmetic (zero/adam_kernels.inc).
+// One block row per tensor; the CPU step's arithmetic (reduce/adam_kernels.inc).
 template <typename G, typename L>
 __global__ void adamKernel(AdamCoefficients c, OptimBatch batch) {
   const OptimTensor t = batch.items[blockIdx.y];
@@ -409,14 +409,10 @@ class CudaBackend final : public DeviceBackend {
       using T = std::remove_pointer_t<decltype(tag)>;
       divideKernel<T><<<blocksFor(n), kThreads, 0, S(stream)>>>(static_cast<T*>(buf), n, divisor);
     };
-    switch (dtype) {
-      case DataType::kUInt8: launch(static_cast<uint8_t*>(nullptr)); break;
-      case DataType::kInt8: launch(static_cast<int8_t*>(nullptr)); break;
-      case DataType::kInt16: launch(static_cast<int16_t*>(nullptr)); break;
-      case DataType::kUInt16: launch(static_cast<uint16_t*>(nullptr)); break;
-      case DataType::kInt32: launch(static_cast<int32_t*>(nullptr)); break;
-      case DataType::kInt64: launch(static_cast<int64_t*>(nullptr)); break;
-      default: return scale(dtype, buf, buf, n, 1.0 / static_cast<double>(divisor), stream);
+    switch (dtype) {  // floating dtypes (and bool) scale by 1/divisor; integers divide
+      case DataType::kFloat16: case DataType::kBFloat16: case DataType::kFloat32: case DataType::kFloat64:
+      case DataType::kBool: return scale(dtype, buf, buf, n, 1.0 / static_cast<double>(divisor), stream);
+      default: byType(dtype, "divide", launch);
     }
     check(cudaGetLastError(), "divide kernel");
   }

@@ -78,8 +78,8 @@ def process_set_for(ranks):
     ranks = sorted(ranks)
     if ranks == list(range(hvd.size())):
         return hvd.global_process_set
-    from chorus.common import basics
-    for ps in basics._initialized_sets:
+    from chorus.common import process_sets
+    for ps in process_sets._initialized_sets:
         if ps.process_set_id is not None and sorted(ps.ranks) == ranks:
             return ps
     try:

@@ -1,12 +1,13 @@
-"""Horovod-compatible Keras 3 API (the tf.keras of TensorFlow 2.16+):
-``import chorus.tensorflow.keras as hvd``."""
-import keras
+"""Horovod-compatible Keras API: ``import chorus.tensorflow.keras as hvd``, for the
+Keras that tf.keras is (Keras 3, or Keras 2 from tf_keras under TF_USE_LEGACY_KERAS=1)."""
+import tensorflow as tf
 
 from chorus.common.basics import (ProcessSet, add_process_set, cross_rank, cross_size, global_process_set, init,
                                   is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
                                   mpi_threads_supported, gloo_built, gloo_enabled, nccl_built, rank,
                                   remove_process_set, shutdown, size, start_timeline, stop_timeline)
 from chorus.tensorflow import functions as _functions
+from chorus.tensorflow._keras import keras, optimizer_variables
 from chorus.tensorflow import mpi_ops as _mpi_ops
 from chorus.tensorflow.compression import Compression
 from chorus.tensorflow.functions import allgather_object, broadcast_object
@@ -15,26 +16,30 @@ from chorus.tensorflow.keras import callbacks
 from chorus.tensorflow.keras.optimizer import DistributedOptimizer, PartialDistributedOptimizer, is_distributed
 
 
+def _numpy(t):
+    return t.numpy() if hasattr(t, "numpy") else t
+
+
 def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_factor=1.0, op=None,
               compression=Compression.none, process_set=global_process_set):
     """A value (number, array, tensor) reduced over the ranks, as a tensor (as Horovod's)."""
-    return _functions.allreduce(keras.ops.convert_to_tensor(value), average=average, op=op, name=name,
+    return _functions.allreduce(tf.convert_to_tensor(value), average=average, op=op, name=name,
                                 prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                                 compression=compression, process_set=process_set)
 
 
 def allgather(value, name=None, process_set=global_process_set):
-    return keras.ops.convert_to_numpy(_mpi_ops.allgather(keras.ops.convert_to_tensor(value), name=name,
+    return _numpy(_mpi_ops.allgather(tf.convert_to_tensor(value), name=name,
                                                          process_set=process_set))
 
 
 def broadcast(value, root_rank, name=None, process_set=global_process_set):
-    return keras.ops.convert_to_numpy(_mpi_ops.broadcast(keras.ops.convert_to_tensor(value), root_rank,
+    return _numpy(_mpi_ops.broadcast(tf.convert_to_tensor(value), root_rank,
                                                          name=name, process_set=process_set))
 
 
 def reducescatter(value, name=None, op=Average, process_set=global_process_set):
-    return keras.ops.convert_to_numpy(_functions.reducescatter(keras.ops.convert_to_tensor(value), op=op,
+    return _numpy(_functions.reducescatter(tf.convert_to_tensor(value), op=op,
                                                                name=name, process_set=process_set))
 
 
@@ -43,7 +48,7 @@ def broadcast_global_variables(root_rank, model=None):
     model (its and its optimizer's variables are broadcast)."""
     if model is None:
         raise ValueError("broadcast_global_variables needs the model under TensorFlow 2 (no global collection)")
-    variables = list(model.variables) + (list(model.optimizer.variables) if model.optimizer else [])
+    variables = list(model.variables) + optimizer_variables(model.optimizer)
     _functions.broadcast_variables(variables, root_rank)
 
 
@@ -60,11 +65,15 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
 
 
 def _optimizer_classes():
-    """Keras's own optimizer classes (subclasses of any depth), not those made here."""
-    found, unvisited = [], [keras.optimizers.Optimizer]
+    """Keras's own optimizer classes (subclasses of any depth, Keras 3's and Keras 2's
+    legacy and current ones), not those made here."""
+    from chorus.tensorflow.keras.optimizer_keras2 import keras2_optimizer_types
+    roots = [keras.optimizers.Optimizer] + list(keras2_optimizer_types())
+    found, unvisited = [], list(roots)
     while unvisited:
         for sub in unvisited.pop().__subclasses__():
-            if sub not in found and sub.__module__.startswith("keras") and not getattr(sub, "_chorus_made", False):
+            if sub not in found and sub.__module__.split(".")[0] in ("keras", "tf_keras") and \
+                    not getattr(sub, "_chorus_made", False):
                 found.append(sub)
                 unvisited.append(sub)
     return found

@@ -1,5 +1,5 @@
 """Keras callbacks with horovod.tensorflow.keras.callbacks' names and behaviour."""
-import keras
+from chorus.tensorflow._keras import keras, optimizer_variables
 import numpy as np
 import tensorflow as tf
 
@@ -9,8 +9,7 @@ from chorus.tensorflow.mpi_ops import Average, join
 
 
 def _optimizer_variables(model):
-    opt = getattr(model, "optimizer", None)
-    return list(opt.variables) if opt is not None else []
+    return optimizer_variables(getattr(model, "optimizer", None))
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
@@ -95,7 +94,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         self._restore_momentum = None
 
     def _lr(self):
-        return float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
+        return float(tf.convert_to_tensor(self.model.optimizer.learning_rate).numpy())
 
     def _set_lr(self, value):
         self.model.optimizer.learning_rate.assign(value)

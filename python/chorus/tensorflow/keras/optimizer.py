@@ -1,12 +1,15 @@
-"""The Keras 3 distributed optimizer: any Keras optimizer whose apply() first
-averages the gradients over the ranks (horovod.tensorflow.keras.DistributedOptimizer)."""
+"""horovod.tensorflow.keras.DistributedOptimizer: any Keras optimizer whose
+gradients are averaged over the ranks before they are applied. Keras 3's here
+(its apply()); Keras 2's (tf_keras) in optimizer_keras2."""
 import keras
 import tensorflow as tf
 
-from chorus.common.basics import global_process_set
+from chorus.common.process_sets import global_process_set
+from chorus.tensorflow._keras import loss_scale_optimizer_type
 from chorus.tensorflow.compression import Compression
 from chorus.tensorflow.functions import _tf_variable
 from chorus.tensorflow.gradient_tape import GradientReducer
+from chorus.tensorflow.keras import optimizer_keras2
 from chorus.tensorflow.mpi_ops import Average
 
 
@@ -66,10 +69,29 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     Under the mixed_float16 policy the optimizer is first wrapped in Keras's
     LossScaleOptimizer, so that the (scaled) gradients are reduced before the
     loss scaler checks them: every rank then takes the same skip-or-apply branch."""
-    if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise ValueError(f"DistributedOptimizer needs a Keras optimizer, got {type(optimizer).__name__}")
+    return _distributed(optimizer, device_dense, device_sparse, compression, sparse_as_dense,
+                        gradient_predivide_factor, op, backward_passes_per_step, average_aggregated_gradients,
+                        num_groups, groups, process_set, scale_local_gradients, ())
+
+
+def _distributed(optimizer, device_dense, device_sparse, compression, sparse_as_dense, gradient_predivide_factor,
+                 op, backward_passes_per_step, average_aggregated_gradients, num_groups, groups, process_set,
+                 scale_local_gradients, local):
+    keras2 = optimizer_keras2.is_keras2_optimizer(optimizer)
+    if not keras2 and not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(f"DistributedOptimizer needs a Keras optimizer (Keras 3, or Keras 2 from tf_keras), "
+                        f"got {type(optimizer).__name__}")
     if backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+    reducer = GradientReducer(device_dense, device_sparse, compression, sparse_as_dense, op,
+                              gradient_predivide_factor, num_groups, groups, process_set)
+    if keras2:
+        import tf_keras
+        lso = tf_keras.mixed_precision.LossScaleOptimizer
+        if tf_keras.mixed_precision.global_policy().name == "mixed_float16" and not isinstance(optimizer, lso):
+            optimizer = lso(optimizer)
+        return optimizer_keras2.distribute(optimizer, reducer, backward_passes_per_step,
+                                           average_aggregated_gradients, scale_local_gradients, local)
     lso = keras.optimizers.LossScaleOptimizer
     if keras.mixed_precision.global_policy().name == "mixed_float16" and not isinstance(optimizer, lso):
         optimizer = lso(optimizer)
@@ -78,12 +100,11 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         base = base.__bases__[-1]
     cls = type(base.__name__, (_DistributedKerasOptimizer, base), {"__module__": base.__module__, "_chorus_made": True})
     dist = cls.from_config(optimizer.get_config())
-    dist._chorus_reducer = GradientReducer(device_dense, device_sparse, compression, sparse_as_dense, op,
-                                           gradient_predivide_factor, num_groups, groups, process_set)
+    dist._chorus_reducer = reducer
     dist._chorus_bpps = int(backward_passes_per_step)
     dist._chorus_average_aggregated = bool(average_aggregated_gradients)
     dist._chorus_acc = None
-    dist._chorus_local = set()
+    dist._chorus_local = set(local)
     dist._chorus_scale_local = scale_local_gradients
     return dist
 
@@ -95,26 +116,27 @@ def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sp
                                 scale_local_gradients=True):
     """DistributedOptimizer whose local_layers keep their own gradients (each rank
     trains its copy of them), as Horovod's PartialDistributedOptimizer."""
-    dist = DistributedOptimizer(optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
-                                gradient_predivide_factor, op, backward_passes_per_step,
-                                average_aggregated_gradients, 0, groups, process_set, scale_local_gradients)
     layers = local_layers if isinstance(local_layers, (list, tuple)) else ([local_layers] if local_layers else [])
+    local = set()
     for layer in layers:
-        if not isinstance(layer, keras.layers.Layer):
+        if not hasattr(layer, "trainable_weights") or not hasattr(layer, "built"):
             raise ValueError(f"local_layers must hold Keras layers, got {type(layer).__name__}")
-        dist._chorus_local.update(id(_tf_variable(v)) for v in layer.trainable_weights)
-    return dist
+        local.update(id(_tf_variable(v)) for v in layer.trainable_weights)
+    return _distributed(optimizer, device_dense, device_sparse, compression, sparse_as_dense,
+                        gradient_predivide_factor, op, backward_passes_per_step, average_aggregated_gradients, 0,
+                        groups, process_set, scale_local_gradients, local)
 
 
 def is_distributed(optimizer):
-    return isinstance(optimizer, _DistributedKerasOptimizer)
+    return isinstance(optimizer, _DistributedKerasOptimizer) or optimizer_keras2.is_distributed(optimizer)
 
 
 def _wrap_class(base, **kwargs):
     """A stand-in for optimizer class `base` when a saved model is loaded: what
     it deserializes comes back distributed (hvd.load_model)."""
     def from_config(cls, config, custom_objects=None):
-        if issubclass(base, keras.optimizers.LossScaleOptimizer):
+        keras2 = optimizer_keras2.keras2_optimizer_types()
+        if issubclass(base, loss_scale_optimizer_type()) or (keras2 and issubclass(base, keras2)):
             inner = base.from_config(config, custom_objects=custom_objects)
         else:
             inner = base.from_config(config)

@@ -1,4 +1,4 @@
-#include "rendezvous/net_address.h"
+#include "base/net_address.h"
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>

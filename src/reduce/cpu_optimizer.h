@@ -1,14 +1,31 @@
 #pragma once
-// The CPU Adam/AdamW step of the ZeRO engine: fp32 master weights and state,
-// SIMD (AVX-512/AVX2 chosen at run time) across OpenMP threads. Matches
-// torch.optim.Adam / AdamW's update to float32 rounding.
+// The CPU optimizer steps (the ZeRO engine's, the host stand-in's): Adam/AdamW
+// with fp32 master weights and state, SIMD (AVX-512/AVX2 chosen at run time)
+// across OpenMP threads, and SGD. They match torch.optim's updates to float32
+// rounding; the device kernels apply the same coefficients.
 #include <cstddef>
 #include <cstdint>
 
 #include "chorus/types.h"
-#include "device/device_backend.h"
 
-namespace chorus::zero {
+namespace chorus {
+
+// Adam/AdamW's per-step numbers, worked out once on the host
+// (adamCoefficients) so that the device and the CPU apply the same ones:
+// grad' = grad * gradScale + l2 * p; m = beta1 m + (1 - beta1) grad';
+// v = beta2 v + (1 - beta2) grad'^2; p = p * decay - stepSize * m / (sqrt(v) * invBias2Sqrt + eps).
+struct AdamCoefficients {
+  float beta1, beta2, eps, stepSize, invBias2Sqrt, decay, l2, gradScale;
+};
+
+// torch.optim.SGD's update: d = grad * gradScale + weightDecay * p; with
+// momentum, buf = first ? d : momentum * buf + (1 - dampening) * d and d = buf
+// (nesterov: d + momentum * buf); p -= lr * d.
+struct SgdCoefficients {
+  float lr, momentum, dampening, weightDecay, gradScale;
+  bool nesterov, first;
+};
+
 
 struct AdamHyper {
   float lr = 1e-3f;
@@ -34,4 +51,7 @@ void cpuAdamStep(const AdamCoefficients& c, float* params, const float* grads, f
 // The instruction set the Adam kernel runs with.
 const char* adamSimdLevel();
 
-}  // namespace chorus::zero
+// torch.optim.SGD's update of n parameters.
+void cpuSgdStep(const SgdCoefficients& c, float* p, const float* g, float* buf, size_t n);
+
+}  // namespace chorus

@@ -33,3 +33,9 @@ def split_list(items, n):
     per, extra = divmod(len(items), n)
     bounds = [k * per + min(k, extra) for k in range(n + 1)]
     return [items[bounds[k]:bounds[k + 1]] for k in range(n)]
+
+
+def is_version_greater_equal_than(ver, target):
+    """Whether version string ver is at least target (both "x.y.z")."""
+    from packaging.version import Version
+    return Version(str(ver)) >= Version(str(target))

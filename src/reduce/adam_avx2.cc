@@ -1,3 +1,3 @@
 // Adam kernel for one instruction set; CMake sets the compile flags.
 #define CHORUS_KERNEL_NS adam_avx2
-#include "zero/adam_kernels.inc"
+#include "reduce/adam_kernels.inc"

@@ -1,4 +1,4 @@
-#include "rendezvous/wire.h"
+#include "base/wire.h"
 
 #include <fcntl.h>
 #include <netdb.h>

@@ -1,11 +1,13 @@
-#include "zero/cpu_adam.h"
+#include "reduce/cpu_optimizer.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <string>
 
-namespace chorus::zero {
+#include "base/cpu_features.h"
+
+namespace chorus {
 
 #define CHORUS_DECLARE_ADAM(ns)                                                                         \
   namespace ns {                                                                                        \
@@ -24,13 +26,12 @@ struct Kernel {
 
 const Kernel& kernel() {
   static const Kernel k = [] {
-    __builtin_cpu_init();
-    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-    const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
-    std::string want = std::getenv("CHORUS_SIMD") ? std::getenv("CHORUS_SIMD") : "auto";
-    if (want == "generic") return Kernel{"generic", adam_generic::adamBlock};
-    if (want == "avx2" || !avx512) return avx2 ? Kernel{"avx2", adam_avx2::adamBlock} : Kernel{"generic", adam_generic::adamBlock};
-    return Kernel{"avx512", adam_avx512::adamBlock};
+    switch (cpuSimdLevel()) {
+      case SimdLevel::kAvx512: return Kernel{"avx512", adam_avx512::adamBlock};
+      case SimdLevel::kAvx2: return Kernel{"avx2", adam_avx2::adamBlock};
+      case SimdLevel::kGeneric: break;
+    }
+    return Kernel{"generic", adam_generic::adamBlock};
   }();
   return k;
 }
@@ -71,4 +72,17 @@ void cpuAdamStep(const AdamCoefficients& h, float* params, const float* grads, f
   }
 }
 
-}  // namespace chorus::zero
+void cpuSgdStep(const SgdCoefficients& c, float* p, const float* g, float* buf, size_t n) {
+#pragma omp parallel for schedule(static)
+  for (int64_t k = 0; k < static_cast<int64_t>(n); ++k) {
+    float d = g[k] * c.gradScale + c.weightDecay * p[k];
+    if (c.momentum != 0.0f) {
+      const float b = c.first ? d : c.momentum * buf[k] + (1.0f - c.dampening) * d;
+      buf[k] = b;
+      d = c.nesterov ? d + c.momentum * b : b;
+    }
+    p[k] -= c.lr * d;
+  }
+}
+
+}  // namespace chorus

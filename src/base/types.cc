@@ -5,7 +5,6 @@
 #include <sstream>
 
 #include "chorus/error.h"
-#include "chorus/process_set.h"
 
 namespace chorus {
 
@@ -107,12 +106,6 @@ std::string shapeString(const Shape& shape) {
   for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
   os << "]";
   return os.str();
-}
-
-ProcessSet::ProcessSet(int32_t id, std::vector<int> ranks, int globalRank)
-    : id_(id), ranks_(std::move(ranks)) {
-  auto it = std::find(ranks_.begin(), ranks_.end(), globalRank);
-  rankInSet_ = it == ranks_.end() ? -1 : static_cast<int>(it - ranks_.begin());
 }
 
 }  // namespace chorus

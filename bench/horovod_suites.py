@@ -1,0 +1,119 @@
+"""Runs Horovod's own test files against chorus, unchanged, through the horovod
+alias (`python -m chorus.alias install horovod`, here into a folder of its own),
+and reports how many of each file's tests pass. Horovod's tests are not part of
+this repository: point --tests at a checkout of Horovod's test/ folder.
+
+    python bench/horovod_suites.py --tests ~/horovod/test --python build/venv-torch2/bin/python \
+        parallel/test_torch.py single/test_torch_elastic.py
+
+A test counts as passed when it passes on every rank, as skipped when a rank
+skips it (no GPU, not built with MPI...), and as failed otherwise; the rate is
+passed / (passed + failed). Each file runs in its own job (-np ranks, default 2).
+"""
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def results(xml_path):
+    """test id -> 'passed' | 'skipped' | 'failed' (with the first message line)."""
+    out = {}
+    for case in ET.parse(xml_path).getroot().iter("testcase"):
+        tid = f"{case.get('classname')}.{case.get('name')}"
+        state, why = "passed", ""
+        for child in case:
+            if child.tag in ("failure", "error"):
+                state, why = "failed", (child.get("message") or "").splitlines()[0:1]
+                why = why[0][:160] if why else ""
+                break
+            if child.tag == "skipped":
+                state, why = "skipped", (child.get("message") or "")[:100]
+        out[tid] = (state, why)
+    return out
+
+
+def run_file(args, shim, rel):
+    path = os.path.join(args.tests, rel)
+    workdir = tempfile.mkdtemp(prefix="hvd-suite-")
+    xml = os.path.join(workdir, "rank-%r.xml")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([shim, os.path.join(args.tests, "utils"), args.tests,
+                                         os.path.dirname(path), os.path.join(args.build, "python")]
+                                        + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    if args.legacy_keras:
+        env["TF_USE_LEGACY_KERAS"] = "1"
+    # Each rank writes its own report (the rank's number from the environment).
+    pytest_args = ["-v", "-p", "no:cacheprovider"] + (["-x"] if args.exitfirst else []) + args.pytest_args
+    code = ("import os, sys, pytest; r = os.environ.get('CHORUS_RANK', '0'); "
+            f"sys.exit(pytest.main({pytest_args!r} + ['--junitxml=' + {xml!r}.replace('%r', r), {path!r}]))")
+    np = 1 if rel.startswith("single/") else args.np
+    cmd = [os.path.join(args.build, "chorusrun"), "-np", str(np), args.python, "-c", code]
+    log_path = os.path.join(args.log or workdir, rel.replace("/", "_") + ".log")
+    os.makedirs(os.path.dirname(log_path), exist_ok=True)
+    with open(log_path, "w") as out:  # written as the job runs, to follow a long file
+        try:
+            subprocess.run(cmd, env=env, cwd=os.path.dirname(path), stdout=out, stderr=subprocess.STDOUT,
+                           timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            out.write(f"\n(timed out after {args.timeout} s)\n")
+    with open(log_path) as f:
+        log = f.read()
+    per_rank = [results(xml.replace("%r", str(r))) for r in range(np)
+                if os.path.exists(xml.replace("%r", str(r)))]
+    shutil.rmtree(workdir, ignore_errors=True)
+    merged = {}
+    for ranks in per_rank:
+        for tid, (state, why) in ranks.items():
+            old = merged.get(tid)
+            if old is None or (state == "failed") or (state == "skipped" and old[0] == "passed"):
+                merged[tid] = (state, why)
+    if len(per_rank) < np:
+        log_tail = "\n".join(log.splitlines()[-30:])
+        merged.setdefault("(job)", ("failed", f"only {len(per_rank)} of {np} ranks reported:\n{log_tail}"))
+    return merged, log
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tests", required=True, help="Horovod's test/ folder")
+    ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("-np", "--np", type=int, default=2)
+    ap.add_argument("--timeout", type=int, default=1800)
+    ap.add_argument("--legacy-keras", action="store_true", help="TF_USE_LEGACY_KERAS=1 (Keras 2 through tf_keras)")
+    ap.add_argument("--exitfirst", action="store_true")
+    ap.add_argument("--show", action="store_true", help="list every failed test with its message")
+    ap.add_argument("--log", help="folder for each file's job output")
+    ap.add_argument("files", nargs="+", help="paths under --tests, e.g. parallel/test_torch.py")
+    args, args.pytest_args = ap.parse_known_args()
+    shim = tempfile.mkdtemp(prefix="hvd-alias-")
+    sys.path.insert(0, os.path.join(args.build, "python"))
+    subprocess.run([args.python, "-c", "import sys; from chorus.alias import install_package; "
+                    "install_package('horovod', sys.argv[1])", shim],
+                   env=dict(os.environ, PYTHONPATH=os.path.join(args.build, "python")), check=True)
+    total = [0, 0, 0]
+    for rel in args.files:
+        merged, log = run_file(args, shim, rel)
+        n = {s: sum(1 for v in merged.values() if v[0] == s) for s in ("passed", "failed", "skipped")}
+        applicable = n["passed"] + n["failed"]
+        rate = 100.0 * n["passed"] / applicable if applicable else 0.0
+        print(f"{rel}: {n['passed']}/{applicable} passed ({rate:.0f}%), {n['skipped']} skipped", flush=True)
+        if args.show:
+            for tid, (state, why) in sorted(merged.items()):
+                if state == "failed":
+                    print(f"    FAIL {tid}: {why}")
+        total = [total[0] + n["passed"], total[1] + n["failed"], total[2] + n["skipped"]]
+    shutil.rmtree(shim, ignore_errors=True)
+    applicable = total[0] + total[1]
+    print(f"all: {total[0]}/{applicable} passed ({100.0 * total[0] / max(applicable, 1):.0f}%), {total[2]} skipped")
+
+
+if __name__ == "__main__":
+    main()
