@@ -26,3 +26,10 @@ def test_mixed_precision(ranks):
 def test_replicas_agree_after_uneven_data(ranks, n):
     out = ok(ranks(n, "uneven_fit.py", timeout=600))
     assert out.count("tf uneven ok") == n, out
+
+
+def test_keras2_through_tf_keras(ranks, tmp_path):
+    """TF_USE_LEGACY_KERAS=1: tf.keras is Keras 2 (tf_keras); the optimizer wrapper,
+    callbacks, elastic state and load_model work on it as on Keras 3."""
+    out = ok(ranks(2, "keras2.py", str(tmp_path), env={"TF_USE_LEGACY_KERAS": "1"}, timeout=300))
+    assert out.count("keras 2 ok") == 2, out

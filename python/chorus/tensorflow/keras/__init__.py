@@ -56,10 +56,17 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
                **distributed_kwargs):
     """keras.models.load_model, with the saved optimizer wrapped in DistributedOptimizer."""
     from chorus.tensorflow.keras.optimizer import _wrap_class
+    from chorus.tensorflow._keras import KERAS2
     objs = {}
     classes = _optimizer_classes() + list(custom_optimizers or [])
     for c in classes:
         objs[c.__name__] = _wrap_class(c, compression=compression, **distributed_kwargs)
+    if KERAS2:  # Keras 2 looks optimizers up by lower-case name, legacy or not by the saved config
+        by_name = {}
+        for c in classes:
+            by_name.setdefault(c.__name__.lower(), []).append(c)
+        for name, found in by_name.items():
+            objs[name] = _wrap_class(found[0], alternatives=found, compression=compression, **distributed_kwargs)
     objs.update(custom_objects or {})
     return keras.models.load_model(filepath, custom_objects=objs)
 

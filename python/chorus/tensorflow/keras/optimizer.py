@@ -131,15 +131,21 @@ def is_distributed(optimizer):
     return isinstance(optimizer, _DistributedKerasOptimizer) or optimizer_keras2.is_distributed(optimizer)
 
 
-def _wrap_class(base, **kwargs):
+def _wrap_class(base, alternatives=(), **kwargs):
     """A stand-in for optimizer class `base` when a saved model is loaded: what
-    it deserializes comes back distributed (hvd.load_model)."""
+    it deserializes comes back distributed (hvd.load_model). alternatives: Keras
+    2's classes of one name (legacy and 2.11+); the saved config says which."""
     def from_config(cls, config, custom_objects=None):
+        chosen = base
+        for alt in alternatives:
+            if (".legacy." in alt.__module__) == bool(config.get("is_legacy_optimizer", False)):
+                chosen = alt
+                break
         keras2 = optimizer_keras2.keras2_optimizer_types()
-        if issubclass(base, loss_scale_optimizer_type()) or (keras2 and issubclass(base, keras2)):
-            inner = base.from_config(config, custom_objects=custom_objects)
+        if issubclass(chosen, loss_scale_optimizer_type()) or (keras2 and issubclass(chosen, keras2)):
+            inner = chosen.from_config(config, custom_objects=custom_objects)
         else:
-            inner = base.from_config(config)
+            inner = chosen.from_config(config)
         return DistributedOptimizer(inner, **kwargs)
 
     return type(base.__name__, (base,), {"from_config": classmethod(from_config), "__module__": base.__module__,
