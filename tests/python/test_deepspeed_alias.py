@@ -73,3 +73,32 @@ def test_never_shadows_a_real_deepspeed(tmp_path):
     out = py(python, "-m", "chorus.deepspeed.alias", "uninstall")
     assert out.returncode != 0 and "leaving it alone" in out.stdout, out.stdout
     assert os.path.exists(info)
+
+
+def test_horovod_alias_and_what_horovod_code_reaches_for(tmp_path):
+    """`python -m chorus.alias install horovod`: `import horovod.torch as hvd` is chorus.torch,
+    with the helpers Horovod's programs and tests import; uninstall removes it."""
+    python = venv(tmp_path)
+    out = py(python, "-m", "chorus.alias", "install", "horovod")
+    assert out.returncode == 0 and "installed" in out.stdout, out.stdout
+    check = py(python, code=(
+        "import importlib.metadata as md, horovod, horovod.torch as hvd, chorus.torch as ct\n"
+        "from horovod.common.util import is_version_greater_equal_than\n"
+        "from horovod.runner.util.threads import in_thread\n"
+        "from horovod.runner.common.util.env import get_env_rank_and_size\n"
+        "from horovod.common.process_sets import ProcessSet\n"
+        "import os, threading\n"
+        "assert hvd is ct and hvd.ProcessSet is ProcessSet\n"
+        "assert is_version_greater_equal_than('2.10.1', '2.9') and not is_version_greater_equal_than('2.9', '2.10')\n"
+        "done = threading.Event(); in_thread(done.set).join(); assert done.is_set()\n"
+        "os.environ.update(OMPI_COMM_WORLD_RANK='3', OMPI_COMM_WORLD_SIZE='4')\n"
+        "assert get_env_rank_and_size() == (3, 4)\n"
+        "hvd.init(); assert hvd.mpi_ops._basics._get_process_set_ids_and_ranks() == {0: [0]}\n"
+        "print('horovod', md.version('horovod'))"))
+    assert check.returncode == 0 and "horovod 0.28.1" in check.stdout, check.stdout
+    assert "chorus's alias" in py(python, "-m", "chorus.alias", "status", "horovod").stdout
+    hr = os.path.join(os.path.dirname(python), "horovodrun")
+    assert os.path.exists(hr)  # the command comes with the package alias
+    out = py(python, "-m", "chorus.alias", "uninstall", "horovod")
+    assert out.returncode == 0 and "removed" in out.stdout, out.stdout
+    assert py(python, code="import horovod").returncode != 0 and not os.path.exists(hr)

@@ -22,7 +22,7 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
     """Wraps an optimizer so that the gradients it applies are averaged over the ranks."""
     import keras
     from chorus.tensorflow.keras.optimizer_keras2 import is_keras2_optimizer
-    if isinstance(optimizer, keras.optimizers.Optimizer) or is_keras2_optimizer(optimizer):
+    if is_keras2_optimizer(optimizer) or isinstance(optimizer, keras.optimizers.Optimizer):
         from chorus.tensorflow.keras.optimizer import DistributedOptimizer as keras_distributed
         return keras_distributed(optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
                                  gradient_predivide_factor, op, backward_passes_per_step,

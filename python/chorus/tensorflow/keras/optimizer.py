@@ -24,6 +24,10 @@ class _DistributedKerasOptimizer:
             return self._chorus_accumulate(grads, trainable_variables)
         return super().apply(self._chorus_reduce(grads, trainable_variables), trainable_variables)
 
+    def register_local_var(self, var):
+        """var's gradients stay this rank's own (scaled as the averaged ones are)."""
+        self._chorus_local.add(id(_tf_variable(var)))
+
     def _chorus_reduce(self, grads, variables):
         return self._chorus_reducer.partial(grads, variables, self._chorus_local, self._chorus_scale_local)
 
@@ -78,7 +82,7 @@ def _distributed(optimizer, device_dense, device_sparse, compression, sparse_as_
                  op, backward_passes_per_step, average_aggregated_gradients, num_groups, groups, process_set,
                  scale_local_gradients, local):
     keras2 = optimizer_keras2.is_keras2_optimizer(optimizer)
-    if not keras2 and not isinstance(optimizer, keras.optimizers.Optimizer):
+    if not keras2 and not (keras.__version__.startswith("3") and isinstance(optimizer, keras.optimizers.Optimizer)):
         raise TypeError(f"DistributedOptimizer needs a Keras optimizer (Keras 3, or Keras 2 from tf_keras), "
                         f"got {type(optimizer).__name__}")
     if backward_passes_per_step < 1:
@@ -86,9 +90,11 @@ def _distributed(optimizer, device_dense, device_sparse, compression, sparse_as_
     reducer = GradientReducer(device_dense, device_sparse, compression, sparse_as_dense, op,
                               gradient_predivide_factor, num_groups, groups, process_set)
     if keras2:
-        import tf_keras
-        lso = tf_keras.mixed_precision.LossScaleOptimizer
-        if tf_keras.mixed_precision.global_policy().name == "mixed_float16" and not isinstance(optimizer, lso):
+        import importlib
+        k2 = importlib.import_module(next(c.__module__.split(".")[0] for c in type(optimizer).__mro__
+                                          if c.__module__.split(".")[0] in ("tf_keras", "keras")))
+        lso = k2.mixed_precision.LossScaleOptimizer
+        if k2.mixed_precision.global_policy().name == "mixed_float16" and not isinstance(optimizer, lso):
             optimizer = lso(optimizer)
         return optimizer_keras2.distribute(optimizer, reducer, backward_passes_per_step,
                                            average_aggregated_gradients, scale_local_gradients, local)

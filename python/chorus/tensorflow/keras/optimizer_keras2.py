@@ -39,6 +39,11 @@ class _DistributedKeras2Optimizer:
     _chorus_local = frozenset()
     _chorus_scale_local = True
 
+    def register_local_var(self, var):
+        """var's gradients stay this rank's own (scaled as the averaged ones are)."""
+        from chorus.tensorflow.functions import _tf_variable
+        self._chorus_local = frozenset(self._chorus_local) | {id(_tf_variable(var))}
+
     def _chorus_reduce(self, grads, variables):
         return self._chorus_reducer.partial(grads, variables, set(self._chorus_local), self._chorus_scale_local)
 
@@ -125,12 +130,20 @@ def distribute(optimizer, reducer, bpps, average_aggregated, scale_local, local=
 
 
 def keras2_optimizer_types():
-    """The Keras 2 optimizer base classes (empty without tf_keras)."""
-    try:
-        import tf_keras
-    except ImportError:
-        return ()
-    return (tf_keras.optimizers.Optimizer, tf_keras.optimizers.legacy.Optimizer)
+    """The Keras 2 optimizer base classes: tf_keras's, and the `keras` package's
+    where that is Keras 2 (TensorFlow before 2.16). Empty when neither is."""
+    import importlib
+    types = []
+    for name in ("tf_keras", "keras"):
+        try:
+            mod = importlib.import_module(name)
+        except ImportError:
+            continue
+        if str(getattr(mod, "__version__", "2")).startswith("2"):
+            for t in (mod.optimizers.Optimizer, getattr(getattr(mod.optimizers, "legacy", None), "Optimizer", None)):
+                if t is not None and t not in types:
+                    types.append(t)
+    return tuple(types)
 
 
 def is_keras2_optimizer(optimizer):
