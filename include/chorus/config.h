@@ -74,6 +74,9 @@ struct Config {
   double stallCheckSeconds = 60.0;
   bool stallCheckDisable = false;
   double stallShutdownSeconds = 0.0;  // 0: never shut down on a stall
+  // Every rank of a set blocked this long on ops others never submitted: those
+  // ops fail (StallError) and the set goes on; 0: never.
+  double blockedFailSeconds = 60.0;
   LogLevel logLevel = LogLevel::kWarning;
   std::string timeline;             // Chrome trace written by rank 0 ("" none)
   bool timelineMarkCycles = false;  // mark every negotiation cycle in it

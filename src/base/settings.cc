@@ -115,6 +115,10 @@ const std::vector<SettingInfo>& settingsTable() {
        "1 disables the stall inspector."},
       {"CHORUS_STALL_SHUTDOWN_TIME_SECONDS", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "0",
        "Fail stalled tensors with an error on every rank after this long; 0 never."},
+      {"CHORUS_BLOCKED_FAIL_SECONDS", "", "60",
+       "When every rank of a process set has waited this long on ops that other ranks never submitted (the "
+       "ranks run different code paths: a rank gave up on a collective and went on), those ops fail with an "
+       "error naming them on every rank, and the set stays usable; 0: never."},
       {"CHORUS_LOG_LEVEL", "HOROVOD_LOG_LEVEL", "warning",
        "trace, debug, info, warning, error or fatal."},
       {"CHORUS_DYNAMIC_PROCESS_SETS", "HOROVOD_DYNAMIC_PROCESS_SETS", "0",

@@ -100,6 +100,7 @@ void Config::applyEnv() {
   readNumber("CHORUS_START_TIMEOUT", &startTimeoutSeconds);
   readNumber("CHORUS_STALL_CHECK_TIME_SECONDS", &stallCheckSeconds);
   readNumber("CHORUS_STALL_SHUTDOWN_TIME_SECONDS", &stallShutdownSeconds);
+  readNumber("CHORUS_BLOCKED_FAIL_SECONDS", &blockedFailSeconds);
   if (readSetting("CHORUS_STALL_CHECK_DISABLE", &v)) stallCheckDisable = (v == "1" || v == "true");
   if (readSetting("CHORUS_DYNAMIC_PROCESS_SETS", &v)) dynamicProcessSets = (v == "1" || v == "true");
   if (readSetting("CHORUS_LOG_LEVEL", &v)) logLevel = parseLevel(v);

@@ -62,6 +62,10 @@ constexpr uint64_t kFlagShutdown = 1;
 constexpr size_t kTuneWords = 7;  // fusion, cycle, cache, peer path, slot, hierarchical allreduce, allgather
 constexpr uint64_t kFlagStallShutdown = 2;
 constexpr uint64_t kFlagWaitingAhead = 4;
+// No thread of this rank waits on the set's ops: the rank can still submit.
+constexpr uint64_t kFlagRunning = 8;
+// This rank saw every rank blocked on stalled ops for CHORUS_BLOCKED_FAIL_SECONDS.
+constexpr uint64_t kFlagFailBlocked = 16;
 // Cycles in a row that may hold back a chunk for an op some rank waits on (a
 // rank that never submits its part must not stop the chunked op for long).
 constexpr int kMaxHeldChunks = 32;
@@ -403,7 +407,10 @@ void Controller::cycle() {
     // A cached request others have not matched for long goes through the
     // coordinator, which knows which ranks are missing.
     double waited = std::chrono::duration<double>(now - e->second.enqueued).count();
-    if (stallCheck && waited > config_.stallCheckSeconds / 2) setBit(invalid, pos);
+    // So do all of them once every rank has been blocked a while (see watchBlocked).
+    const bool blockedLong = blockedSince_ && config_.blockedFailSeconds > 0 &&
+                             std::chrono::duration<double>(now - *blockedSince_).count() > config_.blockedFailSeconds / 2;
+    if ((stallCheck && waited > config_.stallCheckSeconds / 2) || blockedLong) setBit(invalid, pos);
   }
   for (auto& q : uncached) {
     q.ageMs = std::chrono::duration_cast<std::chrono::milliseconds>(now - entries_.at(q.name).enqueued).count();
@@ -422,7 +429,8 @@ void Controller::cycle() {
   ByteWriter mine;
   if (!uncached.empty()) writeRequests(uncached, mine);
   words[1 + ctl().rank()] = mine.data().size();
-  words[0] = (shutdownRequested_ ? kFlagShutdown : 0) | (stallShutdown_ ? kFlagStallShutdown : 0);
+  words[0] = (shutdownRequested_ ? kFlagShutdown : 0) | (stallShutdown_ ? kFlagStallShutdown : 0) |
+             (driver_->waiting() == 0 ? kFlagRunning : 0) | (failBlocked_ ? kFlagFailBlocked : 0);
   // An op of mine that outranks the chunked work is waiting for the others: the
   // next chunk waits a few cycles for them, rather than the op for the chunk.
   if (executor_.busy()) {
@@ -472,6 +480,7 @@ void Controller::cycle() {
     }
     throw StopSignal{std::make_exception_ptr(StallError(os.str()))};
   }
+  watchBlocked(words[0], now);
 
   // Ready on every rank from the cache, in position order (the same everywhere).
   // Only the positions hit or invalidated somewhere are visited (a cycle must not
@@ -600,6 +609,32 @@ void Controller::detectConflicts() {
     if (!cycle) continue;
     registry_->postMarker(setId_, name, other);
   }
+}
+
+// Ranks on different code paths: every rank waits on the set's ops (none can
+// submit another) while ops stay pending that some ranks never submitted. After
+// CHORUS_BLOCKED_FAIL_SECONDS a rank says so in its flags; in the cycle where
+// any rank said it, every rank fails those ops at once (their coordinators hold
+// the same table), and the set goes on.
+void Controller::watchBlocked(uint64_t flags, Clock::time_point now) {
+  if (flags & kFlagFailBlocked) {
+    std::ostringstream why;
+    why << "every rank of process set " << setId_ << " waited more than " << config_.blockedFailSeconds
+        << " s on ops that other ranks never submitted (the ranks run different code paths; "
+           "CHORUS_BLOCKED_FAIL_SECONDS)";
+    coordinator_.failPending(why.str());
+    blockedSince_.reset();
+    failBlocked_ = false;
+    return;
+  }
+  if (config_.blockedFailSeconds <= 0 || (flags & kFlagRunning)) {
+    blockedSince_.reset();
+    failBlocked_ = false;
+    return;
+  }
+  if (!blockedSince_) blockedSince_ = now;
+  failBlocked_ = std::chrono::duration<double>(now - *blockedSince_).count() >= config_.blockedFailSeconds &&
+                 !coordinator_.stalls(now, 0).empty();
 }
 
 void Controller::inspectStalls(Clock::time_point now) {

@@ -62,6 +62,7 @@ class Controller {
   void cycle();
   void failAll(std::exception_ptr err);
   void inspectStalls(std::chrono::steady_clock::time_point now);
+  void watchBlocked(uint64_t flags, std::chrono::steady_clock::time_point now);
   void releaseName(const std::string& name);
   void detectConflicts();
 
@@ -112,6 +113,10 @@ class Controller {
   std::vector<size_t> sizes_;
   std::vector<Response> ready_;
   bool stallShutdown_ = false;
+  // Since when every rank has been blocked on ops others never submitted, and
+  // whether this rank asks (next cycle) that those ops fail (see cycle()).
+  std::optional<std::chrono::steady_clock::time_point> blockedSince_;
+  bool failBlocked_ = false;
   int heldChunks_ = 0;  // cycles in a row that held back a chunk (see cycle())
   std::atomic<bool> lastCycleBusy_{false};
   std::map<std::string, bool> warned_;

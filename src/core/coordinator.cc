@@ -346,4 +346,29 @@ std::vector<Coordinator::Stall> Coordinator::stalls(Clock::time_point now,
   return out;
 }
 
+void Coordinator::failPending(const std::string& why) {
+  for (const auto& name : arrival_) {
+    const Pending& p = table_.at(name);
+    std::vector<int> submitted, missing;
+    Response err;
+    for (int r = 0; r < size_; ++r) {
+      if (p.byRank[r]) {
+        submitted.push_back(r);
+        err.type = p.byRank[r]->type;
+        err.priority = p.byRank[r]->priority;
+      } else if (!joined_[r]) {
+        missing.push_back(r);
+      }
+    }
+    err.name = name;
+    err.errorKind = ErrorKind::kStalled;
+    err.error = why + ": " + opTypeName(err.type) + " '" + name + "' was submitted by ranks " + ranksOf(submitted) +
+                " and never by ranks " + ranksOf(missing);
+    ready_.push_back(std::move(err));
+  }
+  table_.clear();
+  arrival_.clear();
+  ++version_;
+}
+
 }  // namespace chorus

@@ -31,6 +31,10 @@ class Coordinator {
     double seconds = 0;
   };
   std::vector<Stall> stalls(Clock::time_point now, double olderThanSeconds) const;
+  // Fails every pending op (each is an error response, `why` first, naming the
+  // ranks that never submitted it): the ranks were all blocked on ops that
+  // others never asked for. The table is empty afterwards.
+  void failPending(const std::string& why);
   // Every pending name with the global ranks that have not submitted it.
   std::map<std::string, std::vector<int>> missingByName() const;
   // Changes whenever the pending table does.

@@ -57,9 +57,9 @@ void Executor::fail(const Response& r, EntryTable& entries) {
     timeline_->opStart(r.name, r.type, OpSpanArgs{r.bytes(), r.dtype, r.priority, setId_, "ERROR", 1});
     timeline_->opEnd(r.name);
   }
-  std::exception_ptr err = r.errorKind == ErrorKind::kMismatch
-                               ? std::make_exception_ptr(Mismatch(r.error))
-                               : std::make_exception_ptr(Refused(r.error));
+  std::exception_ptr err = r.errorKind == ErrorKind::kMismatch  ? std::make_exception_ptr(Mismatch(r.error))
+                           : r.errorKind == ErrorKind::kStalled ? std::make_exception_ptr(StallError(r.error))
+                                                                : std::make_exception_ptr(Refused(r.error));
   finishEntry(entries, it, release_, err);
 }
 

@@ -46,7 +46,7 @@ struct Request {
 void writeRequests(const std::vector<Request>& reqs, ByteWriter& w);
 std::vector<Request> readRequests(ByteReader& r);
 
-enum class ErrorKind : uint8_t { kNone = 0, kMismatch, kInvalid };
+enum class ErrorKind : uint8_t { kNone = 0, kMismatch, kInvalid, kStalled };
 
 struct Response {
   OpType type = OpType::kAllreduce;

@@ -147,6 +147,11 @@ def test_sigint_and_signal_handlers_interrupt_a_blocked_collective(ranks):
     assert "SIGINT interrupted synchronize" in out and out.count("interrupt ok") == 2
 
 
+def test_ranks_on_different_paths_fail_those_ops_and_go_on(ranks):
+    out = ok(ranks(2, "diverged_paths.py", env={"CHORUS_BLOCKED_FAIL_SECONDS": "2"}, timeout=120))
+    assert out.count("diverged paths ok") == 2
+
+
 def test_stall_shutdown_fails_a_blocked_call(ranks):
     out = ok(ranks(2, "stall_shutdown.py", env={"CHORUS_STALL_SHUTDOWN_TIME_SECONDS": "2"}, timeout=120))
     assert out.count("stall shutdown ok") == 2
