@@ -103,9 +103,15 @@ void reduceManyStreamed(DataType dtype, ReduceOp op, void* cached, void* const* 
   kernels().reduceManyStreamed(dtype, op, cached, outs, nOuts, inputs, n, head, count, scale);
 }
 
+// An integer average rounds down (floor), as torch's floor_divide and Horovod's.
+inline int64_t floorDiv(int64_t a, int64_t d) {
+  const int64_t q = a / d;
+  return (a % d != 0 && ((a < 0) != (d < 0))) ? q - 1 : q;
+}
+
 template <typename T>
 void divideTyped(T* buf, size_t n, int64_t d) {
-  for (size_t i = 0; i < n; ++i) buf[i] = static_cast<T>(static_cast<int64_t>(buf[i]) / d);
+  for (size_t i = 0; i < n; ++i) buf[i] = static_cast<T>(floorDiv(static_cast<int64_t>(buf[i]), d));
 }
 
 void divideBuffer(DataType dtype, void* buf, size_t n, int64_t divisor) {

@@ -54,7 +54,7 @@ TEST(DeviceStandIn, KernelsMatchTheCpuReference) {
   b->copy(ints, di, sizeof ints, s);
   b->synchronizeStream(s);
   EXPECT_EQ(ints[0], 3);
-  EXPECT_EQ(ints[1], -3);  // truncates toward zero, as C++ and torch's trunc
+  EXPECT_EQ(ints[1], -4);  // rounds down, as torch's floor_divide and Horovod's integer average
   EXPECT_EQ(ints[2], 4);
   EXPECT_EQ(b->deviceOf(da + 10), 0);
   EXPECT_EQ(b->deviceOf(a.data()), -1);
@@ -221,8 +221,8 @@ TEST_P(DeviceCollectives, ScaledAllreduceInPlaceAndOneTensor) {
       for (int64_t i = 0; i < 5000; ++i) {
         double sum = 0;
         for (int r = 0; r < n; ++r) sum += testValue(r, i, dt, ReduceOp::kSum) * 2.0;
-        // Integers: the postscale truncates, then Average's division does.
-        const double want = dt == DataType::kInt32 ? std::trunc(std::trunc(sum * 1.5) / n) : sum * 1.5 / n;
+        // Integers: the postscale truncates, then Average's division rounds down.
+        const double want = dt == DataType::kInt32 ? std::floor(std::trunc(sum * 1.5) / n) : sum * 1.5 / n;
         ASSERT_NEAR(buf.read(i), want, tolerance(dt, want) + (dt == DataType::kBFloat16 ? 0.05 : 0))
             << dtypeName(dt) << " element " << i;
       }

@@ -91,7 +91,7 @@ double reference(ReduceOp op, DataType dtype, int n, int64_t i) {
     const bool integer = dtype == DataType::kUInt8 || dtype == DataType::kInt8 || dtype == DataType::kInt16 ||
                          dtype == DataType::kUInt16 ||
                          dtype == DataType::kInt32 || dtype == DataType::kInt64;
-    acc = integer ? static_cast<double>(static_cast<int64_t>(acc) / n) : acc / n;
+    acc = integer ? std::floor(acc / n) : acc / n;  // an integer average rounds down
   }
   return acc;
 }

@@ -123,7 +123,10 @@ template <typename T>
 __global__ void divideKernel(T* buf, size_t n, int64_t divisor) {
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x)
-    buf[i] = static_cast<T>(static_cast<int64_t>(buf[i]) / divisor);
+  {  // rounds down (floor), as the CPU path and torch's floor_divide
+    const int64_t a = static_cast<int64_t>(buf[i]), q = a / divisor;
+    buf[i] = static_cast<T>((a % divisor != 0 && ((a < 0) != (divisor < 0))) ? q - 1 : q);
+  }
 }
 
 template <typename From, typename To>
