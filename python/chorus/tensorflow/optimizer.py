@@ -35,6 +35,7 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
         cls = type(base.__name__, (_DistributedV1Optimizer, base), {"__module__": base.__module__})
         dist = cls.__new__(cls)
         dist.__dict__.update(optimizer.__dict__)
+        dist._optimizer = optimizer  # the wrapped one, where Horovod's keeps it
         dist._chorus_reducer = GradientReducer(device_dense, device_sparse, compression, sparse_as_dense, op,
                                                gradient_predivide_factor, num_groups, groups, process_set)
         return dist

@@ -107,7 +107,9 @@ os.remove(path)
 
 # The tf.compat.v1 optimizer path.
 m = model()
-opt = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1))
+plain = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+opt = hvd.DistributedOptimizer(plain)
+assert opt._optimizer is plain  # where Horovod's wrapper keeps the wrapped optimizer
 for s in range(3):
     x, y = local_rows(s)
     opt.minimize(lambda: loss_fn(y, m(x)), var_list=[v.value for v in m.trainable_variables])

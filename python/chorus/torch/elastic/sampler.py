@@ -1,6 +1,14 @@
-"""ElasticSampler: shards a dataset over the current ranks and remembers what
-this epoch already processed, so that a reset re-shards only the rest."""
+"""ElasticSampler: shards a dataset over the current ranks and counts what this
+epoch already processed, so that a reset re-shards only the rest.
+
+As Horovod's: the epoch's order is one permutation (seeded by seed + epoch);
+rank k takes every num_replicas-th index of what remains, so that when every
+rank has processed b batches of size s, the processed samples are exactly the
+first b * s * num_replicas of the order. processed_num counts them (record_batch
+adds batch_size * num_replicas); a reset drops that prefix and re-shards the rest.
+"""
 import math
+import random
 
 import torch
 
@@ -13,8 +21,7 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.shuffle = shuffle
         self.seed = seed
         self.epoch = 0
-        self.processed_indices = set()
-        self.processed_num = 0  # samples the ranks processed this epoch (Horovod's count)
+        self.processed_num = 0
         self.num_replicas = 0
         self.rank = 0
         self.remaining_indices = []
@@ -24,45 +31,41 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.reset()
 
     def set_epoch(self, epoch):
-        """A new epoch: nothing processed yet; the shuffle depends on the epoch."""
+        """A new epoch: nothing processed yet; the order depends on the epoch. Call it
+        at the end of an epoch, so that a reset within one does not repeat samples."""
         self.epoch = epoch
-        self.processed_indices = set()
         self.processed_num = 0
         self.reset()
 
     def record_batch(self, batch_idx, batch_size):
-        """Marks the batch_idx-th batch of this rank's shard as processed (every rank
-        processes one: processed_num grows by batch_size * the number of ranks)."""
-        self.record_indices(self.get_indices(batch_idx, batch_size))
+        """This rank processed another batch (as every rank did): processed_num grows
+        by batch_size * the number of ranks."""
         self.processed_num += batch_size * self.num_replicas
 
-    def record_indices(self, indices):
-        self.processed_indices.update(indices)
-
-    def get_indices(self, batch_idx, batch_size):
-        start = batch_idx * batch_size
-        return self.indices[start:min(start + batch_size, len(self.indices))]
+    @property
+    def processed_indices(self):
+        """The samples this epoch has processed (the first processed_num of its order)."""
+        return set(self._order()[:self.processed_num])
 
     def state_dict(self):
-        return dict(epoch=self.epoch, processed_indices=set(self.processed_indices), processed_num=self.processed_num)
+        return dict(epoch=self.epoch, processed_num=self.processed_num)
 
     def load_state_dict(self, state_dict):
         self.epoch = state_dict["epoch"]
-        self.processed_indices = set(state_dict["processed_indices"])
-        self.processed_num = state_dict.get("processed_num", len(self.processed_indices))
+        self.processed_num = state_dict["processed_num"]
         self.reset()
+
+    def _order(self):
+        order = list(range(len(self.dataset)))
+        if self.shuffle:
+            random.Random(self.seed + self.epoch).shuffle(order)
+        return order
 
     def reset(self):
         """Re-shards what this epoch has not processed over the current ranks."""
         self.num_replicas = size()
         self.rank = rank()
-        if self.shuffle:
-            g = torch.Generator()
-            g.manual_seed(self.seed + self.epoch)
-            order = torch.randperm(len(self.dataset), generator=g).tolist()
-        else:
-            order = list(range(len(self.dataset)))
-        self.remaining_indices = [i for i in order if i not in self.processed_indices]
+        self.remaining_indices = self._order()[self.processed_num:]
         self.num_samples = int(math.ceil(len(self.remaining_indices) / self.num_replicas))
         self.total_size = self.num_samples * self.num_replicas
         self._shard()
@@ -71,6 +74,10 @@ class ElasticSampler(torch.utils.data.Sampler):
         indices = self.remaining_indices[:]
         indices += indices[:self.total_size - len(indices)]  # evenly divisible, as Horovod pads
         self.indices = indices[self.rank:self.total_size:self.num_replicas]
+
+    def get_indices(self, batch_idx, batch_size):
+        start = batch_idx * batch_size
+        return self.indices[start:min(start + batch_size, len(self.indices))]
 
     def __iter__(self):
         self._shard()

@@ -36,12 +36,10 @@ class _OptimizerHandler(_ModelHandler):
 
 class _SamplerHandler(_ModelHandler):
     def sync(self):
-        # Indices any worker processed count as processed, then rank 0's view for all.
-        processed = set()
-        for s in allgather_object(self.value.processed_indices):
-            processed |= s
+        # The most any worker counts as processed, then rank 0's epoch for all.
+        processed = max(allgather_object(self.value.processed_num))
         state = self.value.state_dict()
-        state["processed_indices"] = processed
+        state["processed_num"] = processed
         self.value.load_state_dict(broadcast_object(state))
 
 
