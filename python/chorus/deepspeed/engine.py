@@ -13,7 +13,7 @@ from chorus.deepspeed.engine_queries import EngineQueries
 from chorus.deepspeed.optimizer import ZeroOptimizer, translate
 from chorus.deepspeed.runtime import lr_schedules
 from chorus.deepspeed.runtime.zero import partition_parameters
-from chorus.torch.mpi_ops import _dtype_code
+from chorus.torch.handles import _dtype_code
 
 _ZERO_FORMULA = {0: lambda n: (16, 0), 1: lambda n: (4, 12 / n), 2: lambda n: (2, 14 / n), 3: lambda n: (0, 16 / n)}
 

@@ -7,9 +7,9 @@ import torch
 from chorus import _core
 from chorus.common.process_sets import _set_id, global_process_set
 from chorus.torch.compression import Compression
-from chorus.torch.mpi_ops import (Adasum, Average, Sum, _abandon, _dtype_code, _set_rank_and_size,
-                                  allreduce_async_, grouped_allreduce_async_, sparse_allreduce_async,
-                                  synchronize)
+from chorus.torch.handles import _abandon, _dtype_code
+from chorus.torch.mpi_ops import (Adasum, Average, Sum, _set_rank_and_size, allreduce_async_,
+                                  grouped_allreduce_async_, sparse_allreduce_async, synchronize)
 from chorus.torch.optimizer_adasum import _DistributedAdasumOptimizer
 from chorus.torch.optimizer_common import _live, last_pass, parameter_names
 

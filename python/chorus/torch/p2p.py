@@ -9,7 +9,7 @@ import torch
 
 from chorus import _core
 from chorus.common.process_sets import _set_id, global_process_set
-from chorus.torch.mpi_ops import (_device_args, _dtype_code, _is_copy, _ordered, _register, _run_now, _stage, _start,
+from chorus.torch.handles import (_device_args, _dtype_code, _is_copy, _ordered, _register, _run_now, _stage, _start,
                                   _waits_now, poll, synchronize)
 
 

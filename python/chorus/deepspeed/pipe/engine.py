@@ -14,7 +14,7 @@ import chorus.torch as hvd
 from chorus.deepspeed.engine import DeepSpeedEngine
 from chorus.deepspeed.pipe.schedule import inference_steps, train_steps
 from chorus.deepspeed.pipe.topology import Grid, process_set_for
-from chorus.torch.mpi_ops import _DTYPES
+from chorus.torch.handles import _DTYPES
 
 _TAG_META, _TAG_ACT, _TAG_GRAD = 101, 102, 103
 _META_LEN = 64  # int64 words: a count, then per tensor dtype, requires_grad, ndim and up to 8 sizes
