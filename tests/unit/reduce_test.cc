@@ -314,7 +314,7 @@ TEST(Kernels, ScaledReductionsRoundOnceAfterTheFactor) {
       }
     }
   }
-  // Integers are divided apart (truncating): a scale for them is a caller's bug.
+  // Integers are divided apart (rounding down): a scale for them is a caller's bug.
   std::vector<int32_t> a(4, 6);
   const void* ins[1] = {a.data()};
   EXPECT_THROW(reduceMany(DataType::kInt32, ReduceOp::kSum, a.data(), ins, 1, 4, 0.5), Error);
