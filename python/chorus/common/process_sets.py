@@ -64,7 +64,7 @@ class ProcessSet:
         return hash((self.process_set_id, tuple(self.ranks)))
 
     def __repr__(self):
-        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks}, mpi_comm={self._comm})"
 
 
 def _is_mpi_comm(obj):
@@ -128,10 +128,13 @@ def add_process_set(process_set):
 
 
 def remove_process_set(process_set):
-    """Removes a process set added at run time; collective over all ranks. Returns True.
+    """Removes a process set added at run time; collective over all ranks. Returns True
+    (False for the global set, which cannot be removed).
 
     A set added from an MPI communicator is removed with the sets the other ranks'
     communicators described in the same add_process_set call."""
+    if process_set.process_set_id == 0:
+        return False  # the global set stays, as Horovod's returns False for it
     if process_set.process_set_id is None:
         raise ValueError(f"{process_set} is not registered")
     # Sets added from one MPI communicator differ between ranks; all of them go.

@@ -27,8 +27,9 @@ assert np.allclose(got, sum(members)), got
 assert np.allclose(gathered_grad(x).numpy(), np.mean([k + 1 for k in members])), gathered_grad(x)
 assert int(hvd.size_op(process_set_id=mine.process_set_id)) == len(members)
 assert hvd.broadcast_object(r, root_rank=members[-1], process_set=mine) == members[-1]
-hvd.remove_process_set(odds)
-hvd.remove_process_set(evens)
+assert hvd.remove_process_set(odds) and hvd.remove_process_set(evens)
+assert hvd.remove_process_set(hvd.global_process_set) is False  # the global set stays, as Horovod's
+assert repr(hvd.global_process_set) == f"ProcessSet(process_set_id=0, ranks={list(range(n))}, mpi_comm=None)"
 try:
     hvd.allreduce(x, process_set=evens)
     raise SystemExit("a removed set was accepted")
