@@ -402,14 +402,15 @@ void Controller::cycle() {
   }
   fresh_.clear();
   const bool stallCheck = !config_.stallCheckDisable && config_.stallCheckSeconds > 0;
+  // Once every rank has been blocked a while, all waiting cached requests go
+  // through the coordinator (see watchBlocked).
+  const bool blockedLong = blockedSince_ && config_.blockedFailSeconds > 0 &&
+                           std::chrono::duration<double>(now - *blockedSince_).count() > config_.blockedFailSeconds / 2;
   for (const auto& [pos, e] : cachedPending_) {
     clearBit(notHit, pos);
     // A cached request others have not matched for long goes through the
     // coordinator, which knows which ranks are missing.
     double waited = std::chrono::duration<double>(now - e->second.enqueued).count();
-    // So do all of them once every rank has been blocked a while (see watchBlocked).
-    const bool blockedLong = blockedSince_ && config_.blockedFailSeconds > 0 &&
-                             std::chrono::duration<double>(now - *blockedSince_).count() > config_.blockedFailSeconds / 2;
     if ((stallCheck && waited > config_.stallCheckSeconds / 2) || blockedLong) setBit(invalid, pos);
   }
   for (auto& q : uncached) {
