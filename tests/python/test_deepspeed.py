@@ -119,7 +119,7 @@ def test_activation_checkpointing_same_gradients_less_memory(ranks):
 
 
 def test_pipeline_schedule_is_1f1b():
-    from chorus.deepspeed.pipe.schedule import train_steps
+    from chorus.deepspeed.runtime.pipe.schedule import train_steps
     for stages in (1, 2, 4):
         for micro in (1, 3, 8):
             for stage in range(stages):

@@ -7,11 +7,11 @@ offload with chorus's SIMD CPU Adam, and sharded checkpoints. The engine's core
 import os as _os
 
 import chorus.torch as _hvd
-from chorus.deepspeed import checkpointing  # noqa: F401  (deepspeed.checkpointing)
-from chorus.deepspeed import accelerator, checkpoint, comm, ops, runtime, utils, zero  # noqa: F401
-from chorus.deepspeed import config as _config
+from chorus.deepspeed.runtime.activation_checkpointing import checkpointing  # noqa: F401  (deepspeed.checkpointing)
+from chorus.deepspeed import accelerator, checkpoint, comm, ops, pipe, runtime, utils, zero  # noqa: F401
+from chorus.deepspeed.runtime import config as _config
 from chorus.deepspeed import elastic  # noqa: F401  (deepspeed.elastic.DeepSpeedState)
-from chorus.deepspeed.engine import DeepSpeedEngine
+from chorus.deepspeed.runtime.engine import DeepSpeedEngine
 from chorus.deepspeed.runtime.lr_schedules import WarmupDecayLR, WarmupLR
 
 from chorus.deepspeed._version import DEEPSPEED_API_VERSION as __version__  # the DeepSpeed API implemented
@@ -95,11 +95,10 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     text = _config.load_config(config, config_params, args)
     import json as _json
     if "activation_checkpointing" in _json.loads(text):
-        from chorus.deepspeed import checkpointing
+        from chorus.deepspeed.runtime.activation_checkpointing import checkpointing
         checkpointing.configure(mpu, deepspeed_config=_json.loads(text))
-    from chorus.deepspeed.pipe import PipelineModule
-    if isinstance(model, PipelineModule):
-        from chorus.deepspeed.pipe.engine import PipelineEngine
+    if isinstance(model, pipe.PipelineModule):
+        from chorus.deepspeed.runtime.pipe.engine import PipelineEngine
         engine = PipelineEngine(model, optimizer, model_parameters, text,
                                 lr_scheduler if not callable(lr_scheduler) or hasattr(lr_scheduler, "step") else None)
         if training_data is not None:

@@ -15,7 +15,7 @@ import os
 import shutil
 
 import chorus.torch as hvd
-from chorus.deepspeed import zero_checkpoint as checkpoint
+from chorus.deepspeed.runtime.zero import checkpoint
 from chorus.torch.elastic.state import ObjectState
 
 

@@ -3,7 +3,7 @@ process sets: tensor (model) parallel groups of neighbouring ranks, pipeline
 stages, and data-parallel replicas. Layout as DeepSpeed's
 PipeModelDataParallelTopology: rank = (pipe * data_size + data) * tensor_size + tensor."""
 import chorus.torch as hvd
-from chorus.deepspeed.pipe.topology import Grid, PipeModelDataParallelTopology
+from chorus.deepspeed.runtime.pipe.topology import Grid, PipeModelDataParallelTopology
 
 _grid = None
 

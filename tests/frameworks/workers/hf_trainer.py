@@ -98,6 +98,11 @@ def main():
         os.makedirs(a.out, exist_ok=True)
         torch.save(state, os.path.join(a.out, "init.pt"))
     if a.init_only:
+        # Real DeepSpeed's comm threads can abort the interpreter's exit
+        # ("terminate called without an active exception") unless the group is closed.
+        if torch.distributed.is_initialized():
+            torch.distributed.barrier()
+            torch.distributed.destroy_process_group()
         return
     trainer = Trainer(model=model, args=args, train_dataset=Data(), callbacks=[PrintLoss()])
     if a.resume:

@@ -139,7 +139,7 @@ if rank == size - 1:
 engine.save_checkpoint(root, tag="t2")  # the runtime is still usable
 
 # --- a checkpoint whose last shard comes from an older save of the same tag is refused ---
-from chorus.deepspeed.zero_checkpoint import shard_name  # noqa: E402
+from chorus.deepspeed.runtime.zero.checkpoint import shard_name  # noqa: E402
 engine.save_checkpoint(root, tag="mix")
 last = os.path.join(root, "mix", shard_name(size - 1))
 if rank == 0:

@@ -112,7 +112,7 @@ def train(engine, x, y, steps, start=0):
 def full_params(engine, tmp, tag):
     """The engine's fp32 master weights, consolidated through a checkpoint."""
     import chorus.torch as hvd
-    from chorus.deepspeed.zero_to_fp32 import consolidate
+    from chorus.deepspeed.utils.zero_to_fp32 import consolidate
     engine.save_checkpoint(tmp, tag)
     sd = consolidate(tmp, tag)
     return [sd[n] for n in engine._names]

@@ -1,2 +1,454 @@
-"""deepspeed.runtime.engine"""
-from chorus.deepspeed.engine import DeepSpeedEngine  # noqa: F401
+"""DeepSpeedEngine: wraps a torch module and hooks it into chorus's C++ ZeRO engine
+(partitioning, collectives, loss scaling, clipping and the optimizer all run there)."""
+import json
+import os
+import warnings
+
+import torch
+
+from chorus import _core
+import chorus.torch as hvd
+from chorus.deepspeed.runtime import config as ds_config
+from chorus.deepspeed.runtime.zero import checkpoint, stage3
+from chorus.deepspeed.runtime.engine_queries import EngineQueries
+from chorus.deepspeed.runtime.base_optimizer import ZeroOptimizer, translate
+from chorus.deepspeed.runtime import lr_schedules
+from chorus.deepspeed.runtime.zero import partition_parameters
+from chorus.torch.handles import _dtype_code
+
+_ZERO_FORMULA = {0: lambda n: (16, 0), 1: lambda n: (4, 12 / n), 2: lambda n: (2, 14 / n), 3: lambda n: (0, 16 / n)}
+
+
+def _view(block, dtype, shape=None):
+    """A tensor over engine memory, in place: a numpy array (host memory) or a
+    DeviceBlock (device memory, through __cuda_array_interface__)."""
+    if isinstance(block, _core.DeviceBlock):
+        t = torch.as_tensor(block, device=torch.device("cuda", block.device))
+    else:
+        t = torch.from_numpy(block)
+    t = t.view(dtype)
+    return t if shape is None else t.view(shape)
+
+
+def _choose_device(model):
+    """Where the engine keeps the model, as DeepSpeed's accelerator does: the GPU
+    the model is on, else this rank's GPU (LOCAL_RANK) when CUDA is usable and
+    DS_ACCELERATOR does not say cpu, else host memory."""
+    where = {p.device for p in model.parameters() if p.device.type != "meta"}
+    if len(where) > 1:
+        raise ValueError(f"deepspeed.initialize: the model's parameters are on several devices ({sorted(map(str, where))})")
+    if where and next(iter(where)).type not in ("cpu", "cuda"):
+        raise ValueError(f"deepspeed.initialize: chorus's ZeRO engine runs on the CPU or CUDA, not {next(iter(where))}")
+    if where and next(iter(where)).type == "cuda":
+        d = next(iter(where))
+        return torch.device("cuda", d.index if d.index is not None else torch.cuda.current_device())
+    if os.environ.get("DS_ACCELERATOR", "").lower() == "cpu" or not torch.cuda.is_available() or \
+            not _core.cuda_built():
+        return torch.device("cpu")
+    local = os.environ.get("LOCAL_RANK")
+    local = int(local) if local is not None else hvd.local_rank()
+    return torch.device("cuda", local % torch.cuda.device_count())
+
+
+def _full_shape(p):
+    """A parameter's shape, also when zero.Init left only a placeholder."""
+    return tuple(p.ds_shape) if hasattr(p, "ds_shape") else tuple(p.shape)
+
+
+class DeepSpeedEngine(EngineQueries, torch.nn.Module):
+    def __init__(self, model, optimizer=None, model_parameters=None, config_text=None, process_set=None,
+                 lr_scheduler=None, pipe_set=None, tensor_parallel_size=1):
+        super().__init__()
+        # The ranks holding the model's other pieces (pipeline stages, tensor-parallel
+        # slices): the gradient norm is the whole model's. A parameter that the
+        # tensor-parallel ranks hold alike counts once (model_parallel marks the sliced ones).
+        self._pipe_set = pipe_set
+        self._tp = tensor_parallel_size
+        self._defer = set()  # parameters whose gradients wait for _flush_deferred (tied across stages)
+        self._deferred = {}
+        if not isinstance(model, torch.nn.Module):
+            raise ValueError(f"deepspeed.initialize: model must be a torch.nn.Module, not {type(model).__name__}")
+        self.module = model
+        self.process_set = process_set if process_set is not None else hvd.global_process_set
+        if not self.process_set.included():
+            raise ValueError(f"deepspeed.initialize: this rank is not in the process set {self.process_set.ranks}")
+        self._config_text = config_text
+        cfg = ds_config.parse(config_text, self.process_set.size())
+        self._cfg = cfg
+        self._raw_config = json.loads(config_text)
+        self._boundary_override = None
+        self._step_applied = False
+        self._client_optimizer = optimizer
+        self.client_lr_scheduler = lr_scheduler
+        self.training_dataloader = None
+        self.dtype = torch.float16 if cfg["fp16"] else torch.bfloat16 if cfg["bf16"] else torch.float32
+        self._device = _choose_device(model)
+        if self._device.type == "cuda":
+            torch.cuda.set_device(self._device)
+            model.to(self._device)
+        if self.dtype != torch.float32:
+            model.to(self.dtype)
+        if cfg["stage"] < 3 and cfg["offload_param"] == "cpu":
+            warnings.warn(f"chorus: offload_param is used by ZeRO stage 3 only; ignored at stage {cfg['stage']}")
+
+        self._params, self._names = self._trainable(model, optimizer, model_parameters)
+        self._shapes = [_full_shape(p) for p in self._params]
+        self._index = {id(p): i for i, p in enumerate(self._params)}
+        kind, groups, self._client = translate(optimizer, cfg["optimizer"], cfg["offload_optimizer"] == "cpu")
+        self._core_args = (self._group_of(groups), kind or "adam")
+        self.core = self._make_core()
+        self._attach_params()
+        self.optimizer = ZeroOptimizer(self, groups)
+        if self._client is not None:
+            self._bind_client()
+        self.lr_scheduler = lr_scheduler
+        if lr_scheduler is None and cfg["scheduler"] is not None:
+            self.lr_scheduler = lr_schedules.from_config(self.optimizer, self._raw_config["scheduler"])
+        self.global_steps = 0
+        self.global_samples = 0
+        self.micro_steps = 0
+        self.skipped_steps = 0
+        self._grad_norm = None
+        self._hook_grads()
+        self._stage3 = stage3.Stage3Hooks(self) if self.core.stage == 3 else None
+
+    # --- setup -------------------------------------------------------------------------------
+    def _make_core(self):
+        group_of, kind = self._core_args
+        return _core.ZeroEngine(self._config_text, self.process_set.process_set_id,
+                                _dtype_code(self._params[0], "ZeRO"),
+                                [int(torch.Size(s).numel()) for s in self._shapes], group_of, kind,
+                                self._pipe_set.process_set_id if self._pipe_set is not None else -1,
+                                [1.0 if getattr(p, "model_parallel", False) else 1.0 / self._tp for p in self._params]
+                                if self._pipe_set is not None and self._tp > 1 else [],
+                                [int(getattr(p, "chorus_priority", 0)) for p in self._params],
+                                *self._core_device())
+
+    def _core_device(self):
+        """(device ordinal, stream) of a CUDA engine: its work follows the current stream; (-1, 0) on the host."""
+        if self._device.type != "cuda":
+            return -1, 0
+        return self._device.index, torch.cuda.current_stream(self._device).cuda_stream
+
+    def _rebuild(self):
+        """Re-forms the engine over the world after an elastic reset: a C++ ZeRO engine
+        partitioned for the process set's new size, under the same parameters,
+        optimizer object, scheduler and gradient hooks. The values are the old
+        engine's parameters; an elastic state loads its last commit next."""
+        self._cfg = ds_config.parse(self._config_text, self.process_set.size())
+        if self._stage3 is not None:
+            self._stage3.detach()
+            for i, p in enumerate(self._params):  # the full parameters, from the old engine's partition
+                p.data = torch.zeros(self._shapes[i], dtype=self.dtype, device=self._device)
+        else:
+            for p in self._params:
+                p.data = p.data.clone()  # off the old engine's storage, which goes now
+        self.core = self._make_core()
+        self._attach_params()
+        if self._client is not None:
+            self._bind_client()
+        self._stage3 = stage3.Stage3Hooks(self) if self.core.stage == 3 else None
+    @staticmethod
+    def _trainable(model, optimizer, model_parameters):
+        named = {}
+        for n, p in model.named_parameters():
+            if p.requires_grad and id(p) not in named:
+                named[id(p)] = (n, p)
+        chosen = None
+        if optimizer is not None:
+            chosen = [p for g in optimizer.param_groups for p in g["params"]]
+        elif model_parameters is not None:
+            chosen = []
+            for item in model_parameters:
+                chosen.extend(item["params"] if isinstance(item, dict) else [item])
+        if chosen is not None:
+            keep = {id(p) for p in chosen}
+            unknown = [p for p in chosen if id(p) not in named]
+            if unknown:
+                raise ValueError("deepspeed.initialize: the optimizer holds parameters that are not trainable "
+                                 "parameters of the model")
+            named = {k: v for k, v in named.items() if k in keep}
+        if not named:
+            raise ValueError("deepspeed.initialize: the model has no trainable parameters")
+        params = [p for _, p in named.values()]
+        return params, [n for n, _ in named.values()]
+
+    def _group_of(self, groups):
+        where = {}
+        for gi, g in enumerate(groups):
+            for p in g.get("params", []):
+                where[id(p)] = gi
+        return [where.get(id(p), 0) for p in self._params]
+
+    def _attach_params(self):
+        core = self.core
+        for i, p in enumerate(self._params):
+            zero_init = hasattr(p, "ds_id") and partition_parameters._engine_of(p) is None
+            if zero_init:  # built under zero.Init: whole for a moment, one parameter at a time
+                partition_parameters._gather_one(p)
+                p.data = p.data.to(self.dtype)
+            p.data = p.data.contiguous()
+            core.load_param(i, p.data_ptr())
+            if zero_init and core.stage == 3:
+                p.data = torch.empty(0, dtype=self.dtype, device=self._device)
+        core.finish_init()
+        for i, p in enumerate(self._params):
+            if core.stage < 3:
+                p.data = _view(core.param_storage(i), self.dtype, self._shapes[i])
+                for attr in ("ds_id", "ds_shape", "ds_numel", "ds_tensor", "ds_status", "ds_process_set"):
+                    if hasattr(p, attr):
+                        delattr(p, attr)  # whole on every rank: no longer a ZeRO-3 parameter
+            else:
+                self._mark_zero3(i, p)
+
+    def _mark_zero3(self, i, p):
+        """What DeepSpeed's ZeRO-3 parameters carry, the engine behind them."""
+        import weakref
+        if not hasattr(p, "ds_id"):
+            p.ds_id = partition_parameters._new_id()
+        p.ds_shape = torch.Size(self._shapes[i])
+        p.ds_numel = int(p.ds_shape.numel())
+        p.ds_process_set = self.process_set
+        p.ds_status = partition_parameters.ZeroParamStatus.NOT_AVAILABLE
+        p._chorus_engine_ref = weakref.ref(self)
+        if hasattr(p, "ds_tensor"):
+            del p.ds_tensor  # the engine holds the slice now
+
+    # --- ZeRO-3 parameters for GatheredParameters ---------------------------------------------
+    def _zero_gather(self, p):
+        i = self._index[id(p)]
+        self.core.gather_async([i])
+        whole = _view(self.core.gathered(i), self.dtype, self._shapes[i]).clone()
+        if not self.core.persistent(i):
+            self.core.release(i)
+        return whole
+
+    def _zero_assign(self, p):
+        i = self._index[id(p)]
+        value = p.data.to(self.dtype).contiguous()
+        self.core.assign_param(i, value.data_ptr())
+
+    def _zero_release(self, p):
+        self._stage3._point(self._index[id(p)], p)
+
+    def _bind_client(self):
+        """An optimizer chorus cannot translate steps fp32 views of the partition: a
+        fresh instance of its class, with its hyperparameters, over those views."""
+        master = _view(self.core.master_view(), torch.float32)
+        grads = _view(self.core.external_grad_view(), torch.float32)
+        per_group = {}
+        for offset, length, group in self.core.runs():
+            t = master[offset:offset + length]
+            t.grad = grads[offset:offset + length]
+            per_group.setdefault(group, []).append(t)
+        groups = [dict(g, params=per_group.get(gi, [])) for gi, g in enumerate(self._client.param_groups)]
+        groups = [g for g in groups if g["params"]]
+        self._client = type(self._client)(groups, **self._client.defaults)
+        self.optimizer.param_groups = self._client.param_groups
+
+    def _hook_grads(self):
+        self._accumulators = []
+        for i, p in enumerate(self._params):
+            # The accumulator keeps the shape p has now: a ZeRO-3 placeholder must show its whole one.
+            held = p.data
+            if tuple(p.shape) != self._shapes[i]:
+                p.data = torch.empty(self._shapes[i], dtype=p.dtype, device=p.device)
+            acc = p.expand_as(p).grad_fn.next_functions[0][0]
+            p.data = held
+            acc.register_hook(self._make_hook(i, p))
+            self._accumulators.append(acc)
+
+    def _make_hook(self, i, p):
+        def hook(*_):
+            g = p.grad
+            if g is None:
+                return
+            if g.is_sparse:
+                g = g.to_dense()
+            if i in self._defer:  # summed over micro-batches here, handed over by _flush_deferred
+                acc = self._deferred.get(i)
+                self._deferred[i] = g.detach().clone() if acc is None else acc.add_(g)
+                p.grad = None
+                return
+            g = g.contiguous()
+            self.core.grad_ready(i, g.data_ptr())
+            p.grad = None
+            if self._stage3 is not None:
+                self._stage3.grad_done(i)
+        return hook
+
+    def _flush_deferred(self, reduce):
+        """Hands the deferred gradients to the engine after reduce(index, grad) (in
+        place) combined them; zeros for a deferred parameter that got none."""
+        for i in sorted(self._defer):
+            g = self._deferred.pop(i, None)
+            if g is None:
+                g = torch.zeros(self._shapes[i], dtype=self.dtype, device=self._device)
+            g = g.contiguous()
+            reduce(i, g)
+            self.core.grad_ready(i, g.data_ptr())
+
+    # --- training ----------------------------------------------------------------------------
+    def _cast(self, x):
+        if torch.is_tensor(x):
+            return x.to(self.dtype) if x.is_floating_point() and x.dtype != self.dtype else x
+        if isinstance(x, (list, tuple)):
+            return type(x)(self._cast(v) for v in x)
+        if isinstance(x, dict):
+            return {k: self._cast(v) for k, v in x.items()}
+        return x
+
+    def forward(self, *inputs, **kwargs):
+        if self.dtype != torch.float32:
+            inputs, kwargs = self._cast(inputs), self._cast(kwargs)
+        return self.module(*inputs, **kwargs)
+
+    def backward(self, loss, retain_graph=False, scale_wrt_gas=True):
+        """scale_wrt_gas=False: the caller divided the loss by the accumulation steps already."""
+        if not torch.is_tensor(loss) or loss.numel() != 1:
+            raise ValueError("model_engine.backward expects the scalar loss tensor")
+        factor = self.core.loss_scale / (self.gradient_accumulation_steps() if scale_wrt_gas else 1)
+        scaled = loss.float() * factor if factor != 1.0 else loss
+        scaled.backward(retain_graph=retain_graph)
+        self.core.end_backward()
+        if self._stage3 is not None:
+            self._stage3.end_backward()
+        return loss
+
+    def step(self, lr_kwargs=None):
+        boundary = self.is_gradient_accumulation_boundary()
+        self.micro_steps += 1
+        self.global_samples += self.train_micro_batch_size_per_gpu() * self.process_set.size()
+        if not boundary:
+            return
+        if self._client is None:
+            skipped, norm, _ = self.core.step(self.optimizer.hypers())
+        else:
+            skipped, norm, _ = self.core.step_external()
+            if not skipped:
+                self._client.step()
+                self.core.publish_external()
+        self.global_steps += 1
+        self._step_applied = not skipped
+        if skipped:
+            self.skipped_steps += 1
+        else:
+            self._grad_norm = norm
+            if self.lr_scheduler is not None:
+                self.lr_scheduler.step(**(lr_kwargs or {}))
+
+    def zero_grad(self):
+        """Gradients live in the engine and are cleared at each step."""
+
+    @property
+    def loss_scale(self):
+        return self.core.loss_scale
+
+    @property
+    def device(self):
+        return self._device
+
+    def to(self, *args, **kwargs):
+        """The model stays where the engine keeps it (its tensors are views of the
+        engine's memory): a move there is a no-op, elsewhere an error."""
+        device = kwargs.get("device", args[0] if args and isinstance(args[0], (str, torch.device, int)) else None)
+        if device is not None:
+            want = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+            if want.type == "cuda" and want.index is None and torch.cuda.is_available():
+                want = torch.device("cuda", torch.cuda.current_device())
+            if want.type != self._device.type or (want.index is not None and want.index != self._device.index):
+                where = "host memory" if self._device.type == "cpu" else str(self._device)
+                raise ValueError(f"chorus's ZeRO engine keeps the model in {where}; it cannot move to {want}")
+        return self
+
+    def cuda(self, device=None):
+        return self.to(torch.device("cuda", device) if isinstance(device, int) else device or "cuda")
+
+    def cpu(self):
+        return self.to("cpu")
+
+    def deepspeed_io(self, dataset, batch_size=None, collate_fn=None, shuffle=True):
+        sampler = torch.utils.data.distributed.DistributedSampler(
+            dataset, num_replicas=self.process_set.size(), rank=self.process_set.rank(), shuffle=shuffle)
+        return torch.utils.data.DataLoader(dataset, batch_size=batch_size or self.train_micro_batch_size_per_gpu(),
+                                           sampler=sampler, collate_fn=collate_fn)
+
+    # --- memory and checkpoints --------------------------------------------------------------
+    def memory_report(self):
+        """This rank's bytes of model states, beside the ZeRO paper's figure for mixed-precision Adam."""
+        m = dict(self.core.memory())
+        n = self.process_set.size()
+        fixed, per = _ZERO_FORMULA[self.core.stage](n)
+        m["model_states"] = m["params"] + m["grads"] + m["optimizer"]
+        m["formula"] = (fixed + per) * m["psi"]
+        m["placement"] = self.core.placement
+        return m
+
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True,
+                        exclude_frozen_parameters=False):
+        """Every rank's shard of the fp32 state, rank 0's model states (frozen
+        parameters left out of them with exclude_frozen_parameters). Collective."""
+        return checkpoint.save(self, save_dir, tag, client_state or {}, save_latest, exclude_frozen_parameters)
+
+    def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
+                        load_lr_scheduler_states=True, load_module_only=False):
+        return checkpoint.load(self, load_dir, tag, load_lr_scheduler_states)
+
+    def module_state_dict(self):
+        """The whole model's state on every rank (ZeRO-3 gathers each module's parameters
+        in turn; collective over the process set at stage 3)."""
+        state = self.module.state_dict(keep_vars=True)
+        whole = {}
+        if self._stage3 is not None:
+            for m, own in self._stage3.owned.items():
+                self._stage3.fetch(m)
+                for i in own:
+                    whole[id(self._params[i])] = self._params[i].detach().clone()
+                self._stage3.release(m)
+        return {k: whole[id(v)] if id(v) in whole else v.detach().clone() for k, v in state.items()}
+
+    def save_16bit_model(self, save_dir, save_filename="pytorch_model.bin", exclude_frozen_parameters=False):
+        """Writes the model's weights in their training dtype on rank 0 (a torch.load-able
+        state dict); every rank of the set calls it."""
+        state = self.module_state_dict()
+        if exclude_frozen_parameters:
+            frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}
+            state = {k: v for k, v in state.items() if k not in frozen}
+        if self.process_set.rank() == 0:
+            os.makedirs(save_dir, exist_ok=True)
+            path = os.path.join(save_dir, save_filename)
+            tmp = path + ".tmp"
+            torch.save(state, tmp)
+            os.replace(tmp, path)
+        hvd.barrier(process_set=self.process_set)
+        return True
+
+    save_fp16_model = save_16bit_model
+
+    @property
+    def basic_optimizer(self):
+        return self.optimizer.basic_optimizer
+
+    @property
+    def config(self):
+        """The config as a dict, as DeepSpeed's engine.config is (batch sizes resolved)."""
+        raw = dict(self._raw_config)
+        for k in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
+            raw[k] = self._cfg[k]
+        return raw
+
+    def zero_gather_16bit_weights_on_model_save(self):
+        """Whether save_16bit_model gathers ZeRO-3 weights (stage3_gather_16bit_weights_on_model_save)."""
+        zero = self._raw_config.get("zero_optimization", {})
+        return bool(zero.get("stage3_gather_16bit_weights_on_model_save",
+                             zero.get("stage3_gather_fp16_weights_on_model_save", False)))
+
+    def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters=False):
+        """The whole model's state in its training dtype on the set's first rank
+        (None elsewhere); collective over the process set. Buffers too, and a
+        parameter tied to another appears under each name, as in module.state_dict()."""
+        state = self.module_state_dict()
+        if exclude_frozen_parameters:
+            frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}
+            state = {k: v for k, v in state.items() if k not in frozen}
+        return state if self.process_set.rank() == 0 else None

@@ -11,9 +11,9 @@ import torch
 
 from chorus import _core
 import chorus.torch as hvd
-from chorus.deepspeed.engine import DeepSpeedEngine
-from chorus.deepspeed.pipe.schedule import inference_steps, train_steps
-from chorus.deepspeed.pipe.topology import Grid, process_set_for
+from chorus.deepspeed.runtime.engine import DeepSpeedEngine
+from chorus.deepspeed.runtime.pipe.schedule import inference_steps, train_steps
+from chorus.deepspeed.runtime.pipe.topology import Grid, process_set_for
 from chorus.torch.handles import _DTYPES
 
 _TAG_META, _TAG_ACT, _TAG_GRAD = 101, 102, 103
@@ -288,7 +288,7 @@ class PipelineEngine:
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
                         load_lr_scheduler_states=True, load_module_only=False):
-        from chorus.deepspeed.zero_checkpoint import resolve_tag
+        from chorus.deepspeed.runtime.zero.checkpoint import resolve_tag
         tag = resolve_tag(load_dir, tag)
         if tag is None:
             import warnings

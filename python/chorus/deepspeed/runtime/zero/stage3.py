@@ -15,7 +15,7 @@ def _empty(dtype, device):
 
 
 def _view(block, dtype, shape):
-    from chorus.deepspeed.engine import _view as view
+    from chorus.deepspeed.runtime.engine import _view as view
     return view(block, dtype, shape)
 
 

@@ -4,7 +4,7 @@ import re
 
 import torch
 
-from chorus.deepspeed.pipe.topology import PipeDataParallelTopology
+from chorus.deepspeed.runtime.pipe.topology import PipeDataParallelTopology
 
 
 class LayerSpec:
@@ -228,5 +228,5 @@ class _TiedForward(torch.nn.Module):
 
 
 def _default_checkpoint(function, *args):
-    from chorus.deepspeed.checkpointing import checkpoint
+    from chorus.deepspeed.runtime.activation_checkpointing.checkpointing import checkpoint
     return checkpoint(function, *args)

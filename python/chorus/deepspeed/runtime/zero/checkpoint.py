@@ -70,7 +70,7 @@ def _write_consolidation_script(save_dir):
     `python zero_to_fp32.py . pytorch_model.bin` consolidates them offline."""
     text = ('#!/usr/bin/env python\n"""Consolidates the ZeRO checkpoints in this folder into one fp32 state_dict:\n'
             '    python zero_to_fp32.py . pytorch_model.bin [-t TAG]\n(chorus\'s; needs chorus installed)."""\n'
-            'import sys\n\nfrom chorus.deepspeed.zero_to_fp32 import main\n\n'
+            'import sys\n\nfrom chorus.deepspeed.utils.zero_to_fp32 import main\n\n'
             'if __name__ == "__main__":\n    sys.exit(main())\n')
     _core.write_file_atomic(os.path.join(save_dir, "zero_to_fp32.py"), text.encode())
 

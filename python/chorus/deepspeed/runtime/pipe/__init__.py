@@ -1,0 +1,1 @@
+"""deepspeed.runtime.pipe: the pipeline engine, module, schedule and topology."""
