@@ -3,7 +3,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "reduce/half.h"
+#include "reduce/cast.h"
 
 namespace chorus::bench {
 
@@ -16,38 +16,9 @@ double genValue(int rank, int64_t i, DataType dt, ReduceOp op) {
   return static_cast<double>((i * 3 + rank * 5) % 11 - 5);
 }
 
-double load(const char* p, DataType dt, int64_t i) {
-  switch (dt) {
-    case DataType::kUInt8: return reinterpret_cast<const uint8_t*>(p)[i];
-    case DataType::kInt8: return reinterpret_cast<const int8_t*>(p)[i];
-    case DataType::kInt16: return reinterpret_cast<const int16_t*>(p)[i];
-    case DataType::kUInt16: return reinterpret_cast<const uint16_t*>(p)[i];
-    case DataType::kInt32: return reinterpret_cast<const int32_t*>(p)[i];
-    case DataType::kInt64: return static_cast<double>(reinterpret_cast<const int64_t*>(p)[i]);
-    case DataType::kFloat16: return halfToFloat(reinterpret_cast<const uint16_t*>(p)[i]);
-    case DataType::kBFloat16: return bf16ToFloat(reinterpret_cast<const uint16_t*>(p)[i]);
-    case DataType::kFloat32: return reinterpret_cast<const float*>(p)[i];
-    case DataType::kFloat64: return reinterpret_cast<const double*>(p)[i];
-    case DataType::kBool: return reinterpret_cast<const uint8_t*>(p)[i];
-  }
-  return NAN;
-}
+double load(const char* p, DataType dt, int64_t i) { return elementToDouble(p, dt, static_cast<size_t>(i)); }
 
-void store(char* p, DataType dt, int64_t i, double v) {
-  switch (dt) {
-    case DataType::kUInt8: reinterpret_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); break;
-    case DataType::kInt8: reinterpret_cast<int8_t*>(p)[i] = static_cast<int8_t>(v); break;
-    case DataType::kInt16: reinterpret_cast<int16_t*>(p)[i] = static_cast<int16_t>(v); break;
-    case DataType::kUInt16: reinterpret_cast<uint16_t*>(p)[i] = static_cast<uint16_t>(v); break;
-    case DataType::kInt32: reinterpret_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
-    case DataType::kInt64: reinterpret_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); break;
-    case DataType::kFloat16: reinterpret_cast<uint16_t*>(p)[i] = floatToHalf(static_cast<float>(v)); break;
-    case DataType::kBFloat16: reinterpret_cast<uint16_t*>(p)[i] = floatToBf16(static_cast<float>(v)); break;
-    case DataType::kFloat32: reinterpret_cast<float*>(p)[i] = static_cast<float>(v); break;
-    case DataType::kFloat64: reinterpret_cast<double*>(p)[i] = v; break;
-    case DataType::kBool: reinterpret_cast<uint8_t*>(p)[i] = v != 0; break;
-  }
-}
+void store(char* p, DataType dt, int64_t i, double v) { elementFromDouble(p, dt, static_cast<size_t>(i), v); }
 
 bool isInteger(DataType dt) {
   return dt == DataType::kUInt8 || dt == DataType::kInt8 || dt == DataType::kInt16 || dt == DataType::kUInt16 ||

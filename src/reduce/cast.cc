@@ -53,26 +53,42 @@ double sumSquares(const void* grad, DataType dtype, size_t n) {
   return total;
 }
 
-void castElements(DataType to, void* dst, DataType from, const void* src, size_t n) {
-  auto load = [&](size_t i) -> double {
-    switch (from) {
-      case DataType::kFloat16: return halfToFloat(static_cast<const uint16_t*>(src)[i]);
-      case DataType::kBFloat16: return bf16ToFloat(static_cast<const uint16_t*>(src)[i]);
-      case DataType::kFloat32: return static_cast<const float*>(src)[i];
-      case DataType::kFloat64: return static_cast<const double*>(src)[i];
-      default: throw InvalidArgument(std::string("cast: unsupported source dtype ") + dtypeName(from));
-    }
-  };
-  for (size_t i = 0; i < n; ++i) {
-    const double v = load(i);
-    switch (to) {
-      case DataType::kFloat16: static_cast<uint16_t*>(dst)[i] = floatToHalf(static_cast<float>(v)); break;
-      case DataType::kBFloat16: static_cast<uint16_t*>(dst)[i] = floatToBf16(static_cast<float>(v)); break;
-      case DataType::kFloat32: static_cast<float*>(dst)[i] = static_cast<float>(v); break;
-      case DataType::kFloat64: static_cast<double*>(dst)[i] = v; break;
-      default: throw InvalidArgument(std::string("cast: unsupported target dtype ") + dtypeName(to));
-    }
+double elementToDouble(const void* data, DataType dtype, size_t i) {
+  switch (dtype) {
+    case DataType::kUInt8: return static_cast<const uint8_t*>(data)[i];
+    case DataType::kInt8: return static_cast<const int8_t*>(data)[i];
+    case DataType::kInt16: return static_cast<const int16_t*>(data)[i];
+    case DataType::kUInt16: return static_cast<const uint16_t*>(data)[i];
+    case DataType::kInt32: return static_cast<const int32_t*>(data)[i];
+    case DataType::kInt64: return static_cast<double>(static_cast<const int64_t*>(data)[i]);
+    case DataType::kFloat16: return halfToFloat(static_cast<const uint16_t*>(data)[i]);
+    case DataType::kBFloat16: return bf16ToFloat(static_cast<const uint16_t*>(data)[i]);
+    case DataType::kFloat32: return static_cast<const float*>(data)[i];
+    case DataType::kFloat64: return static_cast<const double*>(data)[i];
+    case DataType::kBool: return static_cast<const uint8_t*>(data)[i];
   }
+  throw InvalidArgument("elementToDouble: unknown dtype " + std::to_string(static_cast<int>(dtype)));
+}
+
+void elementFromDouble(void* data, DataType dtype, size_t i, double v) {
+  switch (dtype) {
+    case DataType::kUInt8: static_cast<uint8_t*>(data)[i] = static_cast<uint8_t>(v); return;
+    case DataType::kInt8: static_cast<int8_t*>(data)[i] = static_cast<int8_t>(v); return;
+    case DataType::kInt16: static_cast<int16_t*>(data)[i] = static_cast<int16_t>(v); return;
+    case DataType::kUInt16: static_cast<uint16_t*>(data)[i] = static_cast<uint16_t>(v); return;
+    case DataType::kInt32: static_cast<int32_t*>(data)[i] = static_cast<int32_t>(v); return;
+    case DataType::kInt64: static_cast<int64_t*>(data)[i] = static_cast<int64_t>(v); return;
+    case DataType::kFloat16: static_cast<uint16_t*>(data)[i] = floatToHalf(static_cast<float>(v)); return;
+    case DataType::kBFloat16: static_cast<uint16_t*>(data)[i] = floatToBf16(static_cast<float>(v)); return;
+    case DataType::kFloat32: static_cast<float*>(data)[i] = static_cast<float>(v); return;
+    case DataType::kFloat64: static_cast<double*>(data)[i] = v; return;
+    case DataType::kBool: static_cast<uint8_t*>(data)[i] = v != 0 ? 1 : 0; return;
+  }
+  throw InvalidArgument("elementFromDouble: unknown dtype " + std::to_string(static_cast<int>(dtype)));
+}
+
+void castElements(DataType to, void* dst, DataType from, const void* src, size_t n) {
+  for (size_t i = 0; i < n; ++i) elementFromDouble(dst, to, i, elementToDouble(src, from, i));
 }
 
 }  // namespace chorus

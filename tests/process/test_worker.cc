@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "chorus/chorus.h"
+#include "reduce/cast.h"
 
 using namespace chorus;
 using Clock = std::chrono::steady_clock;
@@ -220,50 +221,14 @@ int matrix() {
                 : op == ReduceOp::kMax ? std::max(acc, v) : acc * v;
           }
           expect[i] = acc;
-          double v = value(r, i);
-          switch (dt) {
-            case DataType::kUInt8: reinterpret_cast<uint8_t*>(buf.data())[i] = static_cast<uint8_t>(v); break;
-            case DataType::kInt8: reinterpret_cast<int8_t*>(buf.data())[i] = static_cast<int8_t>(v); break;
-            case DataType::kInt16: reinterpret_cast<int16_t*>(buf.data())[i] = static_cast<int16_t>(v); break;
-            case DataType::kUInt16: reinterpret_cast<uint16_t*>(buf.data())[i] = static_cast<uint16_t>(v); break;
-            case DataType::kInt32: reinterpret_cast<int32_t*>(buf.data())[i] = static_cast<int32_t>(v); break;
-            case DataType::kInt64: reinterpret_cast<int64_t*>(buf.data())[i] = static_cast<int64_t>(v); break;
-            case DataType::kFloat16: reinterpret_cast<uint16_t*>(buf.data())[i] = static_cast<uint16_t>(0x3c00); break;
-            case DataType::kBFloat16: reinterpret_cast<uint16_t*>(buf.data())[i] = static_cast<uint16_t>(0x3f80); break;
-            case DataType::kFloat32: reinterpret_cast<float*>(buf.data())[i] = static_cast<float>(v); break;
-            case DataType::kFloat64: reinterpret_cast<double*>(buf.data())[i] = v; break;
-            default: break;
-          }
-          if (dt == DataType::kFloat16 || dt == DataType::kBFloat16)  // every rank sends 1.0
-            expect[i] = op == ReduceOp::kSum ? n : 1.0;
+          elementFromDouble(buf.data(), dt, i, value(r, i));
         }
         AllreduceOptions o;
         o.op = op;
         o.name = std::string("m.") + dtypeName(dt) + reduceOpName(op) + std::to_string(count);
         rt.allreduce(t, t, o);
         for (int64_t i = 0; i < count; ++i) {
-          double got = 0;
-          switch (dt) {
-            case DataType::kUInt8: got = reinterpret_cast<uint8_t*>(buf.data())[i]; break;
-            case DataType::kInt8: got = reinterpret_cast<int8_t*>(buf.data())[i]; break;
-            case DataType::kInt16: got = reinterpret_cast<int16_t*>(buf.data())[i]; break;
-            case DataType::kUInt16: got = reinterpret_cast<uint16_t*>(buf.data())[i]; break;
-            case DataType::kInt32: got = reinterpret_cast<int32_t*>(buf.data())[i]; break;
-            case DataType::kInt64: got = static_cast<double>(reinterpret_cast<int64_t*>(buf.data())[i]); break;
-            case DataType::kFloat16: {
-              uint16_t h = reinterpret_cast<uint16_t*>(buf.data())[i];  // small integers only: exact
-              got = h == 0x3c00 ? 1 : h == 0x4000 ? 2 : h == 0x4200 ? 3 : h == 0x4400 ? 4 : -1;
-              break;
-            }
-            case DataType::kBFloat16: {
-              uint16_t h = reinterpret_cast<uint16_t*>(buf.data())[i];
-              got = h == 0x3f80 ? 1 : h == 0x4000 ? 2 : h == 0x4040 ? 3 : h == 0x4080 ? 4 : -1;
-              break;
-            }
-            case DataType::kFloat32: got = reinterpret_cast<float*>(buf.data())[i]; break;
-            case DataType::kFloat64: got = reinterpret_cast<double*>(buf.data())[i]; break;
-            default: break;
-          }
+          const double got = elementToDouble(buf.data(), dt, i);  // small integers: exact in every dtype
           if (got != expect[i]) return fail(std::string("allreduce ") + o.name + " element " + std::to_string(i));
         }
       }

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <thread>
 
-#include "reduce/half.h"
+#include "reduce/cast.h"
 
 namespace chorus::testing {
 
@@ -100,20 +100,7 @@ HostBuffer::HostBuffer(DataType dtype, Shape shape)
     : dtype_(dtype), shape_(std::move(shape)), data_(std::max<size_t>(numElements(shape_) * dtypeSize(dtype), 1)) {}
 
 double readAs(const void* data, DataType dtype, int64_t i) {
-  switch (dtype) {
-    case DataType::kUInt8: return static_cast<const uint8_t*>(data)[i];
-    case DataType::kInt8: return static_cast<const int8_t*>(data)[i];
-    case DataType::kInt16: return static_cast<const int16_t*>(data)[i];
-    case DataType::kUInt16: return static_cast<const uint16_t*>(data)[i];
-    case DataType::kInt32: return static_cast<const int32_t*>(data)[i];
-    case DataType::kInt64: return static_cast<double>(static_cast<const int64_t*>(data)[i]);
-    case DataType::kFloat16: return halfToFloat(static_cast<const uint16_t*>(data)[i]);
-    case DataType::kBFloat16: return bf16ToFloat(static_cast<const uint16_t*>(data)[i]);
-    case DataType::kFloat32: return static_cast<const float*>(data)[i];
-    case DataType::kFloat64: return static_cast<const double*>(data)[i];
-    case DataType::kBool: return static_cast<const uint8_t*>(data)[i];
-  }
-  return NAN;
+  return elementToDouble(data, dtype, static_cast<size_t>(i));
 }
 
 double representable(DataType dtype, double v) {
@@ -124,22 +111,7 @@ double representable(DataType dtype, double v) {
 
 double HostBuffer::get(int64_t i) const { return readAs(data_.data(), dtype_, i); }
 
-void HostBuffer::set(int64_t i, double v) {
-  void* d = data_.data();
-  switch (dtype_) {
-    case DataType::kUInt8: static_cast<uint8_t*>(d)[i] = static_cast<uint8_t>(v); break;
-    case DataType::kInt8: static_cast<int8_t*>(d)[i] = static_cast<int8_t>(v); break;
-    case DataType::kInt16: static_cast<int16_t*>(d)[i] = static_cast<int16_t>(v); break;
-    case DataType::kUInt16: static_cast<uint16_t*>(d)[i] = static_cast<uint16_t>(v); break;
-    case DataType::kInt32: static_cast<int32_t*>(d)[i] = static_cast<int32_t>(v); break;
-    case DataType::kInt64: static_cast<int64_t*>(d)[i] = static_cast<int64_t>(v); break;
-    case DataType::kFloat16: static_cast<uint16_t*>(d)[i] = floatToHalf(static_cast<float>(v)); break;
-    case DataType::kBFloat16: static_cast<uint16_t*>(d)[i] = floatToBf16(static_cast<float>(v)); break;
-    case DataType::kFloat32: static_cast<float*>(d)[i] = static_cast<float>(v); break;
-    case DataType::kFloat64: static_cast<double*>(d)[i] = v; break;
-    case DataType::kBool: static_cast<uint8_t*>(d)[i] = v != 0 ? 1 : 0; break;
-  }
-}
+void HostBuffer::set(int64_t i, double v) { elementFromDouble(data_.data(), dtype_, static_cast<size_t>(i), v); }
 
 double tolerance(DataType dtype, double expected) {
   const double mag = std::max(1.0, std::fabs(expected));

@@ -15,6 +15,7 @@
 #include "harness.h"
 #include "device/element_ops.h"
 #include "reduce/reduce.h"
+#include "reduce/cast.h"
 
 namespace chorus::testing {
 namespace {
@@ -377,6 +378,46 @@ TEST(Kernels, MinAndMaxPropagateNaNFromEveryInput) {
       }
     }
   }
+}
+
+}  // namespace
+}  // namespace chorus::testing
+
+namespace chorus::testing {
+namespace {
+
+TEST(Cast, ElementsToAndFromDoubleInEveryDtype) {
+  // Values every dtype holds exactly, written and read back, and read through the
+  // dtype's own C type (the independent side).
+  for (DataType dt : {DataType::kUInt8, DataType::kInt8, DataType::kInt16, DataType::kUInt16, DataType::kInt32,
+                      DataType::kInt64, DataType::kFloat16, DataType::kBFloat16, DataType::kFloat32,
+                      DataType::kFloat64, DataType::kBool}) {
+    std::vector<char> buf(4 * dtypeSize(dt));
+    const double v = dt == DataType::kBool ? 1 : 3;
+    elementFromDouble(buf.data(), dt, 2, v);
+    EXPECT_EQ(elementToDouble(buf.data(), dt, 2), v) << dtypeName(dt);
+    EXPECT_EQ(elementToDouble(buf.data(), dt, 1), 0) << dtypeName(dt);
+  }
+  int32_t i32[1];
+  elementFromDouble(i32, DataType::kInt32, 0, -2.75);  // toward zero, as a C cast
+  EXPECT_EQ(i32[0], -2);
+  uint16_t h[1];
+  elementFromDouble(h, DataType::kFloat16, 0, 2.5);
+  EXPECT_EQ(h[0], 0x4100);  // IEEE half: sign 0, exponent 16, mantissa 0x100
+  elementFromDouble(h, DataType::kBFloat16, 0, -1.0);
+  EXPECT_EQ(h[0], 0xbf80);  // the top half of float -1.0f (0xbf800000)
+  uint8_t b[1];
+  elementFromDouble(b, DataType::kBool, 0, -0.5);
+  EXPECT_EQ(b[0], 1);
+  // castElements goes through the same pair: int64 -> bfloat16 -> float64.
+  const int64_t ints[3] = {-7, 0, 256};
+  uint16_t mid[3];
+  double out[3];
+  castElements(DataType::kBFloat16, mid, DataType::kInt64, ints, 3);
+  castElements(DataType::kFloat64, out, DataType::kBFloat16, mid, 3);
+  EXPECT_EQ(out[0], -7.0);
+  EXPECT_EQ(out[1], 0.0);
+  EXPECT_EQ(out[2], 256.0);
 }
 
 }  // namespace
