@@ -95,10 +95,17 @@ def run_file(args, shim, rel):
     older = [t for t in OLDER_API if t.startswith(base + "::")]
     pytest_args = (["-v", "-p", "no:cacheprovider", "-p", "chorus_hvd_compat"] + (["-x"] if args.exitfirst else [])
                    + [a for t in older for a in ("--deselect", t)] + args.pytest_args)
-    code = ("import os, sys, pytest; r = os.environ.get('CHORUS_RANK', '0'); "
+    code = ("import os, sys, pytest; "
+            "r = os.environ.get('CHORUS_RANK', os.environ.get('OMPI_COMM_WORLD_RANK', '0')); "
             f"sys.exit(pytest.main({pytest_args!r} + ['--junitxml=' + {xml!r}.replace('%r', r), {path!r}]))")
     np = 1 if rel.startswith("single/") else args.np
-    cmd = [os.path.join(args.build, "chorusrun"), "-np", str(np), args.python, "-c", code]
+    if args.mpirun:  # Open MPI starts the ranks (for files that need mpi4py's communicators)
+        cmd = ["mpirun", "--oversubscribe", "--allow-run-as-root", "-np", str(np)]
+        cmd += [a for k in ("PYTHONPATH", "TF_USE_LEGACY_KERAS", "CHORUS_BLOCKED_FAIL_SECONDS") if k in env
+                for a in ("-x", k)]
+        cmd += [args.python, "-c", code]
+    else:
+        cmd = [os.path.join(args.build, "chorusrun"), "-np", str(np), args.python, "-c", code]
     log_path = os.path.join(args.log or workdir, rel.replace("/", "_") + ".log")
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
     with open(log_path, "w") as out:  # written as the job runs, to follow a long file
@@ -135,6 +142,7 @@ def main():
     ap.add_argument("--timeout", type=int, default=1800)
     ap.add_argument("--legacy-keras", action="store_true", help="TF_USE_LEGACY_KERAS=1 (Keras 2 through tf_keras)")
     ap.add_argument("--exitfirst", action="store_true")
+    ap.add_argument("--mpirun", action="store_true", help="start the ranks with Open MPI's mpirun, not chorusrun")
     ap.add_argument("--show", action="store_true", help="list every failed test with its message")
     ap.add_argument("--log", help="folder for each file's job output")
     ap.add_argument("files", nargs="+", help="paths under --tests, e.g. parallel/test_torch.py")

@@ -61,8 +61,8 @@ def test_a_stopped_rank_is_named_by_its_global_rank(ranks):
 
 
 def test_duplicate_process_sets_are_refused(ranks):
-    out = ok(ranks(2, "dup_sets.py", env={"CHORUS_DYNAMIC_PROCESS_SETS": "1"}))
-    assert out.count("dup sets ok") == 2, out
+    out = ok(ranks(3, "dup_sets.py"))
+    assert out.count("dup sets ok") == 3, out
 
 
 @pytest.mark.parametrize("n", [2, 3])

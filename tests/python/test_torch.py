@@ -108,6 +108,12 @@ def test_seed_mpi_example_under_mpirun(ranks):
 
 
 @mpi
+def test_process_sets_from_communicators_as_horovod_orders_and_refuses_them(ranks):
+    out = ok(ranks(4, "comm_sets.py", mpirun=True))
+    assert out.count("comm sets ok") == 4, out
+
+
+@mpi
 @pytest.mark.parametrize("data_path", ["auto", "mpi"])
 def test_collectives_under_mpirun(ranks, data_path):
     out = ok(ranks(3, "collectives.py", mpirun=True, env={"CHORUS_CPU_OPERATIONS": data_path}))

@@ -24,6 +24,7 @@ def _nccl_folders():
 _core.set_nccl_search_path(_nccl_folders())
 
 _last_process_sets = None  # init()'s process_sets argument
+_dynamic = [False]  # whether the running runtime was started with process_sets="dynamic"
 
 
 def init(comm=None, process_sets=None):
@@ -34,18 +35,20 @@ def init(comm=None, process_sets=None):
     ProcessSet objects (static sets; sets built from MPI communicators may differ
     between ranks, as a Split gives each rank its own), or "dynamic" to allow
     add_process_set()/remove_process_set() at run time.
+
+    As Horovod's: a second init() keeps the running runtime, and one with other
+    process sets (collective, as the first) registers those instead. A set this
+    rank sees twice, or one that is the global set, is a ValueError on this rank
+    after the sets are registered: the runtime is up, and init() may be called
+    again with a valid list.
     """
-    if _core.is_initialized():
-        return  # as Horovod's: a second init() keeps the running runtime
-    dynamic = False
-    static = []
-    if process_sets == "dynamic":
-        dynamic = True
-    elif process_sets is not None:
-        static = list(process_sets)
-        for ps in static:
-            if not isinstance(ps, ProcessSet):
-                raise ValueError(f"process_sets must hold ProcessSet objects, got {type(ps).__name__}")
+    dynamic = process_sets == "dynamic"
+    if _core.is_initialized() and (process_sets is None or (dynamic and _dynamic[0])):
+        return
+    static = [] if process_sets is None or dynamic else list(process_sets)
+    for ps in static:
+        if not isinstance(ps, ProcessSet):
+            raise ValueError(f"process_sets must hold ProcessSet objects, got {type(ps).__name__}")
     global _last_process_sets
     _last_process_sets = process_sets  # an elastic reset re-forms them (chorus.torch.elastic)
     mpi_handle = -2
@@ -54,6 +57,7 @@ def init(comm=None, process_sets=None):
         init_comm = _comm_of(comm)
         mpi_handle = init_comm.py2f()
     _sets._init_comm = init_comm
+    global_process_set._comm = init_comm  # its mpi_comm, as Horovod gives it
     if any(ps._comm is not None for ps in static):
         if init_comm is None:
             from mpi4py import MPI
@@ -61,26 +65,50 @@ def init(comm=None, process_sets=None):
         for ps in static:
             if ps._comm is not None:
                 ps._given = _ranks_in(ps._comm, init_comm)
-        # Each rank knows only the sets its own communicators describe: register
-        # the union, the same on every rank.
+        # Each rank knows only the sets its own communicators describe: every
+        # rank registers every rank's, the same list everywhere.
         every = init_comm.allgather([sorted(ps._given) for ps in static])
-        union = sorted({tuple(r) for lists in every for r in lists})
-        rank_lists = [list(r) for r in union]
     else:
-        rank_lists = [ps._given for ps in static]
-    seen = set()
-    for ranks in rank_lists:  # as Horovod: one set per list of ranks
-        key = tuple(sorted(ranks))
-        if key in seen:
-            raise ValueError(f"init: the process set {sorted(ranks)} is given twice")
-        seen.add(key)
-    _core.init(rank_lists, dynamic, mpi_handle)
+        every = [[sorted(ps._given) for ps in static]]
+    rank_lists = _ordered_union(every)
+    if not _core.is_initialized():
+        _core.init(rank_lists, dynamic, mpi_handle)
+    elif rank_lists != _registered_static() or dynamic != _dynamic[0]:
+        _core.shutdown()  # other sets than the running ones: formed again, on every rank
+        _core.init(rank_lists, dynamic, mpi_handle)
+    _dynamic[0] = dynamic
     global_process_set._bind(0)
+    for ps in _initialized_sets:
+        ps.process_set_id = None
     _initialized_sets.clear()
     for ps in static:
-        ps._bind(1 + [sorted(r) for r in rank_lists].index(sorted(ps._given)))
+        ps._bind(1 + rank_lists.index(sorted(ps._given)))
         _initialized_sets.append(ps)
     _export_torch_env()
+    seen = [list(range(_core.size()))]
+    for ps in static:
+        mine = sorted(ps._given)
+        if mine in seen:
+            what = "is the global set" if mine == seen[0] else "is given twice"
+            raise ValueError(f"init: the process set {mine} {what} (on rank {_core.rank()}); "
+                             "call init() again with each set once")
+        seen.append(mine)
+
+
+def _ordered_union(every):
+    """Each rank's lists merged position by position: the sets the ranks give first
+    get the first ids (among them, ordered by their ranks), each set once."""
+    out = []
+    for i in range(max((len(lists) for lists in every), default=0)):
+        for ranks in sorted({tuple(lists[i]) for lists in every if i < len(lists)}):
+            if list(ranks) not in out:
+                out.append(list(ranks))
+    return out
+
+
+def _registered_static():
+    ids = sorted(i for i in _core.process_set_ids() if i != 0)
+    return [sorted(_core.process_set_ranks(i)) for i in ids]
 
 
 def _export_torch_env():

@@ -103,18 +103,26 @@ def set_process_sets(fn):
 
 
 def _process_sets_after_reset(n):
+    """(the process_sets for init, [(set, the registered set it now equals or None
+    for the global set)]): a kept set whose ranks are now the whole world, or
+    another kept set's, is bound to that one rather than registered twice."""
     if _process_sets_fn is not None:
-        return _process_sets_fn(n)
+        return _process_sets_fn(n), []
     given = basics._last_process_sets
     if given is None or given == "dynamic":
-        return given
-    kept = []
+        return given, []
+    kept, same = [], []
     for ps in given:
         ps._given = [r for r in ps._given if r < n]
         ps.process_set_id = None
-        if ps._given:
+        if not ps._given:
+            continue
+        twin = [k for k in kept if sorted(k._given) == sorted(ps._given)]
+        if sorted(ps._given) == list(range(n)) or twin:
+            same.append((ps, twin[0] if twin else None))
+        else:
             kept.append(ps)
-    return kept
+    return kept, same
 
 
 def reset_world(after_shutdown=None):
@@ -124,7 +132,11 @@ def reset_world(after_shutdown=None):
     if after_shutdown:
         after_shutdown()
     _, n = _core.elastic_join_next_round()  # the next init joins this round
-    basics.init(process_sets=_process_sets_after_reset(n))
+    sets, same = _process_sets_after_reset(n)
+    basics.init(process_sets=sets)
+    basics._last_process_sets = sets if not same else list(sets) + [ps for ps, _ in same]
+    for ps, twin in same:
+        ps._bind(twin.process_set_id if twin is not None else 0)
 
 
 def _say(what):
