@@ -133,10 +133,12 @@ void Coordinator::checkReady(const std::string& name) {
       err.error = why + ": " + opTypeName(any.type) + " '" + name + "' while ranks " + ranksOf(joinedRanks) +
                   " have joined";
       err.priority = any.priority;
+      const std::string group = any.group;
+      const int groupSize = any.groupSize;
       table_.erase(it);
       ++version_;
       arrival_.erase(std::find(arrival_.begin(), arrival_.end(), name));
-      ready_.push_back(std::move(err));
+      emit(std::move(err), group, groupSize);
       return;
     }
   }
@@ -166,10 +168,14 @@ void Coordinator::checkReady(const std::string& name) {
     err.error = std::string(opTypeName(err.type)) + " '" + name + "': ranks " + ranksOf(submitted) +
                 " submitted it on process set " + std::to_string(setId_) + " but ranks " + ranksOf(marked) +
                 " have it in flight on process set " + sets.str() + "; every rank must use a name on the same process set";
+    const Request& any = *std::find_if(p.byRank.begin(), p.byRank.end(),
+                                       [](const auto& q) { return q.has_value(); })->operator->();
+    const std::string group = any.group;
+    const int groupSize = any.groupSize;
     table_.erase(it);
     ++version_;
     arrival_.erase(std::find(arrival_.begin(), arrival_.end(), name));
-    ready_.push_back(std::move(err));
+    emit(std::move(err), group, groupSize);
     return;
   }
   Response resp = build(name, p);
@@ -185,14 +191,21 @@ void Coordinator::checkReady(const std::string& name) {
 }
 
 void Coordinator::emit(Response resp, const std::string& group, int groupSize) {
-  if (group.empty() || groupSize <= 1 || resp.errorKind != ErrorKind::kNone) {
+  if (group.empty() || groupSize <= 1) {
     ready_.push_back(std::move(resp));
     return;
   }
-  auto& members = groups_[group];
-  members.push_back(std::move(resp));
-  if (static_cast<int>(members.size()) == groupSize) {
-    for (auto& m : members) ready_.push_back(std::move(m));
+  // A group runs once every member is answered. A member's error answers it at
+  // once; the others still run together, not held for a member that never comes.
+  GroupHold& g = groups_[group];
+  ++g.answered;
+  if (resp.errorKind != ErrorKind::kNone) {
+    ready_.push_back(std::move(resp));
+  } else {
+    g.held.push_back(std::move(resp));
+  }
+  if (g.answered == groupSize) {
+    for (auto& m : g.held) ready_.push_back(std::move(m));
     groups_.erase(group);
   }
 }
@@ -351,11 +364,15 @@ void Coordinator::failPending(const std::string& why) {
     const Pending& p = table_.at(name);
     std::vector<int> submitted, missing;
     Response err;
+    std::string group;
+    int groupSize = 0;
     for (int r = 0; r < size_; ++r) {
       if (p.byRank[r]) {
         submitted.push_back(r);
         err.type = p.byRank[r]->type;
         err.priority = p.byRank[r]->priority;
+        group = p.byRank[r]->group;
+        groupSize = p.byRank[r]->groupSize;
       } else if (!joined_[r]) {
         missing.push_back(r);
       }
@@ -364,7 +381,7 @@ void Coordinator::failPending(const std::string& why) {
     err.errorKind = ErrorKind::kStalled;
     err.error = why + ": " + opTypeName(err.type) + " '" + name + "' was submitted by ranks " + ranksOf(submitted) +
                 " and never by ranks " + ranksOf(missing);
-    ready_.push_back(std::move(err));
+    emit(std::move(err), group, groupSize);
   }
   table_.clear();
   arrival_.clear();

@@ -64,7 +64,11 @@ class Coordinator {
   std::vector<bool> joined_;
   int joinedCount_ = 0;
   int lastJoined_ = -1;
-  std::map<std::string, std::vector<Response>> groups_;
+  struct GroupHold {
+    int answered = 0;              // members negotiated or failed so far
+    std::vector<Response> held;    // the negotiated ones, released together
+  };
+  std::map<std::string, GroupHold> groups_;
   // Requests that came after the same rank's marker for a name still pending.
   std::map<std::string, std::vector<std::pair<int, Request>>> deferred_;
   std::vector<Response> ready_;

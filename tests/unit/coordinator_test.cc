@@ -106,5 +106,44 @@ TEST(Coordinator, EachFieldThatMustAgreeIsReportedWhenOneRankDiffers) {
   }
 }
 
+// A grouped call whose second member's shapes differ: that member fails on
+// every rank, and the first is released (it was held for the group forever).
+// The same goes for a member failed by failPending (ranks on different paths).
+TEST(Coordinator, AGroupMemberThatFailsReleasesTheOthers) {
+  const auto now = Coordinator::Clock::now();
+  auto member = [](const std::string& name, int64_t n) {
+    Request q = allreduce(name, n);
+    q.group = "g1";
+    q.groupSize = 2;
+    return q;
+  };
+  Coordinator c({0, 1}, 0);
+  c.submit(0, member("a", 4), now);
+  c.submit(1, member("a", 4), now);
+  EXPECT_TRUE(c.takeReady().empty());  // held for "b"
+  c.submit(0, member("b", 2), now);
+  c.submit(1, member("b", 3), now);
+  auto out = c.takeReady();
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].name, "b");
+  EXPECT_EQ(out[0].errorKind, ErrorKind::kMismatch);
+  EXPECT_EQ(out[1].name, "a");
+  EXPECT_EQ(out[1].errorKind, ErrorKind::kNone) << out[1].error;
+
+  Coordinator d({0, 1}, 0);
+  Request a = member("a", 4), b = member("b", 4);
+  a.group = b.group = "g2";
+  d.submit(0, a, now);
+  d.submit(1, a, now);
+  d.submit(0, b, now);  // rank 1 never submits "b"
+  EXPECT_TRUE(d.takeReady().empty());
+  d.failPending("blocked");
+  auto failed = d.takeReady();
+  ASSERT_EQ(failed.size(), 2u);
+  EXPECT_EQ(failed[0].name, "b");
+  EXPECT_EQ(failed[0].errorKind, ErrorKind::kStalled);
+  EXPECT_EQ(failed[1].name, "a");
+}
+
 }  // namespace
 }  // namespace chorus

@@ -7,6 +7,8 @@ not held). Tensors on other devices are staged through a CPU copy; tensors
 that are not contiguous through a contiguous copy on their device. Every input
 and output is kept alive until its op completes.
 """
+import numbers
+
 import torch
 
 from chorus import _core
@@ -330,11 +332,18 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set, prio
 # ---- alltoall ----
 
 def _splits_list(splits):
+    """splits as a list of ints; a tensor of another dtype, or a value that is not a
+    whole number, is a ValueError (as Horovod's, which takes 32-bit integers)."""
     if splits is None:
         return []
     if isinstance(splits, torch.Tensor):
+        if splits.dtype.is_floating_point or splits.dtype.is_complex or splits.dtype == torch.bool:
+            raise ValueError(f"alltoall: splits must hold integers (int32), got a {splits.dtype} tensor")
         return [int(s) for s in splits.flatten().tolist()]
-    return [int(s) for s in splits]
+    values = list(splits)
+    if not all(isinstance(s, numbers.Integral) for s in values):
+        raise ValueError(f"alltoall: splits must hold integers, got {values}")
+    return [int(s) for s in values]
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set, priority=0):
