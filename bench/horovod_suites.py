@@ -35,6 +35,14 @@ OLDER_API = {
         "expects a tensor from alltoall(t, splits); Horovod >= 0.23 returns (tensor, received_splits)",
     "test_torch.py::TorchTests::test_horovod_alltoall_grad":
         "expects a tensor from alltoall(t, splits); Horovod >= 0.23 returns (tensor, received_splits)",
+    "test_tensorflow.py::TensorFlowTests::test_horovod_allgather_grad_cpu":
+        "expects the summed gradient; Horovod >= 0.23 averages it (_allreduce(grad, op=Average))",
+    "test_tensorflow.py::TensorFlowTests::test_horovod_allgather_grad_gpu":
+        "expects the summed gradient; Horovod >= 0.23 averages it (_allreduce(grad, op=Average))",
+    "test_tensorflow.py::TensorFlowTests::test_horovod_broadcast_grad_cpu":
+        "expects the summed gradient on the root; Horovod >= 0.23 averages it",
+    "test_tensorflow.py::TensorFlowTests::test_horovod_broadcast_grad_gpu":
+        "expects the summed gradient on the root; Horovod >= 0.23 averages it",
 }
 
 COMPAT = """import inspect

@@ -39,6 +39,11 @@ absl::Status firstDimsUnknown(InferenceContext* c) {
   return absl::OkStatus();
 }
 
+// Every collective is stateful: it talks to the other ranks, so TensorFlow must
+// never run it while folding constants (shape inference did, on one rank only,
+// and hung) nor merge two of them. python/chorus/tensorflow/mpi_ops.py keeps
+// tf.function from chaining them in program order, as it does stateful ops.
+
 // tensor_name: how the ranks match this op (Python sets it: the graph node's
 // name in a graph, the caller's name or "" eagerly, where "" means the next
 // automatic name in call order).
@@ -50,24 +55,28 @@ REGISTER_OP("ChorusAllreduce")
     .Input("tensor: T")
     .Output("output: T")
     .Attr("T: " CHORUS_TYPES) CHORUS_REDUCE_ATTRS CHORUS_COMMON_ATTRS
+    .SetIsStateful()
     .SetShapeFn(shape_inference::UnchangedShape);
 
 REGISTER_OP("ChorusGroupedAllreduce")
     .Input("tensors: T")
     .Output("outputs: T")
     .Attr("T: list(" CHORUS_TYPES ")") CHORUS_REDUCE_ATTRS CHORUS_COMMON_ATTRS
+    .SetIsStateful()
     .SetShapeFn(sameShapes);
 
 REGISTER_OP("ChorusAllgather")
     .Input("tensor: T")
     .Output("output: T")
     .Attr("T: " CHORUS_TYPES) CHORUS_COMMON_ATTRS
+    .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) { return firstDimUnknown(c, 0); });
 
 REGISTER_OP("ChorusGroupedAllgather")
     .Input("tensors: T")
     .Output("outputs: T")
     .Attr("T: list(" CHORUS_TYPES ")") CHORUS_COMMON_ATTRS
+    .SetIsStateful()
     .SetShapeFn(firstDimsUnknown);
 
 REGISTER_OP("ChorusBroadcast")
@@ -75,6 +84,7 @@ REGISTER_OP("ChorusBroadcast")
     .Output("output: T")
     .Attr("T: " CHORUS_TYPES)
     .Attr("root_rank: int") CHORUS_COMMON_ATTRS
+    .SetIsStateful()
     .SetShapeFn(shape_inference::UnchangedShape);
 
 REGISTER_OP("ChorusAlltoall")
@@ -83,6 +93,7 @@ REGISTER_OP("ChorusAlltoall")
     .Output("output: T")
     .Output("received_splits: int32")
     .Attr("T: " CHORUS_TYPES) CHORUS_COMMON_ATTRS
+    .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
       TF_RETURN_IF_ERROR(firstDimUnknown(c, 0));
       c->set_output(1, c->Vector(c->UnknownDim()));
@@ -93,12 +104,14 @@ REGISTER_OP("ChorusReducescatter")
     .Input("tensor: T")
     .Output("output: T")
     .Attr("T: " CHORUS_TYPES) CHORUS_REDUCE_ATTRS CHORUS_COMMON_ATTRS
+    .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) { return firstDimUnknown(c, 0); });
 
 REGISTER_OP("ChorusGroupedReducescatter")
     .Input("tensors: T")
     .Output("outputs: T")
     .Attr("T: list(" CHORUS_TYPES ")") CHORUS_REDUCE_ATTRS CHORUS_COMMON_ATTRS
+    .SetIsStateful()
     .SetShapeFn(firstDimsUnknown);
 
 // Ops without a data input are stateful: never folded, pruned or merged.

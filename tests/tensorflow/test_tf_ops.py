@@ -35,6 +35,7 @@ def test_errors_of_horovods_types(ranks):
 def test_horovod_api_pieces(ranks):
     out = ok(ranks(2, "tf_api.py"))
     assert out.count("tf api ok") == 2 and out.count("tf partial ok") == 2, out
+    assert out.count("tf graph build ok") == 2, out
 
 
 def test_broadcast_in_place_in_a_graph(ranks):

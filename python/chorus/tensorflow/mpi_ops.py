@@ -21,6 +21,19 @@ if not os.path.exists(_LIB_PATH):
                       "(configure with -DCHORUS_TF_PYTHON=<a python with tensorflow>, as scripts/test.sh does)")
 _lib = tf.load_op_library(_LIB_PATH)
 
+# The collectives are stateful ops (TensorFlow must not run them while folding
+# constants), but tf.function chains stateful ops in program order, and each
+# would then wait for the one before: the ranks match them by name, so they run
+# side by side as Horovod's (stateless) ops do, and fuse.
+_COLLECTIVES = ("ChorusAllreduce", "ChorusGroupedAllreduce", "ChorusAllgather", "ChorusGroupedAllgather",
+                "ChorusBroadcast", "ChorusAlltoall", "ChorusReducescatter", "ChorusGroupedReducescatter")
+try:
+    from tensorflow.python.framework import auto_control_deps as _acd
+    _acd.SKIPPED_ORDER_INSENSITIVE_STATEFUL_OPS = frozenset(_acd.SKIPPED_ORDER_INSENSITIVE_STATEFUL_OPS) | \
+        frozenset(_COLLECTIVES)
+except (ImportError, AttributeError):  # another TensorFlow layout: program order (correct, slower)
+    pass
+
 
 def _normalize_name(name):
     return re.sub("[^a-zA-Z0-9_]", "_", name)
@@ -74,6 +87,8 @@ def _grouped_allreduce_grad(op, *grads):
 def _grad_name(op, suffix="grad"):
     """A gradient op's name: its forward op's with a suffix (graphs), automatic eagerly."""
     forward = op.get_attr("tensor_name") if not _executing_eagerly() else ""
+    if isinstance(forward, bytes):  # string attrs read back as bytes
+        forward = forward.decode()
     return f"{forward}.{suffix}" if forward else ""
 
 

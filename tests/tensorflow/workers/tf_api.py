@@ -54,3 +54,20 @@ all_moves = hvd.allgather_object([m.tolist() for m in moved])
 assert all(np.allclose(m[0], all_moves[0][0]) for m in all_moves), "the shared layer moved differently"
 assert np.allclose(moved[1], grads[1].numpy() / n), (moved[1], grads[1].numpy())  # local, scaled by 1/n
 print(f"tf partial ok rank {r}", flush=True)
+
+# A collective is never run while TensorFlow builds a graph: SplitV's shape
+# inference asks for the value of its sizes, which here come from an allgather
+# of a constant; folding it would run the allgather on one rank at build time.
+from chorus import _core  # noqa: E402
+
+before = _core.process_set_stats(0)["negotiated_ops"] + _core.process_set_stats(0)["cached_ops"]
+graph = tf.Graph()
+with graph.as_default():
+    sizes = hvd.allgather(tf.constant([2 + r]), name="split.sizes")
+    parts = tf.split(tf.ones([sum(2 + k for k in range(n))]), sizes, num=n)
+after = _core.process_set_stats(0)["negotiated_ops"] + _core.process_set_stats(0)["cached_ops"]
+assert after == before, f"building the graph ran {after - before} collective(s)"
+with tf.compat.v1.Session(graph=graph) as sess:
+    got = sess.run(parts[r])
+assert got.shape == (2 + r,), got.shape
+print(f"tf graph build ok rank {r}", flush=True)
