@@ -43,6 +43,16 @@ OLDER_API = {
         "expects the summed gradient on the root; Horovod >= 0.23 averages it",
     "test_tensorflow.py::TensorFlowTests::test_horovod_broadcast_grad_gpu":
         "expects the summed gradient on the root; Horovod >= 0.23 averages it",
+    "test_tensorflow.py::TensorFlowTests::test_horovod_alltoall_cpu":
+        "expects a tensor from alltoall(t, splits); Horovod >= 0.23 returns (tensor, received_splits)",
+    "test_tensorflow.py::TensorFlowTests::test_horovod_alltoall_grad_cpu":
+        "expects a tensor from alltoall(t, splits); Horovod >= 0.23 returns (tensor, received_splits)",
+    "test_tensorflow.py::TensorFlowTests::test_horovod_alltoall_one_rank_receives_nothing_cpu":
+        "expects a tensor from alltoall(t, splits); Horovod >= 0.23 returns (tensor, received_splits)",
+    "test_tensorflow.py::TensorFlowTests::test_horovod_alltoall_one_rank_sends_nothing_cpu":
+        "expects a tensor from alltoall(t, splits); Horovod >= 0.23 returns (tensor, received_splits)",
+    "test_tensorflow.py::TensorFlowTests::test_horovod_alltoall_zero_splits_cpu":
+        "expects a tensor from alltoall(t, splits); Horovod >= 0.23 returns (tensor, received_splits)",
 }
 
 COMPAT = """import inspect

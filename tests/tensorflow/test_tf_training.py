@@ -33,3 +33,9 @@ def test_keras2_through_tf_keras(ranks, tmp_path):
     callbacks, elastic state and load_model work on it as on Keras 3."""
     out = ok(ranks(2, "keras2.py", str(tmp_path), env={"TF_USE_LEGACY_KERAS": "1"}, timeout=300))
     assert out.count("keras 2 ok") == 2, out
+
+
+@pytest.mark.parametrize("legacy", ["0", "1"], ids=["keras3", "keras2"])
+def test_sync_batch_normalization_matches_the_whole_batch(ranks, legacy):
+    out = ok(ranks(2, "sync_bn.py", env={"TF_USE_LEGACY_KERAS": legacy}, timeout=300))
+    assert out.count("sync bn ok") == 2, out

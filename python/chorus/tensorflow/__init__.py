@@ -19,6 +19,7 @@ from chorus.tensorflow.functions import (allgather_object, allreduce, broadcast_
 from chorus.tensorflow.gradient_tape import DistributedGradientTape
 from chorus.tensorflow.util import _executing_eagerly  # noqa: F401 (hvd._executing_eagerly, as Horovod has it)
 from chorus.tensorflow.optimizer import DistributedOptimizer
+from chorus.tensorflow.sync_batch_norm import SyncBatchNormalization  # noqa: F401
 from chorus.tensorflow import elastic  # noqa: E402
 from chorus.tensorflow.keras import callbacks  # noqa: E402 (the seed writes hvd.callbacks with this import)
 from chorus._core import HorovodInternalError  # noqa: E402 (a blocking helper's peer failure)
