@@ -229,6 +229,11 @@ PYBIND11_MODULE(_core, m) {
   m.def("is_homogeneous", [] { return rt().isHomogeneous(); });
 
   m.def("process_set_ranks", [](int32_t id) { return rt().processSet(id).ranks(); });
+  // A token: while it lives, this rank counts as waiting on the set (see Runtime::waitingElsewhere).
+  m.def("waiting_elsewhere", [](int32_t id) {
+    auto* token = new std::shared_ptr<void>(rt().waitingElsewhere(id));
+    return py::capsule(token, [](void* p) { delete static_cast<std::shared_ptr<void>*>(p); });
+  });
   m.def("process_set_ids", [] {
     std::vector<int32_t> ids;
     for (const auto& ps : rt().processSets()) ids.push_back(ps.id());

@@ -211,6 +211,12 @@ class Runtime {
   // same order (for objects, such as a ZeRO engine, that name their ops).
   std::string uniqueName(int32_t processSet, const std::string& kind);
 
+  // Marks a thread that waits for the set's ops by other means than Work (a
+  // framework's executor, as TensorFlow's eager ops): the blocked-ranks check
+  // (CHORUS_BLOCKED_FAIL_SECONDS) counts this rank as waiting until the returned
+  // token is dropped. Throws for a set this rank is not in.
+  std::shared_ptr<void> waitingElsewhere(int32_t processSet);
+
   // Waits for every asynchronous op this rank has in flight (all sets; a blocking
   // call waits for its own); rethrows the first error.
   void synchronize();

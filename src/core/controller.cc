@@ -431,7 +431,7 @@ void Controller::cycle() {
   if (!uncached.empty()) writeRequests(uncached, mine);
   words[1 + ctl().rank()] = mine.data().size();
   words[0] = (shutdownRequested_ ? kFlagShutdown : 0) | (stallShutdown_ ? kFlagStallShutdown : 0) |
-             (driver_->waiting() == 0 ? kFlagRunning : 0) | (failBlocked_ ? kFlagFailBlocked : 0);
+             (driver_->waiting() == 0 && driver_->parked() == 0 ? kFlagRunning : 0) | (failBlocked_ ? kFlagFailBlocked : 0);
   // An op of mine that outranks the chunked work is waiting for the others: the
   // next chunk waits a few cycles for them, rather than the op for the chunk.
   if (executor_.busy()) {

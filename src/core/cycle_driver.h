@@ -26,6 +26,12 @@ class CycleDriver {
     if (hooks_.lastLeft) hooks_.lastLeft();
   }
   int waiting() const { return waiting_.load(); }
+  // A thread that waits for the set's ops by other means (a framework's executor
+  // completing them through callbacks): blocked for the blocked-ranks check, but
+  // it runs no cycles, so the controller thread keeps running them.
+  void park() { parked_.fetch_add(1); }
+  void unpark() { parked_.fetch_sub(1); }
+  int parked() const { return parked_.load(); }
 
   // False once detached or stopped: the waiter then just waits.
   bool drive(const std::function<bool()>& done) {
@@ -42,6 +48,7 @@ class CycleDriver {
   std::shared_mutex mu_;
   Hooks hooks_;
   std::atomic<int> waiting_{0};
+  std::atomic<int> parked_{0};
 };
 
 }  // namespace chorus

@@ -556,6 +556,11 @@ ProcessSetStats Runtime::stats(int32_t processSet) const {
   return impl_->sets.controllerFor(processSet, impl_->rank)->stats();
 }
 void Runtime::synchronize() { impl_->synchronize(); }
+std::shared_ptr<void> Runtime::waitingElsewhere(int32_t processSet) {
+  std::shared_ptr<CycleDriver> driver = impl_->sets.controllerFor(processSet, impl_->rank)->driver();
+  driver->park();
+  return std::shared_ptr<void>(nullptr, [driver](void*) { driver->unpark(); });
+}
 std::pair<int64_t, bool> Runtime::elasticHostUpdates() { return impl_->elasticHostUpdates(); }
 std::pair<int, int> Runtime::elasticJoinNextRound() { return impl_->elasticJoinNextRound(); }
 

@@ -41,3 +41,8 @@ def test_horovod_api_pieces(ranks):
 def test_broadcast_in_place_in_a_graph(ranks):
     out = ok(ranks(2, "graph_broadcast.py"))
     assert out.count("tf graph broadcast ok") == 2, out
+
+
+def test_ranks_on_different_paths_fail_those_ops_and_go_on(ranks):
+    out = ok(ranks(2, "diverged_tf.py", env={"CHORUS_BLOCKED_FAIL_SECONDS": "2"}, timeout=120))
+    assert out.count("tf diverged ok") == 2, out

@@ -8,6 +8,7 @@ import re
 import tensorflow as tf
 from tensorflow.python.framework import ops
 
+from chorus import _core
 from chorus.common import basics as _basics  # noqa: F401 (hvd.mpi_ops._basics, as Horovod has it)
 from chorus.common.process_sets import _set_id, _set_of, global_process_set
 from chorus.tensorflow.util import _executing_eagerly
@@ -19,7 +20,37 @@ _LIB_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_chorus_tf
 if not os.path.exists(_LIB_PATH):
     raise ImportError(f"chorus.tensorflow: {_LIB_PATH} is missing: chorus was built without TensorFlow "
                       "(configure with -DCHORUS_TF_PYTHON=<a python with tensorflow>, as scripts/test.sh does)")
-_lib = tf.load_op_library(_LIB_PATH)
+
+
+class _EagerWaits:
+    """The op library, whose eager collectives mark this thread as waiting on their
+    process set while they run: TensorFlow completes chorus's ops through callbacks,
+    never Work.wait, so without this a rank on another code path (a test that failed
+    on one rank) would never count as blocked (CHORUS_BLOCKED_FAIL_SECONDS)."""
+
+    def __init__(self, lib):
+        self._lib = lib
+
+    def __getattr__(self, name):
+        fn = getattr(self._lib, name)
+        if not name.startswith("chorus_") or name == "chorus_query":
+            return fn
+
+        def call(*args, **kwargs):
+            if not _executing_eagerly():
+                return fn(*args, **kwargs)
+            try:
+                token = _core.waiting_elsewhere(kwargs.get("process_set_id", 0))
+            except Exception:  # noqa: BLE001 (not a member, not started: the op itself says so)
+                return fn(*args, **kwargs)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                del token
+        return call
+
+
+_lib = _EagerWaits(tf.load_op_library(_LIB_PATH))
 
 # The collectives are stateful ops (TensorFlow must not run them while folding
 # constants), but tf.function chains stateful ops in program order, and each
