@@ -168,10 +168,15 @@ void Coordinator::checkReady(const std::string& name) {
     err.error = std::string(opTypeName(err.type)) + " '" + name + "': ranks " + ranksOf(submitted) +
                 " submitted it on process set " + std::to_string(setId_) + " but ranks " + ranksOf(marked) +
                 " have it in flight on process set " + sets.str() + "; every rank must use a name on the same process set";
-    const Request& any = *std::find_if(p.byRank.begin(), p.byRank.end(),
-                                       [](const auto& q) { return q.has_value(); })->operator->();
-    const std::string group = any.group;
-    const int groupSize = any.groupSize;
+    std::string group;  // from a submitted request: a marker carries no group
+    int groupSize = 0;
+    for (const auto& q : p.byRank) {
+      if (q && q->conflictSet < 0) {
+        group = q->group;
+        groupSize = q->groupSize;
+        break;
+      }
+    }
     table_.erase(it);
     ++version_;
     arrival_.erase(std::find(arrival_.begin(), arrival_.end(), name));
@@ -204,7 +209,7 @@ void Coordinator::emit(Response resp, const std::string& group, int groupSize) {
   } else {
     g.held.push_back(std::move(resp));
   }
-  if (g.answered == groupSize) {
+  if (g.answered >= groupSize) {
     for (auto& m : g.held) ready_.push_back(std::move(m));
     groups_.erase(group);
   }
@@ -371,8 +376,10 @@ void Coordinator::failPending(const std::string& why) {
         submitted.push_back(r);
         err.type = p.byRank[r]->type;
         err.priority = p.byRank[r]->priority;
-        group = p.byRank[r]->group;
-        groupSize = p.byRank[r]->groupSize;
+        if (p.byRank[r]->conflictSet < 0) {  // a marker carries no group
+          group = p.byRank[r]->group;
+          groupSize = p.byRank[r]->groupSize;
+        }
       } else if (!joined_[r]) {
         missing.push_back(r);
       }

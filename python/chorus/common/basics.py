@@ -56,8 +56,7 @@ def init(comm=None, process_sets=None):
     if comm is not None:
         init_comm = _comm_of(comm)
         mpi_handle = init_comm.py2f()
-    _sets._init_comm = init_comm
-    global_process_set._comm = init_comm  # its mpi_comm, as Horovod gives it
+    given_comm = init_comm
     if any(ps._comm is not None for ps in static):
         if init_comm is None:
             from mpi4py import MPI
@@ -72,11 +71,10 @@ def init(comm=None, process_sets=None):
         every = [[sorted(ps._given) for ps in static]]
     rank_lists = _ordered_union(every)
     if not _core.is_initialized():
-        _core.init(rank_lists, dynamic, mpi_handle)
-    elif rank_lists != _registered_static() or dynamic != _dynamic[0]:
+        _start(rank_lists, dynamic, mpi_handle, given_comm)
+    elif _any_rank(rank_lists != _registered_static() or dynamic != _dynamic[0]):
         _core.shutdown()  # other sets than the running ones: formed again, on every rank
-        _core.init(rank_lists, dynamic, mpi_handle)
-    _dynamic[0] = dynamic
+        _start(rank_lists, dynamic, mpi_handle, given_comm)
     global_process_set._bind(0)
     for ps in _initialized_sets:
         ps.process_set_id = None
@@ -93,6 +91,20 @@ def init(comm=None, process_sets=None):
             raise ValueError(f"init: the process set {mine} {what} (on rank {_core.rank()}); "
                              "call init() again with each set once")
         seen.append(mine)
+
+
+def _start(rank_lists, dynamic, mpi_handle, comm):
+    _core.init(rank_lists, dynamic, mpi_handle)
+    _sets._init_comm = comm
+    global_process_set._comm = comm  # its mpi_comm, as Horovod gives it
+    _dynamic[0] = dynamic or any(os.environ.get(k, "").lower() in ("1", "true", "yes", "on")
+                                 for k in ("CHORUS_DYNAMIC_PROCESS_SETS", "HOROVOD_DYNAMIC_PROCESS_SETS"))
+
+
+def _any_rank(flag):
+    """Whether flag holds on any rank (collective): every rank then takes the same path."""
+    from chorus.common.objects import allgather_object
+    return any(allgather_object(bool(flag), name="init.process_sets.changed"))
 
 
 def _ordered_union(every):

@@ -104,16 +104,16 @@ def set_process_sets(fn):
 
 def _process_sets_after_reset(n):
     """(the process_sets for init, [(set, the registered set it now equals or None
-    for the global set)]): a kept set whose ranks are now the whole world, or
-    another kept set's, is bound to that one rather than registered twice."""
-    if _process_sets_fn is not None:
-        return _process_sets_fn(n), []
-    given = basics._last_process_sets
+    for the global set)]): a set whose ranks are now the whole world, or another
+    set's, is bound to that one rather than registered twice."""
+    trim = _process_sets_fn is None
+    given = _process_sets_fn(n) if not trim else basics._last_process_sets
     if given is None or given == "dynamic":
         return given, []
     kept, same = [], []
     for ps in given:
-        ps._given = [r for r in ps._given if r < n]
+        if trim:
+            ps._given = [r for r in ps._given if r < n]
         ps.process_set_id = None
         if not ps._given:
             continue
@@ -137,6 +137,7 @@ def reset_world(after_shutdown=None):
     basics._last_process_sets = sets if not same else list(sets) + [ps for ps, _ in same]
     for ps, twin in same:
         ps._bind(twin.process_set_id if twin is not None else 0)
+        basics._initialized_sets.append(ps)  # unbound by the next shutdown, as the others
 
 
 def _say(what):

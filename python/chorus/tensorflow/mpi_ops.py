@@ -47,6 +47,7 @@ class _EagerWaits:
                 return fn(*args, **kwargs)
             finally:
                 del token
+        setattr(self, name, call)  # built once per op
         return call
 
 

@@ -7,7 +7,7 @@ not held). Tensors on other devices are staged through a CPU copy; tensors
 that are not contiguous through a contiguous copy on their device. Every input
 and output is kept alive until its op completes.
 """
-import numbers
+import operator
 
 import torch
 
@@ -341,9 +341,10 @@ def _splits_list(splits):
             raise ValueError(f"alltoall: splits must hold integers (int32), got a {splits.dtype} tensor")
         return [int(s) for s in splits.flatten().tolist()]
     values = list(splits)
-    if not all(isinstance(s, numbers.Integral) for s in values):
-        raise ValueError(f"alltoall: splits must hold integers, got {values}")
-    return [int(s) for s in values]
+    try:
+        return [operator.index(s) for s in values]  # ints, numpy ints, 0-dim integer tensors
+    except TypeError:
+        raise ValueError(f"alltoall: splits must hold integers, got {values}") from None
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set, priority=0):
