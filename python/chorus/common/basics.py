@@ -119,8 +119,8 @@ def _ordered_union(every):
 
 
 def _registered_static():
-    ids = sorted(i for i in _core.process_set_ids() if i != 0)
-    return [sorted(_core.process_set_ranks(i)) for i in ids]
+    """The registered sets but the global one, by id, each as sorted ranks."""
+    return [sorted(r) for i, r in sorted(_get_process_set_ids_and_ranks().items()) if i != 0]
 
 
 def _export_torch_env():
