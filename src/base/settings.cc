@@ -119,7 +119,8 @@ const std::vector<SettingInfo>& settingsTable() {
        "When every rank of a process set has waited this long on ops that other ranks never submitted (the "
        "ranks run different code paths: a rank gave up on a collective and went on), those ops fail with an "
        "error naming them on every rank, and the set stays usable; 0: never. A TensorFlow rank counts as "
-       "waiting in eager ops only (a graph's executor gives no sign that it is idle)."},
+       "waiting in eager ops only (a graph's executor gives no sign that it is idle): for graphs, "
+       "CHORUS_STALL_SHUTDOWN_TIME_SECONDS ends such a job, as in Horovod."},
       {"CHORUS_LOG_LEVEL", "HOROVOD_LOG_LEVEL", "warning",
        "trace, debug, info, warning, error or fatal."},
       {"CHORUS_DYNAMIC_PROCESS_SETS", "HOROVOD_DYNAMIC_PROCESS_SETS", "0",

@@ -46,3 +46,9 @@ def test_broadcast_in_place_in_a_graph(ranks):
 def test_ranks_on_different_paths_fail_those_ops_and_go_on(ranks):
     out = ok(ranks(2, "diverged_tf.py", env={"CHORUS_BLOCKED_FAIL_SECONDS": "2"}, timeout=120))
     assert out.count("tf diverged ok") == 2, out
+
+
+def test_ranks_on_different_paths_in_a_graph_end_on_the_stall_limit(ranks):
+    env = {"CHORUS_BLOCKED_FAIL_SECONDS": "2", "CHORUS_STALL_SHUTDOWN_TIME_SECONDS": "4"}
+    out = ok(ranks(2, "diverged_tf_graph.py", env=env, timeout=120))
+    assert out.count("tf graph diverged stopped") == 2, out
