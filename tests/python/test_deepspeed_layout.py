@@ -26,6 +26,12 @@ DEFINED_AT = [
     ("checkpoint.utils", "clone_tensors_for_torch_save"),
     ("ops.adam.cpu_adam", "DeepSpeedCPUAdam"),
     ("ops.adam.fused_adam", "FusedAdam"),
+    ("moe.layer", "MoE"),
+    ("moe.sharded_moe", "TopKGate"),
+    ("moe.sharded_moe", "MOELayer"),
+    ("moe.experts", "Experts"),
+    ("moe.utils", "split_params_into_different_moe_groups_for_optimizer"),
+    ("sequence.layer", "DistributedAttention"),
 ]
 
 # chorus's own additions beside DeepSpeed's names at the top level

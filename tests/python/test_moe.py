@@ -14,3 +14,9 @@ def test_moe_training_under_zero_matches_one_process(ranks):
     out = ok(ranks(4, "moe_train.py"))
     assert out.count("moe training ok rank") == 4, out
     assert out.count("stage=2 ep=4 k=1") == 4, out  # the matrix ran
+
+
+def test_ulysses_attention_matches_full_attention_and_trains_under_zero2(ranks):
+    out = ok(ranks(4, "ulysses.py"))
+    for what in ("ulysses attention ok", "ulysses refusal ok", "ulysses zero2 ok"):
+        assert out.count(what) == 4, out

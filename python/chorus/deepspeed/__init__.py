@@ -8,7 +8,8 @@ import os as _os
 
 import chorus.torch as _hvd
 from chorus.deepspeed.runtime.activation_checkpointing import checkpointing  # noqa: F401  (deepspeed.checkpointing)
-from chorus.deepspeed import accelerator, checkpoint, comm, ops, pipe, runtime, utils, zero  # noqa: F401
+from chorus.deepspeed import (accelerator, checkpoint, comm, moe, ops, pipe, runtime, sequence, utils,  # noqa: F401
+                              zero)
 from chorus.deepspeed.runtime import config as _config
 from chorus.deepspeed import elastic  # noqa: F401  (deepspeed.elastic.DeepSpeedState)
 from chorus.deepspeed.runtime.engine import DeepSpeedEngine
