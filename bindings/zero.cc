@@ -294,8 +294,9 @@ void bindZero(py::module_& m) {
         py::gil_scoped_release release;
         e.saveShard(path, extra);
       })
-      .def("load_shards", [](Engine& e, const std::vector<std::string>& paths, const std::string& expected) {
+      .def("load_shards", [](Engine& e, const std::vector<std::string>& paths, const std::string& expected,
+                              const std::vector<std::vector<int64_t>>& maps) {
         py::gil_scoped_release release;
-        e.loadShards(paths, expected);
-      }, py::arg("paths"), py::arg("expected") = "");
+        e.loadShards(paths, expected, maps);
+      }, py::arg("paths"), py::arg("expected") = "", py::arg("param_maps") = std::vector<std::vector<int64_t>>{});
 }

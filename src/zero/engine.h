@@ -141,7 +141,11 @@ class Engine {
   // one shard at a time, keeping only what overlaps this rank's partition.
   // expectedExtra (when not empty): every shard must carry this extraMeta (the
   // save's identity), else the shards are of different saves and none is used.
-  void loadShards(const std::vector<std::string>& paths, const std::string& expectedExtra = "");
+  // paramMaps (when not empty): for each path, the parameter of this engine each of
+  // the shard's parameters is (-1: none), for shards of an engine over other
+  // parameters (MoE experts saved at another expert-parallel size).
+  void loadShards(const std::vector<std::string>& paths, const std::string& expectedExtra = "",
+                  const std::vector<std::vector<int64_t>>& paramMaps = {});
   // Whether this rank writes a shard (stage 0 keeps one replica, written by rank 0).
   bool writesShard() const { return stage_ > 0 || rank_ == 0; }
 

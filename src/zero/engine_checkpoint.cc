@@ -3,6 +3,7 @@
 // checkpoint loads on any world size and any stage.
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 #include <nlohmann/json.hpp>
 
 #include "chorus/error.h"
@@ -47,8 +48,12 @@ void Engine::saveShard(const std::string& path, const std::string& extraMeta) co
   f.write(path);
 }
 
-void Engine::loadShards(const std::vector<std::string>& paths, const std::string& expectedExtra) {
+void Engine::loadShards(const std::vector<std::string>& paths, const std::string& expectedExtra,
+                        const std::vector<std::vector<int64_t>>& paramMaps) {
   if (paths.empty()) throw InvalidArgument("ZeRO engine: no checkpoint shards to load");
+  if (!paramMaps.empty() && paramMaps.size() != paths.size())
+    throw InvalidArgument("ZeRO engine: " + std::to_string(paramMaps.size()) + " parameter maps for " +
+                          std::to_string(paths.size()) + " shards");
   // Every shard of one save, before any state is touched: a mixture of saves would load silently.
   if (!expectedExtra.empty()) {
     for (const auto& path : paths) {
@@ -80,12 +85,24 @@ void Engine::loadShards(const std::vector<std::string>& paths, const std::string
     }
   }
   json first;
-  for (const auto& path : paths) {
+  for (size_t pi = 0; pi < paths.size(); ++pi) {
+    const std::string& path = paths[pi];
     const ShardFile f = ShardFile::read(path);
     const json meta = json::parse(f.meta);
     auto fail = [&](const std::string& why) { return InvalidArgument("checkpoint shard '" + path + "': " + why); };
-    if (meta.at("numels").get<std::vector<size_t>>() != spec_.numels)
+    const auto numels = meta.at("numels").get<std::vector<size_t>>();
+    std::vector<int64_t> to(numels.size());
+    std::iota(to.begin(), to.end(), int64_t{0});
+    if (!paramMaps.empty()) {
+      to = paramMaps[pi];
+      if (to.size() != numels.size())
+        throw fail("it has " + std::to_string(numels.size()) + " parameters, its map " + std::to_string(to.size()));
+      for (size_t k = 0; k < to.size(); ++k)
+        if (to[k] >= 0 && (static_cast<size_t>(to[k]) >= spec_.numels.size() || numels[k] != spec_.numels[to[k]]))
+          throw fail("its parameter " + std::to_string(k) + " does not match the one it maps to");
+    } else if (numels != spec_.numels) {
       throw fail("its parameters (count or sizes) differ from this model's");
+    }
     if (meta.at("optimizer").get<int>() != static_cast<int>(spec_.optimizer))
       throw fail("it was saved with a different optimizer type");
     const size_t part = meta.at("partition_elems").get<size_t>();
@@ -99,9 +116,11 @@ void Engine::loadShards(const std::vector<std::string>& paths, const std::string
       src[k] = reinterpret_cast<const float*>(it->second.data());
     }
     for (const auto& q : meta.at("pieces")) {
-      const size_t param = q[0], po = q[1], qo = q[2], count = q[3];
-      if (param >= spec_.numels.size() || po + count > spec_.numels[param] || qo + count > part)
+      const size_t saved = q[0], po = q[1], qo = q[2], count = q[3];
+      if (saved >= numels.size() || po + count > numels[saved] || qo + count > part)
         throw fail("a piece lies outside its parameter or partition");
+      if (to[saved] < 0) continue;
+      const size_t param = static_cast<size_t>(to[saved]);
       for (const Piece* p : mine[param]) {
         const size_t lo = std::max(po, p->paramOffset), hi = std::min(po + count, p->paramOffset + p->count);
         if (hi <= lo) continue;

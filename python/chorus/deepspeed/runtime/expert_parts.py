@@ -5,6 +5,7 @@ partitioned there, not over every rank. The shared parameters stay in the main
 engine. All of them step with one gradient norm, the whole model's: each engine's
 sum of squares over its set, the experts' summed over the expert-parallel set."""
 import json
+import os
 
 import torch
 
@@ -112,3 +113,98 @@ def total_sum_squares(engine):
     for part in engine._expert_parts:
         total += part.sum_squares()
     return total
+
+
+# --- checkpoints -----------------------------------------------------------------------------
+# Each expert group's fp32 state goes in shards of its own, one per rank of its
+# expert-data-parallel set and per expert-parallel rank; each expert's weights also
+# go where DeepSpeed puts them (layer_<L>_expert_<G>_mp_rank_00_model_states.pt).
+# A parameter is known by (its experts module, its global expert, its name in the
+# expert), so that a checkpoint loads at another expert-parallel size.
+_MARK = ".deepspeed_experts."
+
+
+def shard_name(group, ep_rank, data_rank):
+    return f"expp_rank_{ep_rank}_{group}_zero_rank_{data_rank:05d}_optim_states.chorus"
+
+
+def expert_file(layer, expert):
+    return f"layer_{layer}_expert_{expert}_mp_rank_00_model_states.pt"
+
+
+def _where(name):
+    """(experts module path, local expert, name in the expert) of an expert parameter's name."""
+    at = name.index(_MARK)
+    local, _, inner = name[at + len(_MARK):].partition(".")
+    return name[:at + len(_MARK) - 1], int(local), inner
+
+
+def describe(engine):
+    """What the model-states file says of the expert groups (every rank's parts are named alike)."""
+    return {part.name: {"ep_size": part.ep_set.size(), "names": part.names,
+                        "shards": part.data_set.size() if engine.core.stage > 0 else 1}
+            for part in engine._expert_parts}
+
+
+def _layers(module):
+    """{experts' path in parameter names: (MoE layer number, the MoE layer)} in model order."""
+    from chorus.deepspeed.moe.layer import MoE
+    out = {}
+    for n, m in module.named_modules():
+        if isinstance(m, MoE):
+            out[(n + "." if n else "") + "deepspeed_moe.experts.deepspeed_experts"] = (len(out), m)
+    return out
+
+
+def save(engine, path, identity):
+    layers = _layers(engine.module)
+    for part in engine._expert_parts:
+        if part.core.writes_shard:
+            part.core.save_shard(os.path.join(path, shard_name(part.name, part.ep_rank, part.data_rank)), identity)
+        if part.data_rank != 0:
+            continue
+        files = {}
+        for p, name in zip(part.params, part.names):
+            prefix, local, inner = _where(name)
+            number, moe = layers[prefix]
+            g = part.ep_rank * moe.num_local_experts + local
+            files.setdefault((number, g), {})[f"{prefix}.{g}.{inner}"] = p.detach().clone()
+        for (number, g), state in files.items():
+            target = os.path.join(path, expert_file(number, g))
+            torch.save(state, target + ".tmp")
+            os.replace(target + ".tmp", target)
+
+
+def load(engine, path, saved, identity):
+    """Each expert group's state from the shards of every saved group that holds
+    its experts, at whatever expert-parallel size they were saved."""
+    layers = _layers(engine.module)
+    if bool(saved) != bool(engine._expert_parts):
+        raise ValueError(f"load_checkpoint: the checkpoint has {len(saved)} expert groups, the model "
+                         f"{len(engine._expert_parts)}")
+    for part in engine._expert_parts:
+        mine = {}
+        for i, name in enumerate(part.names):
+            prefix, local, inner = _where(name)
+            mine[(prefix, part.ep_rank * layers[prefix][1].num_local_experts + local, inner)] = i
+        paths, maps = [], []
+        for group, info in saved.items():
+            ep = info["ep_size"]
+            for e in range(ep):
+                to = []
+                for name in info["names"]:
+                    prefix, local, inner = _where(name)
+                    if prefix not in layers:
+                        raise ValueError(f"load_checkpoint: the checkpoint's experts '{prefix}' are not in the model")
+                    num = layers[prefix][1].num_experts
+                    if num % ep:
+                        raise ValueError(f"load_checkpoint: {num} experts at '{prefix}' do not divide over the "
+                                         f"checkpoint's ep_size {ep}")
+                    to.append(mine.get((prefix, e * (num // ep) + local, inner), -1))
+                if any(t >= 0 for t in to):
+                    for d in range(info["shards"]):
+                        paths.append(os.path.join(path, shard_name(group, e, d)))
+                        maps.append(to)
+        if not paths:
+            raise ValueError(f"load_checkpoint: no saved expert group holds the experts of '{part.name}'")
+        part.core.load_shards(paths, identity, maps)

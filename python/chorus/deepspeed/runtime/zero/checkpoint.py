@@ -10,6 +10,7 @@ import torch
 
 from chorus import _core
 import chorus.torch as hvd
+from chorus.deepspeed.runtime import expert_parts
 
 MODEL_STATES = "model_states.chorus"
 
@@ -53,6 +54,7 @@ def save(engine, save_dir, tag, client_state, save_latest, exclude_frozen_parame
         os.makedirs(path, exist_ok=True)
         if engine.core.writes_shard:
             engine.core.save_shard(os.path.join(path, shard_name(ps.rank())), identity)
+        expert_parts.save(engine, path, identity)
         if ps.rank() == 0:
             _save_model_states(engine, path, client_state, exclude_frozen_parameters, identity)
     except Exception as e:  # noqa: BLE001 (any failure must reach every rank, not leave them waiting)
@@ -87,6 +89,7 @@ def _save_model_states(engine, path, client_state, exclude_frozen_parameters, id
         "param_groups": engine.optimizer.hypers(),
         "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None and
         hasattr(engine.lr_scheduler, "state_dict") else None,
+        "experts": expert_parts.describe(engine),
         "buffers": [[n, str(b.dtype).replace("torch.", ""), list(b.shape)] for n, b in _buffers(engine.module)],
     }
     blobs = {"client_state": pickle.dumps(client_state)}
@@ -133,6 +136,7 @@ def load(engine, load_dir, tag, load_lr_scheduler_states):
                 raise ValueError(f"load_checkpoint: parameter {k} of the model is '{n}' {s}, the checkpoint has {got}")
         raise ValueError(f"load_checkpoint: the checkpoint has {len(names)} parameters, the model {len(engine._names)}")
     engine.core.load_shards([os.path.join(path, shard_name(r)) for r in range(meta["shards"])], meta.get("save", ""))
+    expert_parts.load(engine, path, meta.get("experts", {}), meta.get("save", ""))
     for n, b in _buffers(engine.module):
         raw = blobs.get("buffer:" + n)
         if raw is None:

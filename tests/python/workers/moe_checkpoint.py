@@ -1,0 +1,61 @@
+"""MoE checkpoints on 4 ranks: saved at ep 2 under ZeRO-2, loaded at ep 1, 2 and 4
+(and ZeRO-1) into a model started from other weights, the next steps' losses are
+those the saving run went on to have (weights and optimizer states came back);
+each expert's weights in DeepSpeed's layer_<L>_expert_<G>_mp_rank_00 file."""
+import os
+import sys
+import warnings
+
+import torch
+
+import chorus.deepspeed as deepspeed
+import chorus.torch as hvd
+from chorus.deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+from moe_common import E, Net, batch
+
+warnings.simplefilter("ignore")
+deepspeed.init_distributed(dist_init_required=False)
+W, R = hvd.size(), hvd.rank()
+folder = os.path.join(os.environ["ZERO_TMP"], "moe_ckpt")
+
+
+def engine_for(ep, stage, seed):
+    net = Net(ep, 2, True, R % ep, seed=seed)
+    cfg = {"train_micro_batch_size_per_gpu": 8, "gradient_clipping": 1.0,
+           "optimizer": {"type": "AdamW", "params": {"lr": 0.02, "weight_decay": 0.01}},
+           "zero_optimization": {"stage": stage, "reduce_bucket_size": 40}}
+    groups = split_params_into_different_moe_groups_for_optimizer({"params": list(net.parameters())})
+    engine, _, _, _ = deepspeed.initialize(model=net, model_parameters=groups, config=cfg)
+    return net, engine
+
+
+def train(engine, steps):
+    losses = []
+    for step in steps:
+        loss = engine(*batch(step, R))
+        engine.backward(loss)
+        engine.step()
+        losses.append(float(loss))
+    return losses
+
+
+net, engine = engine_for(2, 2, seed=100)
+train(engine, range(3))
+engine.save_checkpoint(folder, tag="moe")
+# Each expert in its own file, written by the first rank holding it.
+L = E // 2
+for j, e in enumerate(net.moe.deepspeed_moe.experts.deepspeed_experts):
+    g = (R % 2) * L + j
+    state = torch.load(os.path.join(folder, "moe", f"layer_0_expert_{g}_mp_rank_00_model_states.pt"))
+    for n, p in e.named_parameters():
+        key = f"moe.deepspeed_moe.experts.deepspeed_experts.{g}.{n}"
+        assert torch.equal(state[key], p.detach()), (key, sorted(state))
+after = train(engine, range(3, 6))
+
+for ep, stage in ((1, 2), (4, 2), (2, 1), (4, 0)):
+    _, other = engine_for(ep, stage, seed=900)  # other weights: what it trains with next must come from the files
+    other.load_checkpoint(folder, tag="moe")
+    assert other.global_steps == 3
+    got = train(other, range(3, 6))
+    assert all(abs(a - b) < 2e-5 for a, b in zip(got, after)), (ep, stage, got, after)
+    print(f"moe checkpoint ok rank {R} ep=2 -> ep={ep} stage {stage}", flush=True)
