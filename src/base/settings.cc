@@ -127,7 +127,8 @@ const std::vector<SettingInfo>& settingsTable() {
        "1 allows adding and removing process sets at run time."},
       {"CHORUS_TIMELINE", "HOROVOD_TIMELINE", "",
        "File for a Chrome trace of every tensor's negotiation and execution, written by rank 0 "
-       "(written as the job runs; shutdown or stop_timeline completes it)."},
+       "(written as the job runs; shutdown or stop_timeline completes it). A path with %r: every rank "
+       "writes its own, %r replaced by its rank (the process sets rank 0 is not in show in their members')."},
       {"CHORUS_TIMELINE_MARK_CYCLES", "HOROVOD_TIMELINE_MARK_CYCLES", "0",
        "1 marks every negotiation cycle in the timeline."},
       {"CHORUS_METRICS_PORT", "", "0",

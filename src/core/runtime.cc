@@ -23,6 +23,15 @@ std::chrono::milliseconds ms(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
 }
 
+// A timeline path with %r: every rank writes its own, %r its rank (the sets rank 0
+// is not in show in their members' files); else rank 0 writes it.
+bool timelineEveryRank(const std::string& path) { return path.find("%r") != std::string::npos; }
+
+std::string timelinePath(std::string path, int rank) {
+  for (size_t at; (at = path.find("%r")) != std::string::npos;) path.replace(at, 2, std::to_string(rank));
+  return path;
+}
+
 }  // namespace
 
 std::shared_ptr<Store> openStore(const Config& cfg) {
@@ -160,7 +169,8 @@ void RuntimeImpl::init(Config cfg) {
   }
   device = makeTransportDevice(commOptions());
   // Before the first exchange, so that a bad file name fails before any rank waits on this one.
-  if (rank == 0 && !cfg.timeline.empty()) timeline->start(cfg.timeline, cfg.timelineMarkCycles);
+  if (!cfg.timeline.empty() && (rank == 0 || timelineEveryRank(cfg.timeline)))
+    timeline->start(timelinePath(cfg.timeline, rank), cfg.timelineMarkCycles);
 
   std::vector<std::shared_ptr<Controller>> started;
   try {
@@ -511,7 +521,7 @@ void RuntimeImpl::discardTimeline() {
 
 void Runtime::startTimeline(const std::string& path, bool markCycles) {
   impl_->requireInit();
-  if (impl_->rank == 0) impl_->timeline->start(path, markCycles);
+  if (impl_->rank == 0 || timelineEveryRank(path)) impl_->timeline->start(timelinePath(path, impl_->rank), markCycles);
 }
 
 void Runtime::stopTimeline() {

@@ -2,7 +2,13 @@
 MoE layer and training under ZeRO 0-2 at ep 1, 2 and 4, checkpoints across
 expert-parallel sizes, Ulysses attention; each against one process holding the
 whole model."""
-from conftest import ok
+import json
+import os
+import re
+
+import pytest
+
+from conftest import REPO, ok
 
 
 def test_moe_layer_matches_one_process_with_every_expert(ranks):
@@ -26,3 +32,32 @@ def test_ulysses_attention_matches_full_attention_and_trains_under_zero2(ranks):
     out = ok(ranks(4, "ulysses.py"))
     for what in ("ulysses attention ok", "ulysses refusal ok", "ulysses zero2 ok"):
         assert out.count(what) == 4, out
+
+
+def _timeline_alltoalls(path):
+    """{op name: set of process set ids} of the alltoalls in one rank's timeline."""
+    events = json.load(open(path))
+    rows = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
+    found = {}
+    for e in events:
+        name = e.get("name", "")
+        if name.endswith("_ALLTOALL") and not name.startswith("NEGOTIATE") and e.get("ph") == "B":
+            found.setdefault(rows[e["pid"]], set()).add(e["args"]["process_set"])
+    return found
+
+
+@pytest.mark.parametrize("script,marker", [("moe_transformer.py", ".dispatch"), ("ulysses_transformer.py", ".q")])
+def test_examples_train_and_each_ranks_timeline_shows_its_sets_alltoalls(ranks, tmp_path, script, marker):
+    out = ok(ranks(4, os.path.join(REPO, "examples", "deepspeed", script), "--steps", "60",
+                   env={"CHORUS_TIMELINE": str(tmp_path / "tl.%r.json")}))
+    first, last = map(float, re.search(r"loss ([\d.]+) -> ([\d.]+)", out).groups())
+    assert last < first / 3, out
+    sets = []
+    for r in range(4):
+        ops = _timeline_alltoalls(tmp_path / f"tl.{r}.json")
+        mine = {s for name, ids in ops.items() if name.endswith(marker) for s in ids}
+        assert len(mine) == 1, (r, ops)  # every forward alltoall on this rank's one set
+        assert any(name.endswith(marker + ".grad") for name in ops), ops  # and the backward's
+        sets.append(mine.pop())
+    # Ranks 0,1 share one set, 2,3 another: two sets' alltoalls, each in its members' timelines.
+    assert sets[0] == sets[1] and sets[2] == sets[3] and sets[0] != sets[2], sets

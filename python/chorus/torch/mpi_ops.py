@@ -371,13 +371,15 @@ class _Alltoall(torch.autograd.Function):
         out, received = _Alltoall.run(tensor, splits, name, process_set, priority)
         ctx.received = received
         ctx.process_set = process_set
+        ctx.name = name
         ctx.mark_non_differentiable(received)
         return out, received
 
     @staticmethod
     def backward(ctx, grad_output, _):
+        # A named op's gradient is named after it: the same name every step (the response cache hits).
         grad, _ = _run_now(alltoall_async, grad_output.contiguous(), ctx.received,
-                           process_set=ctx.process_set)
+                           name=f"{ctx.name}.grad" if ctx.name else None, process_set=ctx.process_set)
         return grad, None, None, None, None
 
 
