@@ -77,14 +77,16 @@ def main():
     p.add_argument("--zero", type=int, default=2)
     args = p.parse_args()
     deepspeed.init_distributed(dist_init_required=False)
-    groups._create_sequence_parallel(args.sp)  # DeepSpeed's (dp, sp) mesh
+    dp = deepspeed.comm.get_world_size() // args.sp
+    mesh = deepspeed.comm.initialize_mesh_device((dp, args.sp), ("data_parallel", "sequence_parallel"))
     sp_rank, dp_rank = groups._get_sequence_parallel_rank(), groups._get_data_parallel_rank()
     torch.manual_seed(0)
-    model = Model(args.layers, groups._get_sequence_parallel_group())
+    model = Model(args.layers, mesh.get_group(mesh_dim="sequence_parallel"))
     config = {"train_micro_batch_size_per_gpu": 8, "gradient_clipping": 1.0,
               "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01}},
               "zero_optimization": {"stage": args.zero}}
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config,
+                                           mesh_param=(dp, args.sp))
     data = torch.Generator().manual_seed(1 + dp_rank)  # the ranks of a sequence-parallel set share sequences
     local = SEQ // args.sp
     mine = slice(sp_rank * local, (sp_rank + 1) * local)

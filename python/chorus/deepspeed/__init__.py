@@ -68,15 +68,31 @@ def add_config_arguments(parser):
     return parser
 
 
+def _sequence_mesh(mesh_param, config):
+    """The (dp, sp) mesh's sets, when asked for (collective over every rank)."""
+    if mesh_param is None and config and "sequence_parallel_size" in config and "data_parallel_size" in config:
+        mesh_param = (config["data_parallel_size"], config["sequence_parallel_size"])
+    if mesh_param is None:
+        return
+    dp, sp = (int(v) for v in mesh_param)
+    if dp * sp != _hvd.size():
+        raise ValueError(f"deepspeed.initialize: mesh (data parallel {dp}) x (sequence parallel {sp}) = {dp * sp} "
+                         f"ranks, the job has {_hvd.size()}")
+    comm.initialize_mesh_device((dp, sp))
+
+
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None,
                lr_scheduler=None, mpu=None, dist_init_required=None, collate_fn=None, config=None,
-               config_params=None, process_set=None):
+               config_params=None, process_set=None, mesh_param=None):
     """Returns (engine, optimizer, training_dataloader, lr_scheduler) as DeepSpeed does.
-    process_set: the data-parallel chorus ProcessSet (default: every rank)."""
+    process_set: the data-parallel chorus ProcessSet (default: every rank).
+    mesh_param=(dp, sp) (or the config's data_parallel_size and sequence_parallel_size):
+    DeepSpeed's device mesh, sequence-parallel sets of sp consecutive ranks."""
     if model is None:
         raise ValueError("deepspeed.initialize: model is required")
     if not _hvd.is_initialized():
         _hvd.init(process_sets="dynamic")
+    _sequence_mesh(mesh_param, config if isinstance(config, dict) else None)
     if _os.environ.get("TORCHELASTIC_RUN_ID") is not None:
         # Under torchrun (Spark's TorchDistributor starts it) DeepSpeed's initialize
         # starts torch.distributed too, and programs rely on it (dist.get_rank()).

@@ -14,6 +14,7 @@ import torch.distributed as dist
 import chorus.deepspeed as deepspeed
 import chorus.torch as hvd
 from chorus.deepspeed.sequence.layer import DistributedAttention
+from chorus.common import process_sets
 from chorus.deepspeed.utils import groups
 
 warnings.simplefilter("ignore")
@@ -79,6 +80,19 @@ for sp in (2, 4):
     except ValueError as e:
         assert f"heads {3 if sp == 2 else 6}" in str(e) and f"sequence-parallel size {sp}" in str(e), e
 print(f"ulysses attention ok rank {R}", flush=True)
+
+# deepspeed.comm with a chorus process set (what deepspeed.utils.groups hands out) runs
+# on that set, also while torch.distributed is up.
+ps = [s for s in process_sets._initialized_sets if s.ranks == [R - R % 2, R - R % 2 + 1]][0]
+t = torch.tensor([float(R)])
+deepspeed.comm.all_reduce(t, group=ps)
+assert t.item() == (R - R % 2) * 2 + 1, t
+assert deepspeed.comm.get_world_size(ps) == 2 and deepspeed.comm.get_rank(ps) == R % 2
+assert deepspeed.comm.get_global_rank(ps, 1) == R - R % 2 + 1
+out = torch.empty(2)
+deepspeed.comm.all_to_all_single(out, torch.tensor([10.0 * R, 10.0 * R + 1]), group=ps)
+assert out.tolist() == [10.0 * (R - R % 2) + R % 2, 10.0 * (R - R % 2 + 1) + R % 2], out
+print(f"ds comm on a process set ok rank {R}", flush=True)
 
 # Unequal sequence slices: an error on every rank, naming the op, and the set goes on.
 sp_set = hvd.global_process_set

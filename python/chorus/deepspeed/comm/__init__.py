@@ -82,18 +82,28 @@ def is_available():
 
 
 def _torch(group=None):
-    return _dist.is_initialized()
+    """Whether torch.distributed carries this call: not for a chorus process set
+    (deepspeed.utils.groups' expert and sequence groups are those)."""
+    return _dist.is_initialized() and not isinstance(group, _hvd.ProcessSet)
+
+
+def _set(group):
+    return group if isinstance(group, _hvd.ProcessSet) else _hvd.global_process_set
 
 
 def get_rank(group=None):
-    if _torch():
+    if _torch(group):
         return _dist.get_rank(group)
+    if isinstance(group, _hvd.ProcessSet):
+        return group.rank()
     return _hvd.rank() if _hvd.is_initialized() else 0
 
 
 def get_world_size(group=None):
-    if _torch():
+    if _torch(group):
         return _dist.get_world_size(group)
+    if isinstance(group, _hvd.ProcessSet):
+        return group.size()
     return _hvd.size() if _hvd.is_initialized() else 1
 
 
@@ -106,13 +116,15 @@ def get_world_group():
 
 
 def get_global_rank(group=None, group_rank=0):
-    return _dist.get_global_rank(group, group_rank) if _torch() and group is not None else group_rank
+    if isinstance(group, _hvd.ProcessSet):
+        return group.ranks[group_rank]
+    return _dist.get_global_rank(group, group_rank) if _torch(group) and group is not None else group_rank
 
 
 def barrier(group=None, async_op=False, device_ids=None):
-    if _torch():
+    if _torch(group):
         return _dist.barrier(group=group, async_op=async_op)
-    _hvd.barrier()
+    _hvd.barrier(process_set=_set(group))
 
 
 def new_group(ranks):
@@ -120,12 +132,12 @@ def new_group(ranks):
 
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
-    if _torch():
+    if _torch(group):
         return _dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
     if _AVG is not None and op == _AVG:
-        _hvd.allreduce_(tensor, op=_hvd.Average)
+        _hvd.allreduce_(tensor, op=_hvd.Average, process_set=_set(group))
     else:
-        _hvd.allreduce_(tensor, op=_HVD_OPS[op])
+        _hvd.allreduce_(tensor, op=_HVD_OPS[op], process_set=_set(group))
     return None
 
 
@@ -133,25 +145,25 @@ inference_all_reduce = all_reduce
 
 
 def broadcast(tensor, src, group=None, async_op=False):
-    if _torch():
+    if _torch(group):
         return _dist.broadcast(tensor, src, group=group, async_op=async_op)
-    _hvd.broadcast_(tensor, root_rank=src)
+    _hvd.broadcast_(tensor, root_rank=src, process_set=_set(group))  # src: a global rank, as torch's
     return None
 
 
 def all_gather(tensor_list, tensor, group=None, async_op=False):
-    if _torch():
+    if _torch(group):
         return _dist.all_gather(tensor_list, tensor, group=group, async_op=async_op)
-    whole = _hvd.allgather(tensor.unsqueeze(0))
+    whole = _hvd.allgather(tensor.unsqueeze(0), process_set=_set(group))
     for dst, src in zip(tensor_list, whole):
         dst.copy_(src)
     return None
 
 
 def all_gather_into_tensor(output_tensor, tensor, group=None, async_op=False):
-    if _torch():
+    if _torch(group):
         return _dist.all_gather_into_tensor(output_tensor, tensor, group=group, async_op=async_op)
-    output_tensor.copy_(_hvd.allgather(tensor.reshape(1, -1)).reshape(output_tensor.shape))
+    output_tensor.copy_(_hvd.allgather(tensor.reshape(1, -1), process_set=_set(group)).reshape(output_tensor.shape))
     return None
 
 
@@ -159,27 +171,28 @@ allgather_fn = all_gather_into_tensor
 
 
 def reduce_scatter_tensor(output_tensor, tensor, op=ReduceOp.SUM, group=None, async_op=False):
-    if _torch():
+    if _torch(group):
         return _dist.reduce_scatter_tensor(output_tensor, tensor, op=op, group=group, async_op=async_op)
-    output_tensor.copy_(_hvd.reducescatter(tensor.reshape(get_world_size(), -1), op=_HVD_OPS.get(op, _hvd.Sum))
-                        .reshape(output_tensor.shape))
+    output_tensor.copy_(_hvd.reducescatter(tensor.reshape(get_world_size(group), -1), op=_HVD_OPS.get(op, _hvd.Sum),
+                                           process_set=_set(group)).reshape(output_tensor.shape))
     return None
 
 
 def reduce(tensor, dst, op=ReduceOp.SUM, group=None, async_op=False):
-    if _torch():
+    if _torch(group):
         return _dist.reduce(tensor, dst, op=op, group=group, async_op=async_op)
-    result = _hvd.allreduce(tensor, op=_HVD_OPS[op])
-    if get_rank() == dst:
+    result = _hvd.allreduce(tensor, op=_HVD_OPS[op], process_set=_set(group))
+    if _hvd.rank() == dst:
         tensor.copy_(result)
     return None
 
 
 def all_to_all_single(output, tensor, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False):
-    if _torch():
+    if _torch(group):
         return _dist.all_to_all_single(output, tensor, output_split_sizes, input_split_sizes, group=group,
                                        async_op=async_op)
-    output.copy_(_hvd.alltoall(tensor, splits=input_split_sizes).reshape(output.shape))
+    got = _hvd.alltoall(tensor, splits=input_split_sizes, process_set=_set(group))
+    output.copy_((got[0] if input_split_sizes is not None else got).reshape(output.shape))
     return None
 
 
@@ -202,3 +215,36 @@ def destroy_process_group(group=None):
 
 def log_summary(show_straggler=False):
     """DeepSpeed prints its comms log here; chorus's statistics are in chorus.torch.stats()."""
+
+
+class _Mesh:
+    """DeepSpeed's (data_parallel, sequence_parallel) device mesh over chorus process sets."""
+
+    def __init__(self, shape, names):
+        self.mesh_shape, self.mesh_dim_names = tuple(shape), tuple(names)
+
+    def get_group(self, mesh_dim):
+        from chorus.deepspeed.utils import groups
+        if mesh_dim == "sequence_parallel":
+            return groups._get_sequence_parallel_group()
+        if mesh_dim == "data_parallel":
+            return groups._get_data_parallel_group()
+        raise ValueError(f"device mesh: no dimension {mesh_dim!r} (it has {self.mesh_dim_names})")
+
+    def size(self, mesh_dim=None):
+        return self.mesh_shape[self.mesh_dim_names.index(mesh_dim)] if mesh_dim else self.mesh_shape[0] * \
+            self.mesh_shape[1]
+
+
+def initialize_mesh_device(mesh_shape, mesh_dim_names=("data_parallel", "sequence_parallel")):
+    """(dp, sp): sequence-parallel sets of sp consecutive ranks, data-parallel sets across
+    them (collective over every rank). Returns the mesh; get_group(mesh_dim=) gives a set."""
+    from chorus.deepspeed.utils import groups
+    if tuple(mesh_dim_names) != ("data_parallel", "sequence_parallel"):
+        raise ValueError(f"device mesh: chorus makes ('data_parallel', 'sequence_parallel') meshes, "
+                         f"not {tuple(mesh_dim_names)}")
+    dp, sp = (int(v) for v in mesh_shape)
+    if dp * sp != get_world_size():
+        raise ValueError(f"device mesh: {dp} x {sp} = {dp * sp} ranks, the job has {get_world_size()}")
+    groups._create_sequence_parallel(sp)
+    return _Mesh((dp, sp), mesh_dim_names)
