@@ -11,8 +11,11 @@ Training: chorus (chorusrun), Horovod over gloo and over Open MPI (horovodrun), 
 "local", each rank training alone with no exchange: the ceiling compute sets.
 ZeRO: chorus.deepspeed (on Debian's torch and on the torch 2 venv) and DeepSpeed
 (torch 2 venv, DS_ACCELERATOR=cpu, gloo), stages 1-3, with and without optimizer
-offload, fp32 and bf16. --quick is the smallest size (CI runs it with chorus, DDP
-and chorus.deepspeed only: the peers need the venvs).
+offload, fp32 and bf16. MoE: DeepSpeed's MoE layers at ep 2 x dp 2 under ZeRO-2,
+chorus.deepspeed beside DeepSpeed on the torch 2 venv (--only moe --torch2-venv
+build/venv-torch2 uses scripts/torch2-venv.sh's DeepSpeed overlay). --quick is the
+smallest size (CI runs it with chorus, DDP and chorus.deepspeed only: the peers
+need the venvs).
 """
 import argparse
 import json
@@ -85,7 +88,12 @@ class Launcher:
         if framework in ("ddp", "local"):
             return self.per_rank(n, DEBIAN_PYTHON, script_args)
         if framework == "deepspeed":
-            return self.per_rank(n, self.torch2, script_args, DS_ACCELERATOR="cpu")
+            cmds, envs = self.per_rank(n, self.torch2, script_args, DS_ACCELERATOR="cpu")
+            # scripts/torch2-venv.sh keeps the real DeepSpeed in an overlay beside the venv's packages
+            overlay = os.path.join(os.path.dirname(os.path.dirname(self.torch2)), "overlays", "deepspeed")
+            if os.path.isdir(overlay):
+                envs = [dict(e, PYTHONPATH=overlay) for e in envs]
+            return cmds, envs
         raise ValueError(framework)
 
     def run(self, framework, n, script_args):
@@ -196,6 +204,24 @@ def zero(launcher, args, log):
     return rows
 
 
+def moe(launcher, args, log):
+    """DeepSpeed MoE layers at ep x dp on args.moe_ranks under ZeRO-2: chorus beside DeepSpeed."""
+    frameworks = [f for f in args.zero_frameworks if f in ("chorus_torch2", "deepspeed")]
+    if not frameworks:
+        return []
+    script = [os.path.join(HERE, "moe.py"), "--ep", str(args.moe_ep), "--stage", "2", "--steps", str(args.zero_steps)]
+    runs, errors = alternate(launcher, frameworks, args.moe_ranks, script, args.rounds, log)
+    got = rows_of(runs, errors, {"kind": "moe", "stage": 2, "offload": False, "dtype": "fp32",
+                                 "ranks": args.moe_ranks, "ep": args.moe_ep, "unit": "ms/step"},
+                  lambda r: max(x["ms_per_step"] for x in r))  # the slowest rank's step
+    for row in got:
+        fw_runs = runs[row["framework"]]
+        row["losses"] = fw_runs[0][0]["losses"] if fw_runs else None
+    log(f"moe ep {args.moe_ep} x dp {args.moe_ranks // args.moe_ep}: " +
+        ", ".join(f"{r['framework']} {r['median']:.1f} ms" for r in got if "median" in r))
+    return got
+
+
 def ratios(rows):
     """The issue's targets as ratios of medians (> 1 is chorus ahead)."""
     out = []
@@ -217,7 +243,7 @@ def ratios(rows):
             if "local" in fws:  # how much of the compute-bound ceiling each framework reaches
                 entry["of_ceiling"] = {f: fws[f]["median"] / fws["local"]["median"] for f in fws if f != "local"}
             out.append(entry)
-        if kind == "zero" and "deepspeed" in fws:
+        if kind in ("zero", "moe") and "deepspeed" in fws:
             ds = fws["deepspeed"]
             for fw in ("chorus", "chorus_torch2"):
                 if fw not in fws:
@@ -253,7 +279,9 @@ def main():
     ap.add_argument("--peers-dir", default=os.environ.get("PEERS_DIR", os.path.join(ROOT, "build", "peers")))
     ap.add_argument("--torch2-venv", default=os.environ.get("TORCH2_VENV",
                                                             os.path.join(ROOT, "build", "venv-torch2.5.1")))
-    ap.add_argument("--only", choices=["training", "zero"], help="one half of the benchmark")
+    ap.add_argument("--only", choices=["training", "zero", "moe"], help="one part of the benchmark")
+    ap.add_argument("--moe-ranks", type=int, default=4)
+    ap.add_argument("--moe-ep", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5, help="whole runs per framework and configuration")
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--models", nargs="+", default=["deep_mlp", "wide_mlp", "convnet"])
@@ -297,6 +325,8 @@ def main():
         result["rows"] += training(launcher, args, log)
     if args.only in (None, "zero"):
         result["rows"] += zero(launcher, args, log)
+    if args.only in (None, "moe"):
+        result["rows"] += moe(launcher, args, log)
     result["ratios"] = ratios(result["rows"])
     for r in result["ratios"]:
         log(json.dumps(r))

@@ -51,6 +51,16 @@ for stage, ep, k, drop, clip in cases:
     groups = split_params_into_different_moe_groups_for_optimizer({"params": list(net.parameters())})
     engine, _, _, _ = deepspeed.initialize(model=net, model_parameters=groups, config=cfg)
     assert engine.has_moe_layers
+    # The experts' optimizer states (fp32 master and Adam's two moments) partitioned over
+    # the W/ep ranks holding the same experts at stages 1-2 (each bucket's slices padded).
+    part = engine._expert_parts[0]
+    assert part.data_set.size() == W // ep and part.ep_set.size() == ep
+    numel = sum(p.numel() for p in part.params)
+    held = part.core.memory()["optimizer"]
+    if stage > 0:  # (an fp32 model's master is its parameters at stage 0: Adam's moments only, 8 bytes)
+        assert 8 * numel / (W // ep) <= held and (held < 12 * numel or W // ep == 1), (held, numel)
+    else:
+        assert held >= 8 * numel, (held, numel)
     ref, ref_losses = reference(k, drop, clip, lr)
     for step in range(STEPS):
         loss = engine(*batch(step, R))
