@@ -1,10 +1,12 @@
 // The ZeRO engine with ranks as threads: every stage's Adam step against a scalar
 // reference over the rank-averaged gradients; checkpoint files; LR schedules.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "comm/shm/shared_pool.h"
@@ -156,6 +158,109 @@ TEST(ShardFile, RoundTripsAndRefusesDamageByName) {
   expectRefused(flipped, "corrupted");
   ::unlink(path.c_str());
   EXPECT_THROW(ShardFile::read(path), Error);
+}
+
+
+// MoE: two engines of one model (the shared parameters', and the experts' whose
+// reduced gradients count at gradFactor) step with one norm, the model's: SGD with
+// clipping over both equals the reference over every parameter. Then the experts'
+// shards load into an engine holding their parameters in another order.
+TEST(EngineSharedNorm, EnginesOfOneModelClipByTheWholeNormAndShardsLoadThroughMaps) {
+  const std::vector<size_t> shared = {37, 100}, experts = {5, 64};
+  const double lr = 0.1, clip = 0.5, factor = 0.5;
+  const int world = 2, steps = 2;
+  const std::string dir = "/tmp/chorus-shared-norm-" + std::to_string(getpid());
+  auto grad = [](int rank, size_t param, size_t e, int s) { return static_cast<float>(gradOf(rank, param, e, s, 0)); };
+  for (int stage : {0, 1, 2}) {
+    // The reference: parameter k of {shared..., experts...}; the experts' gradients times factor.
+    std::vector<std::vector<double>> p;
+    for (size_t k = 0; k < 4; ++k) {
+      const size_t n = k < 2 ? shared[k] : experts[k - 2];
+      p.emplace_back(n);
+      for (size_t e = 0; e < n; ++e) p[k][e] = static_cast<float>(initOf(k, e));
+    }
+    for (int s = 0; s < steps; ++s) {
+      std::vector<std::vector<double>> g(4);
+      double sumsq = 0;
+      for (size_t k = 0; k < 4; ++k) {
+        for (size_t e = 0; e < p[k].size(); ++e) {
+          double v = 0;
+          for (int r = 0; r < world; ++r) v += grad(r, k, e, s);
+          v = v / world * (k < 2 ? 1.0 : factor);
+          g[k].push_back(v);
+          sumsq += v * v;
+        }
+      }
+      const double norm = std::sqrt(sumsq), coef = norm > clip ? clip / (norm + 1e-6) : 1.0;
+      for (size_t k = 0; k < 4; ++k)
+        for (size_t e = 0; e < p[k].size(); ++e) p[k][e] -= lr * coef * g[k][e];
+    }
+    testing::runRanksOk(world, [&](testing::RankContext& ctx) {
+      auto make = [&](const std::vector<size_t>& numels, double gradFactor) {
+        EngineSpec spec;
+        spec.config = DsConfig::parse(R"({"train_micro_batch_size_per_gpu": 1, "gradient_clipping": 0.5,
+            "zero_optimization": {"stage": )" + std::to_string(stage) + R"(, "reduce_bucket_size": 60}})", world);
+        spec.numels = numels;
+        spec.optimizer = OptimKind::kSgd;
+        spec.gradFactor = gradFactor;
+        return std::make_unique<Engine>(ctx.rt, spec);
+      };
+      auto a = make(shared, 1.0), b = make(experts, factor);
+      for (size_t k = 0; k < 4; ++k) {
+        Engine& en = k < 2 ? *a : *b;
+        std::vector<float> init(k < 2 ? shared[k] : experts[k - 2]);
+        for (size_t e = 0; e < init.size(); ++e) init[e] = static_cast<float>(initOf(k, e));
+        en.loadParam(k % 2, init.data());
+      }
+      a->finishInit();
+      b->finishInit();
+      GroupHyper h;
+      h.lr = static_cast<float>(lr);
+      for (int s = 0; s < steps; ++s) {
+        for (size_t k = 0; k < 4; ++k) {
+          std::vector<float> g(k < 2 ? shared[k] : experts[k - 2]);
+          for (size_t e = 0; e < g.size(); ++e) g[e] = grad(ctx.rank, k, e, s);
+          (k < 2 ? *a : *b).gradReady(k % 2, g.data());
+        }
+        a->endBackward();
+        b->endBackward();
+        const double total = a->gradSumSquares() + b->gradSumSquares();
+        const StepResult ra = a->step({h}, total), rb = b->step({h}, total);
+        ASSERT_EQ(ra.gradNorm, rb.gradNorm);
+      }
+      for (size_t k = 0; k < 4; ++k) {
+        const float* got = static_cast<const float*>((k < 2 ? *a : *b).paramStorage(k % 2));
+        for (size_t e = 0; e < p[k].size(); ++e)
+          ASSERT_NEAR(got[e], p[k][e], 1e-5) << "stage " << stage << " parameter " << k << " element " << e;
+      }
+      // The experts' shards into an engine that holds them swapped (and on another stage's layout).
+      ::mkdir(dir.c_str(), 0755);
+      const std::string shard = dir + "/s" + std::to_string(stage) + "_" + std::to_string(ctx.rank);
+      if (b->writesShard()) b->saveShard(shard, "{}");
+      ctx.rt.barrier();
+      auto c = make({experts[1], experts[0]}, factor);
+      std::vector<float> zeros(experts[1], 0.0f);
+      c->loadParam(0, zeros.data());
+      c->loadParam(1, zeros.data());
+      c->finishInit();
+      std::vector<std::string> paths;
+      for (int r = 0; r < (stage == 0 ? 1 : world); ++r)
+        paths.push_back(dir + "/s" + std::to_string(stage) + "_" + std::to_string(r));
+      c->loadShards(paths, "", std::vector<std::vector<int64_t>>(paths.size(), {1, 0}));
+      for (size_t k = 2; k < 4; ++k) {
+        const float* got = static_cast<const float*>(c->paramStorage(k == 2 ? 1 : 0));
+        for (size_t e = 0; e < p[k].size(); ++e) ASSERT_NEAR(got[e], p[k][e], 1e-5) << "loaded parameter " << k;
+      }
+      // A map that leaves an element of this engine without a value is refused.
+      auto d = make({experts[1], experts[0]}, factor);
+      d->loadParam(0, zeros.data());
+      d->loadParam(1, zeros.data());
+      d->finishInit();
+      EXPECT_THROW(d->loadShards(paths, "", std::vector<std::vector<int64_t>>(paths.size(), {1, -1})), Error);
+      ctx.rt.barrier();
+    });
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
