@@ -70,6 +70,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=512, help="per rank and step")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--expert-times", help="write each expert forward's seconds here (JSON; %%r: the rank)")
     args = ap.parse_args()
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
@@ -89,6 +90,18 @@ def main():
         {"params": list(model.parameters()), "name": "all"})
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups, config=cfg)
     rank, size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    expert_times = []
+    if args.expert_times:  # each layer's experts' forward, timed (bench/moe_timeline.py reads them)
+        for block in model.blocks:
+            experts = block.moe.deepspeed_moe.experts
+            forward = experts.forward
+
+            def timed(x, forward=forward):
+                start = time.perf_counter()
+                out = forward(x)
+                expert_times.append((start, time.perf_counter() - start))
+                return out
+            experts.forward = timed
     gen = torch.Generator().manual_seed(1 + rank)
     total = args.warmup + args.steps
     data = torch.randn(total, args.tokens, args.width, generator=gen)
@@ -103,6 +116,10 @@ def main():
         times.append(time.perf_counter() - start)
         losses.append(loss.item())
     timed = sorted(times[args.warmup:])
+    if args.expert_times:
+        import json
+        with open(args.expert_times.replace("%r", str(rank)), "w") as f:
+            json.dump(expert_times, f)
     report({"rank": rank, "ranks": size, "framework": args.framework, "ep": args.ep, "stage": args.stage,
             "losses": losses, "ms_per_step": 1000 * timed[len(timed) // 2],
             "ms_per_step_mean": 1000 * sum(timed) / len(timed),

@@ -270,7 +270,7 @@ def versions(launcher):
             "horovod": ask(os.path.join(launcher.hvd, "python"), "import horovod; print(horovod.__version__)"),
             "torch2": ask(launcher.torch2, "import torch; print(torch.__version__)"),
             "deepspeed": ask(launcher.torch2, "import deepspeed; print(deepspeed.__version__)",
-                             dict(os.environ, DS_ACCELERATOR="cpu"))}
+                             launcher.command("deepspeed", 1, [])[1][0])}
 
 
 def main():
@@ -308,7 +308,7 @@ def main():
 
     launcher = Launcher(args)
     needs = []  # (what must exist, the frameworks that need it), for the halves that run
-    if args.only != "zero":
+    if args.only in (None, "training"):
         needs.append((os.path.join(launcher.hvd, "horovodrun"), [f for f in args.frameworks if "horovod" in f]))
     if args.only != "training":
         needs.append((launcher.torch2, [f for f in args.zero_frameworks if f in ("deepspeed", "chorus_torch2")]))
