@@ -112,7 +112,13 @@ DsConfig DsConfig::parse(const std::string& text, int world) {
   checkKeys(j, "", {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "optimizer",
                     "scheduler", "gradient_clipping", "fp16", "bf16", "zero_optimization", "steps_per_print",
                     "wall_clock_breakdown", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer",
-                    "prescale_gradients", "gradient_predivide_factor", "activation_checkpointing"});
+                    "prescale_gradients", "gradient_predivide_factor", "activation_checkpointing",
+                    // Read by the Python layer: the MoE sets' layout, DeepSpeed's (dp, sp) mesh.
+                    "use_data_before_expert_parallelism", "sequence_parallel_size", "data_parallel_size"});
+  for (const char* key : {"sequence_parallel_size", "data_parallel_size"})
+    if (j.contains(key) && !(j[key].is_number_integer() && j[key].get<int64_t>() > 0))
+      throw InvalidArgument(std::string("DeepSpeed config: '") + key + "' must be a positive integer, got " +
+                            j[key].dump());
   // Read by the Python layer (chorus.deepspeed.checkpointing); checked here with the rest.
   if (j.contains("activation_checkpointing"))
     checkKeys(j["activation_checkpointing"], "activation_checkpointing",

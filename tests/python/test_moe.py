@@ -19,13 +19,20 @@ def test_moe_layer_matches_one_process_with_every_expert(ranks):
 def test_moe_training_under_zero_matches_one_process(ranks):
     out = ok(ranks(4, "moe_train.py"))
     assert out.count("moe training ok rank") == 4, out
-    assert out.count("stage=2 ep=4 k=1") == 4, out  # the matrix ran
+    assert out.count("stage=2 ep=4 k=1") == 4 and out.count("SGD") == 8, out  # the matrix ran
+
+
+def test_moe_data_before_expert_layout(ranks):
+    """DeepSpeed's use_data_before_expert_parallelism: expert-parallel sets {0,2}, {1,3}."""
+    out = ok(ranks(4, "moe_train.py", "--data-first"))
+    assert out.count("moe training ok rank") == 4, out
 
 
 def test_moe_checkpoint_at_ep2_loads_at_ep1_and_ep4(ranks, tmp_path):
     out = ok(ranks(4, "moe_checkpoint.py", env={"ZERO_TMP": str(tmp_path)}))
     for ep, stage in ((1, 2), (4, 2), (2, 1), (4, 0)):
         assert out.count(f"ep=2 -> ep={ep} stage {stage}") == 4, out
+    assert out.count("moe checkpoint refused ok") == 4, out
 
 
 def test_ulysses_attention_matches_full_attention_and_trains_under_zero2(ranks):

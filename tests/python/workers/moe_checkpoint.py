@@ -59,3 +59,16 @@ for ep, stage in ((1, 2), (4, 2), (2, 1), (4, 0)):
     got = train(other, range(3, 6))
     assert all(abs(a - b) < 2e-5 for a, b in zip(got, after)), (ep, stage, got, after)
     print(f"moe checkpoint ok rank {R} ep=2 -> ep={ep} stage {stage}", flush=True)
+
+# One expert shard gone: every rank refuses the load (none is left waiting in it), naming the ranks.
+hvd.barrier()
+if R == 0:
+    os.remove(os.path.join(folder, "moe", "expp_rank_1_ep_size_2_zero_rank_00001_optim_states.chorus"))
+hvd.barrier()
+_, other = engine_for(2, 2, seed=900)
+try:
+    other.load_checkpoint(folder, tag="moe")
+    raise SystemExit("a checkpoint without one of its expert shards loaded")
+except ValueError as e:
+    assert "expert shards are missing on rank(s) [1, 3]" in str(e), e  # the holders of experts 2, 3
+print(f"moe checkpoint refused ok rank {R}", flush=True)

@@ -47,7 +47,7 @@ def full(seed, seq_dim):
     return [torch.randn(shape, generator=g) for _ in range(4)]  # q, k, v, the loss weights
 
 
-def check(sp, causal, seq_dim, group):
+def check(sp, causal, seq_dim, group, old_api=False):
     p_rank = R % sp
     q, k, v, w = full(R // sp, seq_dim)  # one sequence per sequence-parallel set
     q, k, v = (t.requires_grad_(True) for t in (q, k, v))
@@ -55,9 +55,11 @@ def check(sp, causal, seq_dim, group):
     (ref * w).sum().backward()
     shard = lambda t: t.detach().chunk(sp, dim=seq_dim)[p_rank].clone()  # noqa: E731
     lq, lk, lv = (shard(t).requires_grad_(True) for t in (q, k, v))
-    layer = DistributedAttention(attention(causal, seq_dim), group, scatter_idx=2, gather_idx=seq_dim)
-    out = layer(lq, lk, lv, 1 - seq_dim) if seq_dim == 1 else layer(lq, lk, lv)
-    what = f"sp={sp} causal={causal} seq_dim={seq_dim}"
+    if old_api:  # DeepSpeed < 0.15: the layout from gather_idx
+        out = DistributedAttention(attention(causal, seq_dim), group, gather_idx=seq_dim)(lq, lk, lv)
+    else:  # DeepSpeed >= 0.15: the default indices, the layout from batch_dim_idx
+        out = DistributedAttention(attention(causal, seq_dim), group)(lq, lk, lv, 1 - seq_dim)
+    what = f"sp={sp} causal={causal} seq_dim={seq_dim} old_api={old_api}"
     assert torch.allclose(out, shard(ref), atol=1e-5), f"rank {R}: output {what}"
     (out * shard(w)).sum().backward()
     for name, local, whole in (("q", lq, q), ("k", lk, k), ("v", lv, v)):
@@ -72,6 +74,7 @@ for sp in (2, 4):
     for causal in (False, True):
         for seq_dim in (0, 1):
             check(sp, causal, seq_dim, mine)
+            check(sp, causal, seq_dim, mine, old_api=True)
     check(sp, True, 0, torch_groups[R // sp])  # a torch.distributed group maps onto chorus's set
     # Bad input: heads not divisible by the set's size, on every rank of it.
     try:
@@ -144,14 +147,16 @@ for step in range(4):
     engine.backward(loss)
     engine.step()
     opt.zero_grad()
-    for replica in range(2):  # the mean over the 4 ranks' losses: each replica's two halves
+    for replica in range(2):  # each replica's two halves
         xr, yr = sequences(step, replica)
         for half in range(2):
             part = slice(half * S // 2, (half + 1) * S // 2)
             # A half's loss needs attention over the whole sequence up to it: the full pass, its rows.
             q, k, v = ref.qkv(xr).view(S, B, 3, H, D).unbind(2)
             h = ref.attn(q, k, v).reshape(S, B, H * D)[part]
-            (torch.nn.functional.cross_entropy(ref.out(h).reshape(-1, 5), yr[part].reshape(-1)) / 4).backward()
+            # As DeepSpeed's engine with sequence parallelism: summed over the sequence-parallel
+            # ranks, averaged over the data-parallel ones.
+            (torch.nn.functional.cross_entropy(ref.out(h).reshape(-1, 5), yr[part].reshape(-1)) / 2).backward()
     opt.step()
 for (n, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
     assert torch.allclose(p.data, q.data, atol=2e-5, rtol=2e-4), f"rank {R}: {n} {(p.data - q.data).abs().max()}"

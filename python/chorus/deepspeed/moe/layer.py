@@ -40,20 +40,30 @@ class MoE(torch.nn.Module):
         if use_residual:
             self.mlp = expert
             self.coefficient = torch.nn.Linear(hidden_size, 2)
-        if hvd.is_initialized() and ep_size > 1:
-            self.set_deepspeed_parallelism()  # collective: every rank builds the model alike
 
     def set_deepspeed_parallelism(self, use_data_before_expert_parallel_=False):
+        """Makes (or finds) this layer's expert-parallel sets; collective over every rank
+        (deepspeed.initialize calls it, with the config's use_data_before_expert_parallel_;
+        else the first forward does, with E + D)."""
         self._create_process_groups(use_data_before_expert_parallel_)
 
     def _create_process_groups(self, use_data_before_expert_parallel_=False):
         if self.expert_group_name not in groups._get_expert_parallel_group_dict():
             groups._create_expert_and_data_parallel(self.ep_size,
                                                     use_data_before_expert_parallel_=use_data_before_expert_parallel_)
+        elif groups._EXPERT_LAYOUT.get(self.expert_group_name) != bool(use_data_before_expert_parallel_):
+            raise ValueError(f"MoE: the {self.expert_group_name} sets exist already with "
+                             f"use_data_before_expert_parallel_={groups._EXPERT_LAYOUT[self.expert_group_name]}; "
+                             f"asked for {bool(use_data_before_expert_parallel_)}")
         if self.deepspeed_moe.ep_group is None:
             self.deepspeed_moe._set_ep_group(groups._get_expert_parallel_group(self.expert_group_name))
 
     def forward(self, hidden_states, used_token=None):
+        if self.ep_size > 1 and self.deepspeed_moe.ep_group is None:
+            if not hvd.is_initialized():
+                raise RuntimeError(f"MoE at ep_size {self.ep_size}: chorus is not initialized "
+                                   "(deepspeed.init_distributed() first)")
+            self.set_deepspeed_parallelism()  # every rank runs its first forward alike: collective
         output = self.deepspeed_moe(hidden_states, used_token)
         if self.use_residual:
             dense = self.mlp(hidden_states)

@@ -178,12 +178,11 @@ def _gather_rows(x, source):
 class MOELayer(torch.nn.Module):
     """Gate, then dispatch to the experts over the expert-parallel set, then combine."""
 
-    _made = 0  # layers made in this process: the same order on every rank names their ops alike
+    _made = {}  # expert-parallel set id: layers numbered on it so far
 
     def __init__(self, gate, experts, ep_group_name, ep_size, num_local_experts, use_tutel=False):
         super().__init__()
-        MOELayer._made += 1
-        self._number = MOELayer._made
+        self._number = None
         self.gate = gate
         self.experts = experts
         self.ep_group = None
@@ -201,6 +200,9 @@ class MOELayer(torch.nn.Module):
         self.gate._set_ep_group(ep_group)
 
     def _op(self, what):
+        if self._number is None:  # at the first call: the set's ranks run their layers in the same order
+            key = self.ep_group.process_set_id
+            self._number = MOELayer._made[key] = MOELayer._made.get(key, 0) + 1
         return f"moe.{self._number}.{self.ep_group_name}.{what}"
 
     def forward(self, *input, **kwargs):

@@ -33,7 +33,7 @@ def split_params_into_different_moe_groups_for_optimizer(param_groups, max_group
     elif not isinstance(param_groups, list):
         raise ValueError(f"split_params_into_different_moe_groups_for_optimizer: expected a dict, tuple or list of "
                          f"parameter groups, got {type(param_groups).__name__}")
-    out = []
+    out, experts = [], []  # as DeepSpeed orders them: every shared group, then the expert groups
     for group in param_groups:
         params = list(group["params"])
         shared = [p for p in params if not is_moe_param(p)]
@@ -48,13 +48,13 @@ def split_params_into_different_moe_groups_for_optimizer(param_groups, max_group
             chunk, size = [], 0
             for p in ps:
                 if chunk and size + p.numel() > max_group_size:
-                    out.append(dict(base, params=chunk, moe=True, name=name))
+                    experts.append(dict(base, params=chunk, moe=True, name=name))
                     chunk, size = [], 0
                 chunk.append(p)
                 size += p.numel()
             if chunk:
-                out.append(dict(base, params=chunk, moe=True, name=name))
-    return out
+                experts.append(dict(base, params=chunk, moe=True, name=name))
+    return out + experts
 
 
 def configure_moe_param_groups(model_parameters):

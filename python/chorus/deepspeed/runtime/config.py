@@ -58,3 +58,15 @@ def load_config(config=None, config_params=None, args=None):
 def parse(text, world):
     """The resolved config (batch sizes completed) as a dict; ValueError on bad input."""
     return _core.ds_config_parse(text, world)
+
+
+def per_rank(raw, cfg):
+    """The config as JSON text with its batch given per rank (micro-batch and
+    accumulation steps, no train_batch_size), for an engine over other ranks than
+    the data-parallel world the batch was written for (an expert-data-parallel set;
+    every sequence- and data-parallel rank)."""
+    raw = dict(raw)
+    raw.pop("train_batch_size", None)
+    raw["train_micro_batch_size_per_gpu"] = cfg["train_micro_batch_size_per_gpu"]
+    raw["gradient_accumulation_steps"] = cfg["gradient_accumulation_steps"]
+    return json.dumps(raw)

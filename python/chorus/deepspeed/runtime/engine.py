@@ -73,7 +73,14 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
         if not self.process_set.included():
             raise ValueError(f"deepspeed.initialize: this rank is not in the process set {self.process_set.ranks}")
         self._config_text = config_text
-        cfg = ds_config.parse(config_text, self.process_set.size())
+        # Sequence parallelism (deepspeed.utils.groups' sets): the engine runs over every
+        # sequence- and data-parallel rank, and as DeepSpeed's, sums the gradients over
+        # the sequence-parallel ranks and averages them over the data-parallel ones; the
+        # batch counts data-parallel ranks only.
+        from chorus.deepspeed.utils import groups as ds_groups
+        self._sp = ds_groups._get_sequence_parallel_world_size() \
+            if self.process_set.size() == hvd.size() and pipe_set is None else 1
+        cfg = ds_config.parse(config_text, self._dp_size())
         self._cfg = cfg
         self._raw_config = json.loads(config_text)
         self._boundary_override = None
@@ -104,6 +111,11 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
         self._expert_parts = expert_parts.make_parts(self, experts) if experts else []
         for part in self._expert_parts:
             part.attach(_view, self.dtype)
+        from chorus.deepspeed.moe.layer import MoE
+        self.moe_layers = [m for m in model.modules() if isinstance(m, MoE)]  # DeepSpeed's engine attributes
+        self.has_moe_layers = bool(self.moe_layers)
+        self.num_experts = [m.num_experts for m in self.moe_layers]
+        self.gate_modules = [m.deepspeed_moe.gate for m in self.moe_layers]
         self.optimizer = ZeroOptimizer(self, groups)
         if self._client is not None:
             self._bind_client()
@@ -121,14 +133,22 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
     # --- setup -------------------------------------------------------------------------------
     def _make_core(self):
         group_of, kind = self._core_args
-        return _core.ZeroEngine(self._config_text, self.process_set.process_set_id,
+        text = self._config_text if self._sp == 1 else ds_config.per_rank(self._raw_config, self._cfg)
+        return _core.ZeroEngine(text, self.process_set.process_set_id,
                                 _dtype_code(self._params[0], "ZeRO"),
                                 [int(torch.Size(s).numel()) for s in self._shapes], group_of, kind,
                                 self._pipe_set.process_set_id if self._pipe_set is not None else -1,
                                 [1.0 if getattr(p, "model_parallel", False) else 1.0 / self._tp for p in self._params]
                                 if self._pipe_set is not None and self._tp > 1 else [],
                                 [int(getattr(p, "chorus_priority", 0)) for p in self._params],
-                                *self._core_device())
+                                *self._core_device(), grad_factor=float(self._sp))
+
+    def _dp_size(self):
+        """The data-parallel size the batch is counted over (every rank of the set but the sequence-parallel ones)."""
+        if self.process_set.size() % self._sp:
+            raise ValueError(f"deepspeed.initialize: sequence-parallel size {self._sp} does not divide the "
+                             f"data-parallel set's {self.process_set.size()} ranks")
+        return self.process_set.size() // self._sp
 
     def _core_device(self):
         """(device ordinal, stream) of a CUDA engine: its work follows the current stream; (-1, 0) on the host."""
@@ -144,7 +164,7 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
         if self._expert_parts:
             raise RuntimeError("chorus: an elastic reset cannot re-form MoE layers' expert-parallel sets; "
                                "restart the job from a checkpoint at the new size")
-        self._cfg = ds_config.parse(self._config_text, self.process_set.size())
+        self._cfg = ds_config.parse(self._config_text, self._dp_size())
         if self._stage3 is not None:
             self._stage3.detach()
             for i, p in enumerate(self._params):  # the full parameters, from the old engine's partition
@@ -347,7 +367,7 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
     def step(self, lr_kwargs=None):
         boundary = self.is_gradient_accumulation_boundary()
         self.micro_steps += 1
-        self.global_samples += self.train_micro_batch_size_per_gpu() * self.process_set.size()
+        self.global_samples += self.train_micro_batch_size_per_gpu() * self._dp_size()
         if not boundary:
             return
         if self._expert_parts:
@@ -383,10 +403,6 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
                     core.publish_external()
         return results[0][0], results[0][1]
 
-    @property
-    def has_moe_layers(self):
-        return bool(self._expert_parts)
-
     def zero_grad(self):
         """Gradients live in the engine and are cleared at each step."""
 
@@ -418,8 +434,12 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
         return self.to("cpu")
 
     def deepspeed_io(self, dataset, batch_size=None, collate_fn=None, shuffle=True):
-        sampler = torch.utils.data.distributed.DistributedSampler(
-            dataset, num_replicas=self.process_set.size(), rank=self.process_set.rank(), shuffle=shuffle)
+        replicas, index = self.process_set.size(), self.process_set.rank()
+        if self._sp > 1:  # a sequence-parallel set's ranks read the same samples (each its slice of them)
+            from chorus.deepspeed.utils import groups as ds_groups
+            replicas, index = self._dp_size(), ds_groups._get_data_parallel_rank()
+        sampler = torch.utils.data.distributed.DistributedSampler(dataset, num_replicas=replicas, rank=index,
+                                                                  shuffle=shuffle)
         return torch.utils.data.DataLoader(dataset, batch_size=batch_size or self.train_micro_batch_size_per_gpu(),
                                            sampler=sampler, collate_fn=collate_fn)
 

@@ -4,7 +4,6 @@ same experts), so that their gradients are reduced and their optimizer states
 partitioned there, not over every rank. The shared parameters stay in the main
 engine. All of them step with one gradient norm, the whole model's: each engine's
 sum of squares over its set, the experts' summed over the expert-parallel set."""
-import json
 import os
 
 import torch
@@ -12,6 +11,7 @@ import torch
 from chorus import _core
 import chorus.torch as hvd
 from chorus.deepspeed.moe.utils import is_moe_param
+from chorus.deepspeed.runtime import config as ds_config
 from chorus.deepspeed.utils import groups as ds_groups
 
 
@@ -47,23 +47,18 @@ class ExpertPart:
         self.index = {id(p): i for i, p in enumerate(params)}
         ep = _ep_size(name)
         if name not in ds_groups._get_expert_parallel_group_dict():
-            ds_groups._create_expert_and_data_parallel(ep)
+            ds_groups._create_expert_and_data_parallel(ep, use_data_before_expert_parallel_=_data_first(engine))
         self.ep_set = ds_groups._get_expert_parallel_group(name)
         self.data_set = ds_groups._get_expert_data_parallel_group(name)
         self.ep_rank = ds_groups._get_expert_parallel_rank(name)
         self.data_rank = ds_groups._get_expert_data_parallel_rank(name)
-        cfg = engine._cfg
-        raw = dict(engine._raw_config)  # the same config, its batch over this set's ranks
-        raw.pop("train_batch_size", None)
-        raw["train_micro_batch_size_per_gpu"] = cfg["train_micro_batch_size_per_gpu"]
-        raw["gradient_accumulation_steps"] = cfg["gradient_accumulation_steps"]
         group_of, kind = engine._core_args
         where = {}
         for gi, g in enumerate(engine.optimizer_groups):
             for p in g.get("params", []):
                 where[id(p)] = gi
         from chorus.torch.handles import _dtype_code
-        self.core = _core.ZeroEngine(json.dumps(raw), self.data_set.process_set_id, _dtype_code(params[0], "ZeRO"),
+        self.core = _core.ZeroEngine(ds_config.per_rank(engine._raw_config, engine._cfg), self.data_set.process_set_id, _dtype_code(params[0], "ZeRO"),
                                      [int(torch.Size(s).numel()) for s in self.shapes],
                                      [where.get(id(p), 0) for p in params], kind, -1, [],
                                      [int(getattr(p, "chorus_priority", 0)) for p in params], *engine._core_device(),
@@ -85,6 +80,11 @@ class ExpertPart:
         return float(s[0])
 
 
+def _data_first(engine):
+    """DeepSpeed's "use_data_before_expert_parallelism": the D + E layout."""
+    return bool(engine._raw_config.get("use_data_before_expert_parallelism", False))
+
+
 def check_layout(engine):
     """What MoE needs of the engine, with a clear error when it is not so."""
     if engine._cfg["stage"] >= 3:
@@ -103,7 +103,7 @@ def make_parts(engine, experts):
     from chorus.deepspeed.moe.layer import MoE
     for m in engine.module.modules():  # collective: every rank's model has the same layers
         if isinstance(m, MoE):
-            m.set_deepspeed_parallelism()
+            m.set_deepspeed_parallelism(_data_first(engine))
     return [ExpertPart(engine, name, ps, ns) for name, (ps, ns) in experts.items()]
 
 
@@ -182,6 +182,7 @@ def load(engine, path, saved, identity):
     if bool(saved) != bool(engine._expert_parts):
         raise ValueError(f"load_checkpoint: the checkpoint has {len(saved)} expert groups, the model "
                          f"{len(engine._expert_parts)}")
+    plans = []
     for part in engine._expert_parts:
         mine = {}
         for i, name in enumerate(part.names):
@@ -207,4 +208,14 @@ def load(engine, path, saved, identity):
                         maps.append(to)
         if not paths:
             raise ValueError(f"load_checkpoint: no saved expert group holds the experts of '{part.name}'")
+        plans.append((part, paths, maps))
+    # Each expert-parallel rank reads other files: a missing one must stop every rank
+    # before any starts the loads' collectives.
+    missing = [p for _, paths, _ in plans for p in paths if not os.path.isfile(p)]
+    flags = hvd.allgather(torch.tensor([[len(missing)]], dtype=torch.int64), name="ckpt.experts.present")
+    bad = [r for r, n in enumerate(flags.reshape(-1).tolist()) if n]
+    if bad:
+        mine = f" (here: {missing[0]})" if missing else ""
+        raise ValueError(f"load_checkpoint: expert shards are missing on rank(s) {bad}{mine}")
+    for part, paths, maps in plans:
         part.core.load_shards(paths, identity, maps)

@@ -79,11 +79,12 @@ def single_all_to_all(x, scatter_idx, gather_idx, process_set, name=None):
 class DistributedAttention(torch.nn.Module):
     """local_attention(q, k, v, *args, **kwargs) over the whole sequence for a slice
     of the heads. forward(query, key, value[, batch_dim_idx[, rotary_pos_emb]], *args,
-    **kwargs) takes this rank's slice of the sequence ([s/p, b, h, d] with the
-    default scatter_idx=2, gather_idx=0; batch first with gather_idx=1) and returns
-    the attention output for that slice, every head."""
+    **kwargs) takes this rank's slice of the sequence and returns the attention
+    output for that slice, every head: [s/p, b, h, d] (batch_dim_idx=1, or the
+    default scatter_idx=2, gather_idx=0 when no batch_dim_idx is given) or
+    [b, s/p, h, d] (batch_dim_idx=0, or gather_idx=1)."""
 
-    _made = 0
+    _made = {}  # process set id: layers numbered on it so far
 
     def __init__(self, local_attention, sequence_process_group, scatter_idx=2, gather_idx=0, sp_stream=None,
                  num_kv_heads=None):
@@ -94,24 +95,30 @@ class DistributedAttention(torch.nn.Module):
         self.gather_idx = gather_idx
         self.sp_stream = sp_stream  # chorus's all-to-alls run on its own threads; no stream to overlap on
         self.num_kv_heads = num_kv_heads
-        DistributedAttention._made += 1
-        self._name = f"ulysses.{DistributedAttention._made}"
+        self._name = None
 
     def forward(self, query, key, value, *args, **kwargs):
-        kwargs.pop("batch_dim_idx", None)
+        batch_dim_idx = kwargs.pop("batch_dim_idx", None)
         rotary = kwargs.pop("rotary_pos_emb", None)
         if args and type(args[0]) is int and args[0] in (0, 1):  # DeepSpeed >= 0.15: batch_dim_idx, rotary_pos_emb
-            args = args[1:]
+            batch_dim_idx, args = args[0], args[1:]
             if args and (args[0] is None or isinstance(args[0], (tuple, list))):
                 rotary, args = args[0], args[1:]
+        # DeepSpeed >= 0.15 takes the layout from batch_dim_idx: the sequence is the other
+        # of the first two dimensions (gather_idx is what older versions went by).
+        gather = self.gather_idx if batch_dim_idx is None else 1 - batch_dim_idx
+        if self._name is None:  # numbered at the first call, in the order the set's ranks run their layers
+            number = DistributedAttention._made.get(self.spg.process_set_id, 0) + 1
+            DistributedAttention._made[self.spg.process_set_id] = number
+            self._name = f"ulysses.{self.spg.process_set_id}.{number}"
         if not (query.shape[:-2] == key.shape[:-2] == value.shape[:-2]):
             raise ValueError(f"DistributedAttention: query {list(query.shape)}, key {list(key.shape)} and value "
                              f"{list(value.shape)} must agree in every dimension but the last two")
-        q = single_all_to_all(query, self.scatter_idx, self.gather_idx, self.spg, f"{self._name}.q")
-        k = single_all_to_all(key, self.scatter_idx, self.gather_idx, self.spg, f"{self._name}.k")
-        v = single_all_to_all(value, self.scatter_idx, self.gather_idx, self.spg, f"{self._name}.v")
+        q = single_all_to_all(query, self.scatter_idx, gather, self.spg, f"{self._name}.q")
+        k = single_all_to_all(key, self.scatter_idx, gather, self.spg, f"{self._name}.k")
+        v = single_all_to_all(value, self.scatter_idx, gather, self.spg, f"{self._name}.v")
         if rotary is not None:
             cos, sin = rotary[0].permute(1, 0, 2, 3), rotary[1].permute(1, 0, 2, 3)
             q, k = apply_rotary_pos_emb(q, cos, sin), apply_rotary_pos_emb(k, cos, sin)
         context = self.local_attn(q, k, v, *args, **kwargs)
-        return single_all_to_all(context, self.gather_idx, self.scatter_idx, self.spg, f"{self._name}.out")
+        return single_all_to_all(context, gather, self.scatter_idx, self.spg, f"{self._name}.out")

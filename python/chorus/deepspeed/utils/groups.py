@@ -19,6 +19,7 @@ _EXPERT_PARALLEL_GROUP = {}
 _EXPERT_PARALLEL_GROUP_RANKS = {}
 _EXPERT_DATA_PARALLEL_GROUP = {}
 _EXPERT_DATA_PARALLEL_GROUP_RANKS = {}
+_EXPERT_LAYOUT = {}  # group name: use_data_before_expert_parallel_ it was made with
 _SEQUENCE_PARALLEL = {}  # "group", "ranks", "data_group", "data_ranks" once made
 
 
@@ -63,6 +64,7 @@ def _create_expert_and_data_parallel(expert_parallel_size_, use_data_before_expe
     if name in _EXPERT_PARALLEL_GROUP:
         return
     expert, data = _expert_layout(world, expert_parallel_size_, use_data_before_expert_parallel_)
+    _EXPERT_LAYOUT[name] = bool(use_data_before_expert_parallel_)
     me = _hvd.rank()
     for ranks in data:
         ps = _process_set(ranks)
@@ -190,7 +192,7 @@ def _create_sequence_parallel(sequence_parallel_size):
     me = _hvd.rank()
     found = {}
     for ranks in [list(range(i, i + p)) for i in range(0, world, p)]:
-        ps = _process_set(ranks) if p > 1 else None
+        ps = _process_set(ranks)  # (a one-rank set at p=1: its size and rank answer as the group's)
         if me in ranks:
             found["group"], found["ranks"] = ps, ranks
     for ranks in [list(range(j, world, p)) for j in range(p)]:
@@ -245,5 +247,5 @@ def _reset():
     global mpu
     mpu = None
     for table in (_EXPERT_PARALLEL_GROUP, _EXPERT_PARALLEL_GROUP_RANKS, _EXPERT_DATA_PARALLEL_GROUP,
-                  _EXPERT_DATA_PARALLEL_GROUP_RANKS, _SEQUENCE_PARALLEL):
+                  _EXPERT_DATA_PARALLEL_GROUP_RANKS, _EXPERT_LAYOUT, _SEQUENCE_PARALLEL):
         table.clear()
