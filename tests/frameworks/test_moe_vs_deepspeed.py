@@ -6,7 +6,7 @@ import pytest
 from conftest import chorusrun, losses, real_deepspeed
 
 
-@pytest.mark.parametrize("mode", ["moe", "ulysses"])
+@pytest.mark.parametrize("mode", ["moe", "moe-top3", "ulysses"])
 def test_losses_equal_deepspeeds_step_for_step(mode):
     want = losses(real_deepspeed(4, "moe_ulysses_peer.py", mode))
     out = chorusrun(4, "moe_ulysses_peer.py", mode)

@@ -1,9 +1,9 @@
 """The same DeepSpeed program under the real DeepSpeed and under chorus (the venv's
-`import deepspeed` alias): a model with MoE layers at ep 2 x dp 2 (moe), or with
+`import deepspeed` alias): a model with MoE layers at ep 2 x dp 2 (moe: top-2; moe-top3: top-3), or with
 Ulysses attention at sp 2 x dp 2 over a torch.distributed group (ulysses), under
 ZeRO-2 on 4 ranks. Rank 0 prints 'step N loss X'.
 
-    python moe_ulysses_peer.py moe|ulysses"""
+    python moe_ulysses_peer.py moe|moe-top3|ulysses"""
 import math
 import sys
 import warnings
@@ -23,11 +23,11 @@ D, HEADS, SEQ, B = 16, 4, 8, 4
 
 
 class MoENet(torch.nn.Module):
-    def __init__(self):
+    def __init__(self, k):
         super().__init__()
         self.inp = torch.nn.Linear(D, D)
         expert = torch.nn.Sequential(torch.nn.Linear(D, 2 * D), torch.nn.GELU(), torch.nn.Linear(2 * D, D))
-        self.moe = MoE(D, expert, num_experts=4, ep_size=2, k=2, min_capacity=2, top2_2nd_expert_sampling=False)
+        self.moe = MoE(D, expert, num_experts=4, ep_size=2, k=k, min_capacity=2, top2_2nd_expert_sampling=False)
         self.out = torch.nn.Linear(D, 5)
 
     def forward(self, x, y):
@@ -62,8 +62,8 @@ torch.manual_seed(0)
 cfg = {"train_micro_batch_size_per_gpu": B, "steps_per_print": 10 ** 9,
        "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "weight_decay": 0.0}},
        "zero_optimization": {"stage": 2}}
-if MODE == "moe":
-    model = MoENet()
+if MODE.startswith("moe"):
+    model = MoENet(3 if MODE == "moe-top3" else 2)
     params = split_params_into_different_moe_groups_for_optimizer({"params": list(model.parameters()),
                                                                    "name": "all"})
 else:
@@ -72,8 +72,8 @@ else:
     params = model.parameters()
 engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=cfg)
 for step in range(5):
-    g = torch.Generator().manual_seed(10 * step + (rank if MODE == "moe" else rank // 2))
-    if MODE == "moe":
+    g = torch.Generator().manual_seed(10 * step + (rank if MODE.startswith("moe") else rank // 2))
+    if MODE.startswith("moe"):
         x, y = torch.randn(B * 4, D, generator=g), torch.randint(0, 5, (B * 4,), generator=g)
     else:  # one sequence batch per sequence-parallel pair, this rank's half of the positions
         x, y = torch.randn(SEQ, B, D, generator=g), torch.randint(0, 5, (SEQ, B), generator=g)

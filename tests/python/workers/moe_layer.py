@@ -42,8 +42,8 @@ def close(a, b, what):
 
 
 checked, dropped, moved = 0, 0, 0.0
-for ep, k, drop, residual in itertools.product([1, 2, 4], [1, 2], [True, False], [False, True]):
-    if residual and k == 2:
+for ep, k, drop, residual in itertools.product([1, 2, 4], [1, 2, 3], [True, False], [False, True]):
+    if residual and k > 1:
         continue
     moe = build(ep, k, drop, residual)
     ref = build(1, k, drop, residual)

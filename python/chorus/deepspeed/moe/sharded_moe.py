@@ -121,14 +121,39 @@ def top2gating(logits, capacity_factor, min_capacity, drop_tokens=True, ep_group
     return l_aux, routing, exp_counts
 
 
+def topkgating(logits, k, capacity_factor, min_capacity, drop_tokens=True, ep_group=None):
+    """Top-k for k > 2, as DeepSpeed's: each expert keeps its `capacity` most probable
+    routes (DeepSpeed's "probs" drop policy); the kept weights renormalised per token."""
+    gates = F.softmax(logits, dim=1)
+    S, E = gates.shape
+    top_gate, top_idx = torch.topk(gates, k=k, dim=1)
+    mask = torch.zeros_like(gates, dtype=torch.bool).scatter_(1, top_idx, True)
+    exp_counts = mask.sum(dim=0).detach()
+    l_aux = torch.mean(gates.mean(dim=0) * mask.float().mean(dim=0)) * E * E / k
+    capacity = None
+    if drop_tokens:
+        capacity = _capacity(S, E, capacity_factor * k, min_capacity)
+        chosen = torch.zeros_like(gates).scatter(1, top_idx, top_gate)
+        keep = torch.topk(chosen, k=min(capacity, S), dim=0, sorted=False)[1]
+        mask = mask & torch.zeros_like(gates, dtype=torch.bool).scatter_(0, keep, True)
+    locations = torch.cumsum(mask.long(), dim=0) - 1
+    masked = gates * mask
+    masked = masked / torch.clamp(masked.sum(dim=-1, keepdim=True), min=torch.finfo(gates.dtype).eps)
+    kept = mask.gather(1, top_idx)
+    expert = torch.where(kept, top_idx, torch.full_like(top_idx, -1)).t()
+    location = (locations.gather(1, top_idx) * kept).t()
+    weight = masked.gather(1, top_idx).t()
+    return l_aux, Routing(expert, location, weight, capacity), exp_counts
+
+
 class TopKGate(torch.nn.Module):
     """The gate: a bias-free Linear(model_dim, num_experts) run in fp32, then top-k routing."""
 
     def __init__(self, model_dim, num_experts, k=1, capacity_factor=1.0, eval_capacity_factor=1.0, min_capacity=8,
                  noisy_gate_policy=None, drop_tokens=True, use_rts=True, ep_group=None, top2_2nd_expert_sampling=True):
         super().__init__()
-        if k not in (1, 2):
-            raise ValueError(f"MoE gate: k must be 1 or 2, got {k}")
+        if not 1 <= k <= num_experts:
+            raise ValueError(f"MoE gate: k must be between 1 and num_experts ({num_experts}), got {k}")
         if noisy_gate_policy not in (None, "None", "Jitter", "RSample"):
             raise ValueError(f"MoE gate: noisy_gate_policy must be None, 'Jitter' or 'RSample', got {noisy_gate_policy!r}")
         self.wg = torch.nn.Linear(model_dim, num_experts, bias=False)
@@ -157,8 +182,10 @@ class TopKGate(torch.nn.Module):
             return top1gating(logits, cf, self.min_capacity, used_token,
                               self.noisy_gate_policy if self.training else None, self.drop_tokens, self.use_rts,
                               self.ep_group)
-        return top2gating(logits, cf, self.min_capacity, self.drop_tokens, self.ep_group,
-                          self.top2_2nd_expert_sampling)
+        if self.k == 2:
+            return top2gating(logits, cf, self.min_capacity, self.drop_tokens, self.ep_group,
+                              self.top2_2nd_expert_sampling)
+        return topkgating(logits, self.k, cf, self.min_capacity, self.drop_tokens, self.ep_group)
 
 
 def _combine(rows, slot, weight, num_tokens):
