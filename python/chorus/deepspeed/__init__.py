@@ -99,6 +99,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         comm.init_distributed(dist_init_required=dist_init_required)
     pipe_set, tp = None, 1
     if mpu is not None:  # ZeRO over the data-parallel set; the norm over the tensor-parallel one
+        utils.groups.mpu = mpu  # as DeepSpeed's: its groups answer from the mpu
         from chorus.torch import ProcessSet
         dp_group = mpu.get_data_parallel_group()
         tp_group = mpu.get_model_parallel_group()

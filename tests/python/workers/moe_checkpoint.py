@@ -72,3 +72,29 @@ try:
 except ValueError as e:
     assert "expert shards are missing on rank(s) [1, 3]" in str(e), e  # the holders of experts 2, 3
 print(f"moe checkpoint refused ok rank {R}", flush=True)
+
+# Frozen expert parameters and expert buffers travel in each expert's own file: saved at
+# ep 2, loaded at ep 4, every rank gets its own experts' values (not rank 0's).
+def with_frozen(ep, seed):
+    net = Net(ep, 2, True, R % ep, seed=seed)
+    for j, e in enumerate(net.moe.deepspeed_moe.experts.deepspeed_experts):
+        e[0].bias.requires_grad_(False)
+        e.register_buffer("tag", torch.full((2,), float(seed + (R % ep) * (E // ep) + j)))
+    cfg = {"train_micro_batch_size_per_gpu": 8, "optimizer": {"type": "AdamW", "params": {"lr": 0.02}},
+           "zero_optimization": {"stage": 2}}
+    groups = split_params_into_different_moe_groups_for_optimizer(
+        {"params": [p for p in net.parameters() if p.requires_grad]})
+    engine, _, _, _ = deepspeed.initialize(model=net, model_parameters=groups, config=cfg)
+    return net, engine
+
+
+net, engine = with_frozen(2, 100)
+train(engine, range(2))
+engine.save_checkpoint(folder, tag="frozen")
+net4, engine4 = with_frozen(4, 900)
+engine4.load_checkpoint(folder, tag="frozen")
+whole = Net(1, 2, True, 0, seed=100).moe.deepspeed_moe.experts.deepspeed_experts  # the frozen biases as made
+e = net4.moe.deepspeed_moe.experts.deepspeed_experts[0]
+assert torch.equal(e.tag, torch.full((2,), 100.0 + R)), e.tag  # ep 4: rank R holds expert R
+assert torch.equal(e[0].bias, whole[R][0].bias.detach()), R
+print(f"moe frozen experts ok rank {R}", flush=True)

@@ -156,29 +156,66 @@ def _layers(module):
     return out
 
 
+def _local_experts(engine):
+    """(file name, key prefix, expert module, ep rank, data rank) of every expert this rank holds."""
+    out = []
+    for prefix, (number, moe) in _layers(engine.module).items():
+        if moe.ep_size > 1 and moe.expert_group_name not in ds_groups._get_expert_parallel_group_dict():
+            continue  # never set up (no forward, no trainable experts): nothing distinct to save
+        name = moe.expert_group_name
+        ep_rank = ds_groups._get_expert_parallel_rank(name) if moe.ep_size > 1 else 0
+        data_rank = ds_groups._get_expert_data_parallel_rank(name) if moe.ep_size > 1 else hvd.rank()
+        for j, expert in enumerate(moe.deepspeed_moe.experts.deepspeed_experts):
+            g = ep_rank * moe.num_local_experts + j
+            out.append((expert_file(number, g), f"{prefix}.{g}.", expert, ep_rank, data_rank))
+    return out
+
+
+def is_expert_name(name):
+    return _MARK in name
+
+
 def save(engine, path, identity):
-    layers = _layers(engine.module)
+    """Each group's shards; each expert's whole state (weights, frozen ones and buffers
+    too) in its DeepSpeed-named file, by the first rank holding it."""
     for part in engine._expert_parts:
         if part.core.writes_shard:
             part.core.save_shard(os.path.join(path, shard_name(part.name, part.ep_rank, part.data_rank)), identity)
-        if part.data_rank != 0:
-            continue
-        files = {}
-        for p, name in zip(part.params, part.names):
-            prefix, local, inner = _where(name)
-            number, moe = layers[prefix]
-            g = part.ep_rank * moe.num_local_experts + local
-            files.setdefault((number, g), {})[f"{prefix}.{g}.{inner}"] = p.detach().clone()
-        for (number, g), state in files.items():
-            target = os.path.join(path, expert_file(number, g))
+    for file, prefix, expert, _, data_rank in _local_experts(engine):
+        if data_rank == 0:
+            state = {prefix + k: v.detach().clone() for k, v in expert.state_dict().items()}
+            target = os.path.join(path, file)
             torch.save(state, target + ".tmp")
             os.replace(target + ".tmp", target)
+
+
+def _untrained(expert):
+    """An expert's frozen parameters and buffers: what its shards do not hold."""
+    return [(n, p) for n, p in expert.named_parameters() if not p.requires_grad] + \
+        [(n, b) for n, b in expert.named_buffers() if b is not None]
+
+
+def _load_untrained(engine, path):
+    """The experts' frozen parameters and buffers from their files (the trained ones
+    come from the shards), at whatever expert-parallel size they were saved."""
+    for file, prefix, expert, _, _ in _local_experts(engine):
+        wanted = _untrained(expert)
+        if not wanted:
+            continue
+        where = os.path.join(path, file)
+        state = torch.load(where)
+        for n, t in wanted:
+            if prefix + n not in state:
+                raise ValueError(f"load_checkpoint: '{where}' has no '{prefix + n}'")
+            t.data.copy_(state[prefix + n])
 
 
 def load(engine, path, saved, identity):
     """Each expert group's state from the shards of every saved group that holds
     its experts, at whatever expert-parallel size they were saved."""
     layers = _layers(engine.module)
+    if not layers:
+        return
     if bool(saved) != bool(engine._expert_parts):
         raise ValueError(f"load_checkpoint: the checkpoint has {len(saved)} expert groups, the model "
                          f"{len(engine._expert_parts)}")
@@ -211,7 +248,9 @@ def load(engine, path, saved, identity):
         plans.append((part, paths, maps))
     # Each expert-parallel rank reads other files: a missing one must stop every rank
     # before any starts the loads' collectives.
-    missing = [p for _, paths, _ in plans for p in paths if not os.path.isfile(p)]
+    needed = [p for _, paths, _ in plans for p in paths]
+    needed += [os.path.join(path, file) for file, _, expert, _, _ in _local_experts(engine) if _untrained(expert)]
+    missing = [p for p in needed if not os.path.isfile(p)]
     flags = hvd.allgather(torch.tensor([[len(missing)]], dtype=torch.int64), name="ckpt.experts.present")
     bad = [r for r, n in enumerate(flags.reshape(-1).tolist()) if n]
     if bad:
@@ -219,3 +258,4 @@ def load(engine, path, saved, identity):
         raise ValueError(f"load_checkpoint: expert shards are missing on rank(s) {bad}{mine}")
     for part, paths, maps in plans:
         part.core.load_shards(paths, identity, maps)
+    _load_untrained(engine, path)

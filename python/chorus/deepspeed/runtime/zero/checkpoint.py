@@ -20,9 +20,11 @@ def shard_name(rank):
 
 
 def _buffers(module):
-    """The buffers module.state_dict() holds (not the non-persistent ones), as DeepSpeed saves them."""
+    """The buffers module.state_dict() holds (not the non-persistent ones), as DeepSpeed saves them;
+    the experts' go in their own files (expert_parts), each rank holding other experts."""
     persistent = set(module.state_dict(keep_vars=True).keys())
-    return [(n, b) for n, b in module.named_buffers() if b is not None and n in persistent]
+    return [(n, b) for n, b in module.named_buffers()
+            if b is not None and n in persistent and not expert_parts.is_expert_name(n)]
 
 
 def _raw(b):
@@ -97,7 +99,7 @@ def _save_model_states(engine, path, client_state, exclude_frozen_parameters, id
         blobs["buffer:" + n] = _raw(b)
     if not exclude_frozen_parameters:
         for n, p in engine.module.named_parameters():
-            if not p.requires_grad:
+            if not p.requires_grad and not expert_parts.is_expert_name(n):
                 blobs["frozen:" + n] = _raw(p)
                 meta.setdefault("frozen", []).append([n, str(p.dtype).replace("torch.", ""), list(p.shape)])
     _core.write_checkpoint_file(os.path.join(path, MODEL_STATES), json.dumps(meta), blobs)
