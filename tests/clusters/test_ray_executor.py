@@ -134,8 +134,8 @@ def test_a_ray_client_driver_is_never_on_the_data_path(ray_cluster):
     code = (f"import ray, workers\nray.init({cluster.client_address!r})\n"
             "from chorus.ray import RayExecutor\n"
             "ex = RayExecutor(RayExecutor.create_settings(timeout_s=30), num_workers=2, cpus_per_worker=1)\n"
-            "ex.start()\nprint('sums', [r['sum'] for r in ex.run(workers.identity, args=(1,))])\n"
-            "print('served', ex.run(workers.serves_the_store))\nex.shutdown()\n")
+            "ex.start()\nprint(f\"sums {[r['sum'] for r in ex.run(workers.identity, args=(1,))]}\")\n"
+            "print(f'served {ex.run(workers.serves_the_store)}')\nex.shutdown()\n")
     for _ in range(3):
         proc = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True, timeout=300)
@@ -145,7 +145,8 @@ def test_a_ray_client_driver_is_never_on_the_data_path(ray_cluster):
             break
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert "sums [[3.0, 3.0, 3.0], [3.0, 3.0, 3.0]]" in proc.stdout
-    # The store listens in rank 0's worker process, nowhere else.
+    # The store listens in rank 0's worker process, nowhere else. (Each line is printed
+    # in one write: Ray's log thread forwards the workers' lines between a print's pieces.)
     assert "served [True, False]" in proc.stdout, proc.stdout[-4000:]
 
 
