@@ -33,6 +33,7 @@ def test_moe_checkpoint_at_ep2_loads_at_ep1_and_ep4(ranks, tmp_path):
     for ep, stage in ((1, 2), (4, 2), (2, 1), (4, 0)):
         assert out.count(f"ep=2 -> ep={ep} stage {stage}") == 4, out
     assert out.count("moe checkpoint refused ok") == 4 and out.count("moe frozen experts ok") == 4, out
+    assert out.count("moe zero_to_fp32 ok") == 4, out
 
 
 def test_ulysses_attention_matches_full_attention_and_trains_under_zero2(ranks):

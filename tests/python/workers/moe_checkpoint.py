@@ -98,3 +98,15 @@ e = net4.moe.deepspeed_moe.experts.deepspeed_experts[0]
 assert torch.equal(e.tag, torch.full((2,), 100.0 + R)), e.tag  # ep 4: rank R holds expert R
 assert torch.equal(e[0].bias, whole[R][0].bias.detach()), R
 print(f"moe frozen experts ok rank {R}", flush=True)
+
+# zero_to_fp32 puts every expert in, under its global number: the plain ep-1 model
+# loads the consolidated state strictly and computes what the saving run computes.
+from chorus.deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint  # noqa: E402
+state = get_fp32_state_dict_from_zero_checkpoint(folder, tag="frozen")
+plain = Net(1, 2, True, 0, seed=5)
+for j, e in enumerate(plain.moe.deepspeed_moe.experts.deepspeed_experts):
+    e.register_buffer("tag", torch.zeros(2))
+plain.load_state_dict(state, strict=True)
+x, y = batch(7, R)
+assert abs(float(plain(x, y)) - float(net(x, y))) < 1e-5, (float(plain(x, y)), float(net(x, y)))
+print(f"moe zero_to_fp32 ok rank {R}", flush=True)

@@ -141,9 +141,25 @@ def _where(name):
 
 def describe(engine):
     """What the model-states file says of the expert groups (every rank's parts are named alike)."""
-    return {part.name: {"ep_size": part.ep_set.size(), "names": part.names,
+    return {part.name: {"ep_size": part.ep_set.size(), "names": part.names, "shapes": [list(s) for s in part.shapes],
                         "shards": part.data_set.size() if engine.core.stage > 0 else 1}
             for part in engine._expert_parts}
+
+
+def global_name(name, ep_rank, local_counts):
+    """A saved expert parameter's name with its global expert number (local_counts:
+    experts per rank at each experts path)."""
+    prefix, local, inner = _where(name)
+    return f"{prefix}.{ep_rank * local_counts[prefix] + local}.{inner}"
+
+
+def local_counts(names):
+    """{experts path: experts per rank} from one rank's expert parameter names."""
+    counts = {}
+    for name in names:
+        prefix, local, _ = _where(name)
+        counts[prefix] = max(counts.get(prefix, 0), local + 1)
+    return counts
 
 
 def _layers(module):

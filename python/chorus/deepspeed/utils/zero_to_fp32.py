@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from chorus import _core
+from chorus.deepspeed.runtime import expert_parts
 from chorus.deepspeed.runtime.zero.checkpoint import read_model_states, resolve_tag, shard_name
 
 
@@ -33,10 +34,38 @@ def consolidate(checkpoint_dir, tag=None):
         if n != data.size:
             raise ValueError(f"checkpoint {path} is incomplete: parameter '{name}' has {n} of {data.size} elements")
         out[name] = torch.from_numpy(data).view(shape)
+    out.update(_experts(path, meta))
     for name, dtype, shape in meta["buffers"]:
         raw = np.frombuffer(blobs["buffer:" + name], dtype=np.uint8).copy()
         out[name] = torch.from_numpy(raw).view(getattr(torch, dtype)).view(shape) if raw.size else \
             torch.empty(shape, dtype=getattr(torch, dtype))
+    return out
+
+
+def _experts(path, meta):
+    """Every expert's parameters under its global number: the trained ones in fp32 from
+    each expert-parallel rank's shards, the rest (frozen, buffers) from the experts' files."""
+    import glob
+    out = {}
+    for group, info in meta.get("experts", {}).items():
+        counts = expert_parts.local_counts(info["names"])
+        for e in range(info["ep_size"]):
+            full = [np.zeros(int(np.prod(s)) if s else 1, dtype=np.float32) for s in info["shapes"]]
+            covered = [0] * len(full)
+            for d in range(info["shards"]):
+                smeta, sblobs = _core.read_checkpoint_file(os.path.join(path, expert_parts.shard_name(group, e, d)))
+                master = np.frombuffer(sblobs["master"], dtype=np.float32)
+                for param, p_off, q_off, count in json.loads(smeta)["pieces"]:
+                    full[param][p_off:p_off + count] = master[q_off:q_off + count]
+                    covered[param] += count
+            for name, shape, data, n in zip(info["names"], info["shapes"], full, covered):
+                if n != data.size:
+                    raise ValueError(f"checkpoint {path} is incomplete: expert parameter '{name}' of expert-parallel "
+                                     f"rank {e} has {n} of {data.size} elements")
+                out[expert_parts.global_name(name, e, counts)] = torch.from_numpy(data).view(shape)
+    for file in sorted(glob.glob(os.path.join(path, expert_parts.expert_file("*", "*")))):
+        for k, v in torch.load(file).items():
+            out.setdefault(k, v.float() if v.is_floating_point() else v)
     return out
 
 
