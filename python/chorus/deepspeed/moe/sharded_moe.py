@@ -196,10 +196,14 @@ def _combine(rows, slot, weight, num_tokens):
     return (picked * weight.unsqueeze(-1)).sum(dim=0)
 
 
-def _gather_rows(x, source):
-    """Rows of x by index; index == len(x) gives a zero row."""
-    padded = torch.cat([x, x.new_zeros(1, x.shape[1])])
-    return padded.index_select(0, source)
+def _place(tokens, row, rows):
+    """A [rows, M] buffer with token s at row[k, s] for each route (-1: not placed), zeros elsewhere."""
+    S = tokens.shape[0]
+    source = torch.full((rows + 1,), S, dtype=torch.long, device=tokens.device)  # S: the zero row below
+    who = torch.arange(S, device=tokens.device).expand_as(row)
+    source.scatter_(0, torch.where(row >= 0, row, torch.full_like(row, rows)).reshape(-1), who.reshape(-1))
+    padded = torch.cat([tokens, tokens.new_zeros(1, tokens.shape[1])])
+    return padded.index_select(0, source[:rows])
 
 
 class MOELayer(torch.nn.Module):
@@ -258,12 +262,7 @@ class MOELayer(torch.nn.Module):
             C = max(C, 1)
         slot = torch.where(routing.expert >= 0, routing.expert * C + routing.location,
                            torch.full_like(routing.expert, -1))
-        source = torch.full((E * C + 1,), S, dtype=torch.long, device=tokens.device)
-        valid = slot >= 0
-        who = torch.arange(S, device=tokens.device).expand_as(slot)
-        source.scatter_(0, torch.where(valid, slot, torch.full_like(slot, E * C)).reshape(-1), who.reshape(-1))
-        source[E * C] = S
-        dispatched = _gather_rows(tokens, source[:-1]).view(E, C, M)
+        dispatched = _place(tokens, slot, E * C).view(E, C, M)
         if self.ep_size > 1:
             dispatched = hvd.alltoall(dispatched.contiguous(), name=self._op("dispatch"), process_set=self.ep_group)
         out = self.experts(dispatched.reshape(self.ep_size, self.num_local_experts, C, M))
@@ -284,10 +283,7 @@ class MOELayer(torch.nn.Module):
         # Each route's row in the send buffer: its expert's block, then its place in the queue.
         pos = torch.where(valid, offsets[expert.clamp(min=0)] + routing.location, torch.full_like(expert, -1))
         total = int(counts.sum().item())
-        source = torch.full((total + 1,), S, dtype=torch.long, device=tokens.device)
-        who = torch.arange(S, device=tokens.device).expand_as(pos)
-        source.scatter_(0, torch.where(valid, pos, torch.full_like(pos, total)).reshape(-1), who.reshape(-1))
-        send = _gather_rows(tokens, source[:total])
+        send = _place(tokens, pos, total)
         every = hvd.allgather(counts.to(torch.int64).unsqueeze(0).cpu(), name=self._op("counts"),
                               process_set=self.ep_group)  # [P, E]: what each rank sends each expert
         me = self.ep_group.rank()

@@ -202,12 +202,13 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
         params = [p for _, p in named.values()]
         return params, [n for n, _ in named.values()]
 
-    def _group_of(self, groups):
+    def _group_of(self, groups, params=None):
+        """The optimizer group of each of params (default: the main engine's)."""
         where = {}
         for gi, g in enumerate(groups):
             for p in g.get("params", []):
                 where[id(p)] = gi
-        return [where.get(id(p), 0) for p in self._params]
+        return [where.get(id(p), 0) for p in (self._params if params is None else params)]
 
     def _attach_params(self):
         core = self.core
@@ -264,7 +265,7 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
         """An optimizer chorus cannot translate steps fp32 views of the partition: a
         fresh instance of its class, with its hyperparameters, over those views."""
         per_group = {}
-        for core in [self.core] + [part.core for part in getattr(self, "_expert_parts", [])]:
+        for core in [self.core] + [part.core for part in self._expert_parts]:
             master = _view(core.master_view(), torch.float32)
             grads = _view(core.external_grad_view(), torch.float32)
             for offset, length, group in core.runs():

@@ -44,7 +44,6 @@ class ExpertPart:
         self.name = name
         self.params, self.names = params, names
         self.shapes = [tuple(p.shape) for p in params]
-        self.index = {id(p): i for i, p in enumerate(params)}
         ep = _ep_size(name)
         if name not in ds_groups._get_expert_parallel_group_dict():
             ds_groups._create_expert_and_data_parallel(ep, use_data_before_expert_parallel_=_data_first(engine))
@@ -52,15 +51,11 @@ class ExpertPart:
         self.data_set = ds_groups._get_expert_data_parallel_group(name)
         self.ep_rank = ds_groups._get_expert_parallel_rank(name)
         self.data_rank = ds_groups._get_expert_data_parallel_rank(name)
-        group_of, kind = engine._core_args
-        where = {}
-        for gi, g in enumerate(engine.optimizer_groups):
-            for p in g.get("params", []):
-                where[id(p)] = gi
         from chorus.torch.handles import _dtype_code
-        self.core = _core.ZeroEngine(ds_config.per_rank(engine._raw_config, engine._cfg), self.data_set.process_set_id, _dtype_code(params[0], "ZeRO"),
+        self.core = _core.ZeroEngine(ds_config.per_rank(engine._raw_config, engine._cfg),
+                                     self.data_set.process_set_id, _dtype_code(params[0], "ZeRO"),
                                      [int(torch.Size(s).numel()) for s in self.shapes],
-                                     [where.get(id(p), 0) for p in params], kind, -1, [],
+                                     engine._group_of(engine.optimizer_groups, params), engine._core_args[1], -1, [],
                                      [int(getattr(p, "chorus_priority", 0)) for p in params], *engine._core_device(),
                                      grad_factor=self.data_set.size() / engine.process_set.size())
 

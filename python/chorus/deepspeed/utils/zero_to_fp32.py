@@ -21,25 +21,30 @@ def consolidate(checkpoint_dir, tag=None):
         raise ValueError(f"no 'latest' file in {checkpoint_dir}; give the tag")
     path = os.path.join(checkpoint_dir, tag)
     meta, blobs = read_model_states(path)
-    full = [np.zeros(int(np.prod(s)) if s else 1, dtype=np.float32) for s in meta["param_shapes"]]
-    covered = [0] * len(full)
-    for r in range(meta["shards"]):
-        smeta, sblobs = _core.read_checkpoint_file(os.path.join(path, shard_name(r)))
-        master = np.frombuffer(sblobs["master"], dtype=np.float32)
-        for param, p_off, q_off, count in json.loads(smeta)["pieces"]:
-            full[param][p_off:p_off + count] = master[q_off:q_off + count]
-            covered[param] += count
-    out = {}
-    for name, shape, data, n in zip(meta["param_names"], meta["param_shapes"], full, covered):
-        if n != data.size:
-            raise ValueError(f"checkpoint {path} is incomplete: parameter '{name}' has {n} of {data.size} elements")
-        out[name] = torch.from_numpy(data).view(shape)
+    shards = [os.path.join(path, shard_name(r)) for r in range(meta["shards"])]
+    out = dict(zip(meta["param_names"], _assemble(shards, meta["param_names"], meta["param_shapes"], path)))
     out.update(_experts(path, meta))
     for name, dtype, shape in meta["buffers"]:
         raw = np.frombuffer(blobs["buffer:" + name], dtype=np.uint8).copy()
         out[name] = torch.from_numpy(raw).view(getattr(torch, dtype)).view(shape) if raw.size else \
             torch.empty(shape, dtype=getattr(torch, dtype))
     return out
+
+
+def _assemble(shards, names, shapes, where):
+    """The fp32 parameters (names, shapes) from the master pieces of one engine's shards."""
+    full = [np.zeros(int(np.prod(s)) if s else 1, dtype=np.float32) for s in shapes]
+    covered = [0] * len(full)
+    for shard in shards:
+        smeta, sblobs = _core.read_checkpoint_file(shard)
+        master = np.frombuffer(sblobs["master"], dtype=np.float32)
+        for param, p_off, q_off, count in json.loads(smeta)["pieces"]:
+            full[param][p_off:p_off + count] = master[q_off:q_off + count]
+            covered[param] += count
+    for name, data, n in zip(names, full, covered):
+        if n != data.size:
+            raise ValueError(f"checkpoint {where} is incomplete: parameter '{name}' has {n} of {data.size} elements")
+    return [torch.from_numpy(data).view(shape) for data, shape in zip(full, shapes)]
 
 
 def _experts(path, meta):
@@ -50,19 +55,10 @@ def _experts(path, meta):
     for group, info in meta.get("experts", {}).items():
         counts = expert_parts.local_counts(info["names"])
         for e in range(info["ep_size"]):
-            full = [np.zeros(int(np.prod(s)) if s else 1, dtype=np.float32) for s in info["shapes"]]
-            covered = [0] * len(full)
-            for d in range(info["shards"]):
-                smeta, sblobs = _core.read_checkpoint_file(os.path.join(path, expert_parts.shard_name(group, e, d)))
-                master = np.frombuffer(sblobs["master"], dtype=np.float32)
-                for param, p_off, q_off, count in json.loads(smeta)["pieces"]:
-                    full[param][p_off:p_off + count] = master[q_off:q_off + count]
-                    covered[param] += count
-            for name, shape, data, n in zip(info["names"], info["shapes"], full, covered):
-                if n != data.size:
-                    raise ValueError(f"checkpoint {path} is incomplete: expert parameter '{name}' of expert-parallel "
-                                     f"rank {e} has {n} of {data.size} elements")
-                out[expert_parts.global_name(name, e, counts)] = torch.from_numpy(data).view(shape)
+            shards = [os.path.join(path, expert_parts.shard_name(group, e, d)) for d in range(info["shards"])]
+            tensors = _assemble(shards, info["names"], info["shapes"], f"{path} (expert-parallel rank {e})")
+            for name, t in zip(info["names"], tensors):
+                out[expert_parts.global_name(name, e, counts)] = t
     for file in sorted(glob.glob(os.path.join(path, expert_parts.expert_file("*", "*")))):
         for k, v in torch.load(file).items():
             out.setdefault(k, v.float() if v.is_floating_point() else v)
