@@ -69,10 +69,13 @@ def real_deepspeed(n, script, *args, timeout=600, overlays=()):
 
 
 def losses(out):
-    """{step: loss} from 'step N loss X' lines (rank 0's, or the single process's)."""
+    """{step: loss} from 'step N loss X' (rank 0's, or the single process's). Not anchored to a line:
+    torchrun's children write unbuffered, so print's text and its newline are two writes, and another
+    rank's line can land between them or before them."""
     found = {}
-    for m in re.finditer(r"^(?:\[0\]<stdout>:)?step (\d+) loss ([0-9.eE+-]+)$", out, re.M):
-        found[int(m.group(1))] = float(m.group(2))
+    for m in re.finditer(r"(?:\[(\d+)\]<stdout>:)?step (\d+) loss (-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)", out):
+        if m.group(1) in (None, "0"):
+            found[int(m.group(2))] = float(m.group(3))
     return found
 
 
