@@ -9,18 +9,20 @@ from chorus.tensorflow.mpi_ops import Sum, _grouped_allreduce
 
 
 def global_moments(x, axes, keep_dims=False, weights=None, process_set=global_process_set):
-    """Mean and variance of x over `axes` and over the ranks of the set: sums and
-    counts are added up (so batches may differ in size), in float32 at least."""
+    """Mean and variance of x over `axes` and over the ranks of the set, in float32 at
+    least. Counts and sums are added up first (batches may differ in size), then the
+    squared deviations from that mean: two passes, as torch's SyncBatchNorm, because
+    E[x^2] - E[x]^2 loses the variance when the mean is large next to the spread."""
     axes = [a % len(x.shape) for a in axes]
     x = tf.cast(x, tf.float32) if x.dtype in (tf.float16, tf.bfloat16) else x
     w = tf.ones_like(x) if weights is None else tf.cast(tf.broadcast_to(weights, tf.shape(x)), x.dtype)
     count = tf.reduce_sum(w, axes, keepdims=True)
     total = tf.reduce_sum(x * w, axes, keepdims=True)
-    squares = tf.reduce_sum(tf.square(x) * w, axes, keepdims=True)
-    count, total, squares = _grouped_allreduce([count, total, squares], op=Sum, process_set=process_set)
+    count, total = _grouped_allreduce([count, total], op=Sum, process_set=process_set)
     count = tf.maximum(count, 1.0)
     mean = total / count
-    variance = tf.maximum(squares / count - tf.square(mean), 0.0)
+    deviations = tf.reduce_sum(tf.square(x - mean) * w, axes, keepdims=True)
+    variance = _grouped_allreduce([deviations], op=Sum, process_set=process_set)[0] / count
     if not keep_dims:
         mean, variance = tf.squeeze(mean, axes), tf.squeeze(variance, axes)
     return mean, variance

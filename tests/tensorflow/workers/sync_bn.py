@@ -34,6 +34,14 @@ np.testing.assert_allclose(got.numpy(), want.numpy()[start:start + rows[r]], rto
 np.testing.assert_allclose(synced.moving_mean.numpy(), plain.moving_mean.numpy(), rtol=1e-5, atol=1e-5)
 np.testing.assert_allclose(synced.moving_variance.numpy(), plain.moving_variance.numpy(), rtol=1e-4, atol=1e-4)
 np.testing.assert_allclose(got_grad.numpy(), want_grad.numpy(), rtol=1e-3, atol=1e-4)
+# A mean far from zero next to the spread: the variance must not cancel away in float32.
+shifted = full * 0.1 + 1e3  # E[x^2] is 1e6, where float32's step is 0.06; the variance is 0.09
+reference = np.var(shifted.numpy().astype(np.float64), axis=0)
+far = hvd.SyncBatchNormalization(momentum=0.0)
+got_far = far(shifted[start:start + rows[r]], training=True)
+np.testing.assert_allclose(far.moving_variance.numpy(), reference, rtol=1e-2)
+want_far = (shifted.numpy().astype(np.float64) - shifted.numpy().astype(np.float64).mean(0)) / np.sqrt(reference + 1e-3)
+np.testing.assert_allclose(got_far.numpy(), want_far[start:start + rows[r]], rtol=1e-3, atol=1e-3)
 local = keras.layers.BatchNormalization(momentum=0.5)(mine, training=True)
 assert not np.allclose(local.numpy(), got.numpy(), atol=1e-3)  # the rank's own statistics differ
 try:
