@@ -11,9 +11,10 @@ skips it (no GPU, not built with MPI...), and as failed otherwise; the rate is
 passed / (passed + failed). Each file runs in its own job (-np ranks, default 2).
 
 Two things make older test files run on today's stack, and both are reported:
-a pytest plugin (COMPAT) gives Python 3.11 back inspect.getargspec and, under
---legacy-keras, lets `import keras` be tf_keras (the tests were written where it
-was Keras 2); and OLDER_API lists tests whose expectations Horovod itself
+a pytest plugin (COMPAT) gives Python 3.11 back inspect.getargspec, keeps
+torch >= 2.9's Muon (2-D parameters only) out of the torch.optim optimizers the
+torch files loop over, and under --legacy-keras lets `import keras` be tf_keras
+(the tests were written where it was Keras 2); and OLDER_API lists tests whose expectations Horovod itself
 changed in a later release (chorus follows Horovod 0.28): they are not run, and
 the report counts them apart.
 """
@@ -35,6 +36,9 @@ OLDER_API = {
         "expects a tensor from alltoall(t, splits); Horovod >= 0.23 returns (tensor, received_splits)",
     "test_torch.py::TorchTests::test_horovod_alltoall_grad":
         "expects a tensor from alltoall(t, splits); Horovod >= 0.23 returns (tensor, received_splits)",
+    "test_torch.py::TorchTests::test_dynamic_requires_grad":
+        "reads p.grad of a parameter no backward has reached: older Horovod zero-filled every gradient when "
+        "the optimizer was built; Horovod 0.28 leaves it None until computed (and torch >= 2's zero_grad sets None)",
     "test_tensorflow.py::TensorFlowTests::test_horovod_allgather_grad_cpu":
         "expects the summed gradient; Horovod >= 0.23 averages it (_allreduce(grad, op=Average))",
     "test_tensorflow.py::TensorFlowTests::test_horovod_allgather_grad_gpu":
@@ -60,6 +64,10 @@ import os
 import sys
 if not hasattr(inspect, "getargspec"):
     inspect.getargspec = inspect.getfullargspec  # removed in Python 3.11
+if "torch" in os.environ.get("CHORUS_HVD_SUITE", ""):
+    import torch
+    if hasattr(torch.optim, "Muon"):  # the tests select optimizers by module name
+        torch.optim.Muon.__module__ = "muon_2d_parameters_only"
 if os.environ.get("TF_USE_LEGACY_KERAS") == "1":
     import types
     import tensorflow as tf
@@ -103,6 +111,7 @@ def run_file(args, shim, rel):
     env["PYTHONPATH"] = os.pathsep.join([shim, os.path.join(args.tests, "utils"), args.tests,
                                          os.path.dirname(path), os.path.join(args.build, "python")]
                                         + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env["CHORUS_HVD_SUITE"] = os.path.basename(path)
     if args.legacy_keras:
         env["TF_USE_LEGACY_KERAS"] = "1"
     # A test that fails on one rank between collectives leaves the ranks on
@@ -119,7 +128,7 @@ def run_file(args, shim, rel):
     np = 1 if rel.startswith("single/") else args.np
     if args.mpirun:  # Open MPI starts the ranks (for files that need mpi4py's communicators)
         cmd = ["mpirun", "--oversubscribe", "--allow-run-as-root", "-np", str(np)]
-        cmd += [a for k in ("PYTHONPATH", "TF_USE_LEGACY_KERAS", "CHORUS_BLOCKED_FAIL_SECONDS") if k in env
+        cmd += [a for k in ("PYTHONPATH", "TF_USE_LEGACY_KERAS", "CHORUS_BLOCKED_FAIL_SECONDS", "CHORUS_HVD_SUITE") if k in env
                 for a in ("-x", k)]
         cmd += [args.python, "-c", code]
     else:
