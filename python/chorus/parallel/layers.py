@@ -28,9 +28,10 @@ def _full_linear(input_size, output_size, bias, init_method, dtype):
     return full
 
 
-def _mark(p):
+def _mark(p, dim):
     p.model_parallel = True
     p.tensor_model_parallel = True
+    p.partition_dim = dim  # Megatron's name: where zero_to_fp32 joins the slices
     return p
 
 
@@ -44,8 +45,8 @@ class ColumnParallelLinear(torch.nn.Module):
         self.input_size, self.output_size = input_size, output_size
         self.gather_output, self.skip_bias_add = gather_output, skip_bias_add
         full = _full_linear(input_size, output_size, bias, init_method, dtype)
-        self.weight = _mark(torch.nn.Parameter(_shard(full.weight.data, 0)))
-        self.bias = _mark(torch.nn.Parameter(_shard(full.bias.data, 0))) if bias else None
+        self.weight = _mark(torch.nn.Parameter(_shard(full.weight.data, 0)), 0)
+        self.bias = _mark(torch.nn.Parameter(_shard(full.bias.data, 0)), 0) if bias else None
 
     def forward(self, x):
         x = copy_to_model_parallel_region(x)
@@ -66,7 +67,7 @@ class RowParallelLinear(torch.nn.Module):
         self.input_size, self.output_size = input_size, output_size
         self.input_is_parallel, self.skip_bias_add = input_is_parallel, skip_bias_add
         full = _full_linear(input_size, output_size, bias, init_method, dtype)
-        self.weight = _mark(torch.nn.Parameter(_shard(full.weight.data, 1)))
+        self.weight = _mark(torch.nn.Parameter(_shard(full.weight.data, 1)), 1)
         self.bias = torch.nn.Parameter(full.bias.data.clone()) if bias else None  # the same on every rank
 
     def forward(self, x):
@@ -94,7 +95,7 @@ class VocabParallelEmbedding(torch.nn.Module):
         per = num_embeddings // n
         self.vocab_start_index, self.vocab_end_index = r * per, (r + 1) * per
         self.padding_idx = padding_idx
-        self.weight = _mark(torch.nn.Parameter(_shard(full.weight.data, 0)))
+        self.weight = _mark(torch.nn.Parameter(_shard(full.weight.data, 0)), 0)
 
     def forward(self, ids):
         outside = (ids < self.vocab_start_index) | (ids >= self.vocab_end_index)

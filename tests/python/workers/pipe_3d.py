@@ -4,7 +4,9 @@ and a vocabulary-parallel head with its cross-entropy on stage 1, 1F1B over 3
 micro-batches, Adam. Losses and every rank's slices must match the reference.
 
 argv: DTYPE (fp32 or bf16)"""
+import shutil
 import sys
+import tempfile
 
 import torch
 import torch.nn.functional as F
@@ -98,4 +100,19 @@ for step in range(3):
         layer, rest = name.split(".", 1)
         want = shard(int(layer), rest, dict(ref[int(layer)].named_parameters())[rest].detach())
         assert torch.allclose(p.detach().float(), want, **tol), (step, name, p, want)
+# A checkpoint: each stage's folder holds each tensor-parallel slice's files; a fresh
+# engine loads them and holds the very same weights.
+save_dir = hvd.broadcast_object(tempfile.mkdtemp(prefix="3d-ckpt-") if hvd.rank() == 0 else None, root_rank=0,
+                                name="3d.ckpt.dir")
+engine.save_checkpoint(save_dir, tag="t")
+again = PipelineModule(layers=layers, topology=topo, loss_fn=loss_fn, partition_method="uniform", seed_layers=True,
+                       base_seed=BASE + 7)
+engine2, _, _, _ = deepspeed.initialize(model=again, model_parameters=again.parameters(), config=config)
+assert any(not torch.equal(p.detach(), q.detach()) for p, q in zip(net.parameters(), again.parameters()))
+engine2.load_checkpoint(save_dir, tag="t")
+for (name, p), q in zip(net.named_parameters(), again.parameters()):
+    assert torch.equal(p.detach(), q.detach()), ("loaded", name)
+hvd.barrier()
+if hvd.rank() == 0:
+    shutil.rmtree(save_dir)
 print(f"rank {hvd.rank()} (stage {stage}, replica {replica}, slice {tr}): 3d ok", flush=True)

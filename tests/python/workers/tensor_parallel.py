@@ -5,7 +5,10 @@ gradient, and Adam steps through deepspeed.initialize(mpu=...) with gradient
 clipping (whose norm must count a bias the ranks hold alike once) must match.
 
 argv: DTYPE (fp32 or bf16)"""
+import os
+import shutil
 import sys
+import tempfile
 
 import torch
 import torch.nn.functional as F
@@ -119,4 +122,34 @@ for step in range(3):
     for name, p in par.named_parameters():
         want = shard(name, dict(ref.named_parameters())[name].detach())
         assert torch.allclose(p.detach().float(), want, **tol), (step, name, p, want)
+
+# A checkpoint: each tensor-parallel slice saves its own state (DeepSpeed's mp_rank_XX
+# files) into the one folder; a fresh engine loads its slice and goes on as the saver does.
+save_dir = hvd.broadcast_object(tempfile.mkdtemp(prefix="tp-ckpt-") if hvd.rank() == 0 else None, root_rank=0,
+                                 name="tp.ckpt.dir")
+engine.save_checkpoint(save_dir, tag="t")
+files = sorted(os.listdir(os.path.join(save_dir, "t")))
+assert sum("mp_rank_" in f for f in files) >= 2 * tp, files
+# zero_to_fp32 joins the slices into the plain model's weights; --mp-rank gives one slice.
+from chorus.deepspeed.utils.zero_to_fp32 import consolidate
+whole, mine = consolidate(save_dir, "t"), consolidate(save_dir, "t", mp_rank=tr)
+assert sorted(whole) == sorted(n for n, _ in ref.named_parameters()), sorted(whole)
+for name, p in par.named_parameters():
+    assert tuple(whole[name].shape) == tuple(dict(ref.named_parameters())[name].shape), name
+    assert torch.equal(shard(name, whole[name]).to(p.dtype), p.detach()), name
+    assert torch.equal(mine[name].to(p.dtype), p.detach()), name
+again = Parallel()
+engine2, _, _, _ = deepspeed.initialize(model=again, model_parameters=again.parameters(), config=config, mpu=mpu)
+engine2.load_checkpoint(save_dir, tag="t")
+for (name, p), q in zip(par.named_parameters(), again.parameters()):
+    assert torch.equal(p.detach(), q.detach()), (step, name)
+ids, target = data(3, dr)
+for e in (engine, engine2):
+    e.backward(e(ids, target))
+    e.step()
+for (name, p), q in zip(par.named_parameters(), again.parameters()):
+    assert torch.equal(p.detach(), q.detach()), ("after a step", name)
+hvd.barrier()
+if hvd.rank() == 0:
+    shutil.rmtree(save_dir)
 print(f"rank {hvd.rank()}: tensor parallel ok", flush=True)

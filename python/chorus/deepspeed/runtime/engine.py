@@ -57,8 +57,10 @@ def _full_shape(p):
 
 class DeepSpeedEngine(EngineQueries, torch.nn.Module):
     def __init__(self, model, optimizer=None, model_parameters=None, config_text=None, process_set=None,
-                 lr_scheduler=None, pipe_set=None, tensor_parallel_size=1):
+                 lr_scheduler=None, pipe_set=None, tensor_parallel_size=1, model_parallel_rank=0):
         super().__init__()
+        # This rank's tensor-parallel slice: its checkpoint files are its own (mp_rank_XX).
+        self._mp_rank = model_parallel_rank if tensor_parallel_size > 1 else None
         # The ranks holding the model's other pieces (pipeline stages, tensor-parallel
         # slices): the gradient norm is the whole model's. A parameter that the
         # tensor-parallel ranks hold alike counts once (model_parallel marks the sliced ones).

@@ -11,17 +11,48 @@ import torch
 
 from chorus import _core
 from chorus.deepspeed.runtime import expert_parts
-from chorus.deepspeed.runtime.zero.checkpoint import read_model_states, resolve_tag, shard_name
+from chorus.deepspeed.runtime.zero.checkpoint import mp_slices, read_model_states, resolve_tag, shard_name
 
 
-def consolidate(checkpoint_dir, tag=None):
-    """{name: fp32 tensor} for every parameter, plus the module's buffers."""
+def consolidate(checkpoint_dir, tag=None, mp_rank=None):
+    """{name: fp32 tensor} for every parameter, plus the module's buffers. A checkpoint of
+    tensor-parallel slices is joined along each parameter's partition_dim, or gives one
+    slice's tensors as that slice holds them (mp_rank)."""
     tag = resolve_tag(checkpoint_dir, tag)
     if tag is None:
         raise ValueError(f"no 'latest' file in {checkpoint_dir}; give the tag")
     path = os.path.join(checkpoint_dir, tag)
-    meta, blobs = read_model_states(path)
-    shards = [os.path.join(path, shard_name(r)) for r in range(meta["shards"])]
+    slices = mp_slices(path)
+    if not slices:
+        if mp_rank is not None:
+            raise ValueError(f"checkpoint {path} has no tensor-parallel slices; leave out the slice number")
+        return _slice(path, None)
+    if mp_rank is not None:
+        if mp_rank not in slices:
+            raise ValueError(f"checkpoint {path} has tensor-parallel slices {slices}, not {mp_rank}")
+        return _slice(path, mp_rank)
+    if slices != list(range(len(slices))):
+        raise ValueError(f"checkpoint {path} is incomplete: it has tensor-parallel slices {slices}")
+    parts = [_slice(path, mp) for mp in slices]
+    meta, _ = read_model_states(path, 0)
+    dims = dict(zip(meta["param_names"], meta["partition_dims"]))
+    out = {}
+    for name, first in parts[0].items():
+        dim = dims.get(name)
+        if dim is None:  # held alike by every slice (a buffer, a replicated parameter)
+            out[name] = first
+        elif dim < 0:
+            raise ValueError(f"checkpoint {path}: parameter '{name}' is tensor-parallel but its layer does not say "
+                             "along which dimension (partition_dim); consolidate one slice at a time (--mp-rank)")
+        else:
+            out[name] = torch.cat([part[name] for part in parts], dim=dim)
+    return out
+
+
+def _slice(path, mp):
+    """One engine's parameters (one tensor-parallel slice's, or the whole model's) and buffers."""
+    meta, blobs = read_model_states(path, mp)
+    shards = [os.path.join(path, shard_name(r, mp)) for r in range(meta["shards"])]
     out = dict(zip(meta["param_names"], _assemble(shards, meta["param_names"], meta["param_shapes"], path)))
     out.update(_experts(path, meta))
     for name, dtype, shape in meta["buffers"]:
@@ -106,9 +137,11 @@ def main(argv=None):
     ap.add_argument("checkpoint_dir", help="the folder given to save_checkpoint (holding 'latest')")
     ap.add_argument("output_file", help="where to write the fp32 state_dict")
     ap.add_argument("-t", "--tag", default=None, help="checkpoint tag (default: the one in 'latest')")
+    ap.add_argument("--mp-rank", type=int, default=None,
+                    help="one tensor-parallel slice as it was held (default: the slices joined)")
     args = ap.parse_args(argv)
     try:
-        sd = consolidate(args.checkpoint_dir, args.tag)
+        sd = consolidate(args.checkpoint_dir, args.tag, args.mp_rank)
     except (ValueError, OSError, RuntimeError) as e:
         print(f"chorus-zero-to-fp32: {e}", file=sys.stderr)
         return 1

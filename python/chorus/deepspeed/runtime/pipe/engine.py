@@ -53,7 +53,8 @@ class PipelineEngine:
         tp = topo.get_dim("model")
         norm_set = self.pipe_set if self.num_stages > 1 or tp > 1 else None
         self.engine = DeepSpeedEngine(module, optimizer, model_parameters, config_text, self.dp_set, lr_scheduler,
-                                      pipe_set=norm_set, tensor_parallel_size=tp)
+                                      pipe_set=norm_set, tensor_parallel_size=tp,
+                                      model_parallel_rank=coord.get("model", 0))
         index = {id(p): i for i, p in enumerate(self.engine._params)}
         self._tied_index = {}
         for key, ps in self._tied.items():

@@ -1,6 +1,7 @@
 """save_checkpoint / load_checkpoint: every rank writes its shard of the fp32 state
 (C++), rank 0 the model-states file; `latest` is written last, so that it never
-names an incomplete checkpoint. Every file is written atomically and carries a hash."""
+names an incomplete checkpoint. Every file is written atomically and carries a hash.
+Under tensor parallelism each slice writes its own files (DeepSpeed's mp_rank_XX)."""
 import json
 import os
 import pickle
@@ -15,8 +16,19 @@ from chorus.deepspeed.runtime import expert_parts
 MODEL_STATES = "model_states.chorus"
 
 
-def shard_name(rank):
-    return f"zero_rank_{rank:05d}_optim_states.chorus"
+def shard_name(rank, mp=None):
+    return f"zero_rank_{rank:05d}{'' if mp is None else f'_mp_rank_{mp:02d}'}_optim_states.chorus"
+
+
+def model_states_name(mp=None):
+    return MODEL_STATES if mp is None else f"mp_rank_{mp:02d}_{MODEL_STATES}"
+
+
+def mp_slices(path):
+    """The tensor-parallel slices whose model states are in the folder (empty: none)."""
+    import glob
+    return sorted(int(os.path.basename(f)[8:10]) for f in glob.glob(os.path.join(path, model_states_name(0))
+                                                                       .replace("mp_rank_00", "mp_rank_[0-9][0-9]")))
 
 
 def _buffers(module):
@@ -31,14 +43,20 @@ def _raw(b):
     return b.detach().reshape(-1).contiguous().view(torch.uint8).cpu().numpy().tobytes() if b.numel() else b""
 
 
-def _agree(ps, error, what):
-    """Every rank learns whether any failed `what`; each raises, naming the ranks."""
+def _agree(ps, error, what, across=None):
+    """Every rank learns whether any failed `what`; each raises, naming the ranks.
+    across: the set joining the engine's other slices (tensor-parallel), told too."""
     failed = hvd.allgather(torch.tensor([[1 if error is not None else 0]], dtype=torch.int32), name=f"ckpt.{what}",
                            process_set=ps).reshape(-1).tolist()
     bad = [r for r, f in enumerate(failed) if f]
-    if bad:
+    elsewhere = 0
+    if across is not None and across.size() > 1:
+        elsewhere = int(hvd.allreduce(torch.tensor([len(bad)], dtype=torch.int64), op=hvd.Sum, process_set=across,
+                                      name=f"ckpt.{what}.slices")[0]) - len(bad)
+    if bad or elsewhere:
         why = f": {error}" if error is not None else ""
-        raise RuntimeError(f"save_checkpoint: {what} failed on rank(s) {bad} of the process set{why}") from error
+        where = f"rank(s) {bad} of the process set" if bad else "another tensor-parallel slice's ranks"
+        raise RuntimeError(f"save_checkpoint: {what} failed on {where}{why}") from error
 
 
 def save(engine, save_dir, tag, client_state, save_latest, exclude_frozen_parameters=False):
@@ -46,7 +64,7 @@ def save(engine, save_dir, tag, client_state, save_latest, exclude_frozen_parame
     if "/" in tag or tag in ("", ".", ".."):
         raise ValueError(f"save_checkpoint: tag '{tag}' is not a valid folder name")
     path = os.path.join(save_dir, tag)
-    ps = engine.process_set
+    ps, mp = engine.process_set, engine._mp_rank
     # This save's identity, in every file of it: a load refuses files of different saves.
     save_id = hvd.broadcast_object(os.urandom(8).hex() if ps.rank() == 0 else None, root_rank=ps.ranks[0]
                                    if ps.ranks else 0, process_set=ps, name=f"ckpt.id.{tag}")
@@ -55,14 +73,14 @@ def save(engine, save_dir, tag, client_state, save_latest, exclude_frozen_parame
     try:
         os.makedirs(path, exist_ok=True)
         if engine.core.writes_shard:
-            engine.core.save_shard(os.path.join(path, shard_name(ps.rank())), identity)
+            engine.core.save_shard(os.path.join(path, shard_name(ps.rank(), mp)), identity)
         expert_parts.save(engine, path, identity)
         if ps.rank() == 0:
             _save_model_states(engine, path, client_state, exclude_frozen_parameters, identity)
     except Exception as e:  # noqa: BLE001 (any failure must reach every rank, not leave them waiting)
         error = e
-    _agree(ps, error, "writing the checkpoint")
-    if save_latest and ps.rank() == 0:
+    _agree(ps, error, "writing the checkpoint", engine._pipe_set if mp is not None else None)
+    if save_latest and ps.rank() == 0 and not mp:  # one writer: slice 0's
         _core.write_file_atomic(os.path.join(save_dir, "latest"), tag.encode())
         _write_consolidation_script(save_dir)
     hvd.barrier(process_set=ps)
@@ -82,6 +100,10 @@ def _write_consolidation_script(save_dir):
 def _save_model_states(engine, path, client_state, exclude_frozen_parameters, identity):
     ps = engine.process_set
     meta = {
+        "mp_world": engine._tp if engine._mp_rank is not None else 1,
+        # per parameter: the dimension its slices split (None: held alike by every slice)
+        "partition_dims": [getattr(p, "partition_dim", -1) if getattr(p, "model_parallel", False) else None
+                           for p in engine._params],
         "save": identity,
         "format": 1, "stage": engine.core.stage, "world": ps.size(), "dtype": str(engine.dtype),
         "shards": ps.size() if engine.core.stage > 0 else 1,
@@ -102,7 +124,7 @@ def _save_model_states(engine, path, client_state, exclude_frozen_parameters, id
             if not p.requires_grad and not expert_parts.is_expert_name(n):
                 blobs["frozen:" + n] = _raw(p)
                 meta.setdefault("frozen", []).append([n, str(p.dtype).replace("torch.", ""), list(p.shape)])
-    _core.write_checkpoint_file(os.path.join(path, MODEL_STATES), json.dumps(meta), blobs)
+    _core.write_checkpoint_file(os.path.join(path, model_states_name(engine._mp_rank)), json.dumps(meta), blobs)
 
 
 def resolve_tag(load_dir, tag):
@@ -115,8 +137,18 @@ def resolve_tag(load_dir, tag):
         return f.read().strip()
 
 
-def read_model_states(path):
-    meta, blobs = _core.read_checkpoint_file(os.path.join(path, MODEL_STATES))
+def read_model_states(path, mp=None):
+    """(meta, blobs) of the model states of slice mp (None: a checkpoint without tensor
+    parallelism), with a clear error when the folder holds the other kind."""
+    if not os.path.exists(os.path.join(path, model_states_name(mp))):
+        slices = mp_slices(path)
+        if mp is None and slices:
+            raise ValueError(f"checkpoint {path} was saved by {len(slices)} tensor-parallel slices "
+                             f"(mp_rank_XX files): load it with the same tensor-parallel size, or choose a slice")
+        if mp is not None and os.path.exists(os.path.join(path, MODEL_STATES)):
+            raise ValueError(f"checkpoint {path} was saved without tensor parallelism; this engine is "
+                             f"tensor-parallel slice {mp}")
+    meta, blobs = _core.read_checkpoint_file(os.path.join(path, model_states_name(mp)))
     return json.loads(meta), blobs
 
 
@@ -129,7 +161,11 @@ def load(engine, load_dir, tag, load_lr_scheduler_states):
     path = os.path.join(load_dir, tag)
     if not os.path.isdir(path):
         raise ValueError(f"load_checkpoint: checkpoint folder '{path}' does not exist")
-    meta, blobs = read_model_states(path)
+    mp = engine._mp_rank
+    meta, blobs = read_model_states(path, mp)
+    if mp is not None and meta.get("mp_world", 1) != engine._tp:
+        raise ValueError(f"load_checkpoint: {path} was saved at tensor-parallel size {meta.get('mp_world', 1)}, "
+                         f"this engine's is {engine._tp}")
     names, shapes = meta["param_names"], [tuple(s) for s in meta["param_shapes"]]
     if names != engine._names or shapes != engine._shapes:
         for k, (n, s) in enumerate(zip(engine._names, engine._shapes)):
@@ -137,7 +173,8 @@ def load(engine, load_dir, tag, load_lr_scheduler_states):
                 got = f"'{names[k]}' {shapes[k]}" if k < len(names) else "nothing"
                 raise ValueError(f"load_checkpoint: parameter {k} of the model is '{n}' {s}, the checkpoint has {got}")
         raise ValueError(f"load_checkpoint: the checkpoint has {len(names)} parameters, the model {len(engine._names)}")
-    engine.core.load_shards([os.path.join(path, shard_name(r)) for r in range(meta["shards"])], meta.get("save", ""))
+    engine.core.load_shards([os.path.join(path, shard_name(r, mp)) for r in range(meta["shards"])],
+                            meta.get("save", ""))
     expert_parts.load(engine, path, meta.get("experts", {}), meta.get("save", ""))
     for n, b in _buffers(engine.module):
         raw = blobs.get("buffer:" + n)
