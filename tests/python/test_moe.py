@@ -1,6 +1,6 @@
 """deepspeed.moe and deepspeed.sequence over chorus process sets, on 4 ranks: the
-MoE layer and training under ZeRO 0-2 at ep 1, 2 and 4, checkpoints across
-expert-parallel sizes, Ulysses attention; each against one process holding the
+MoE layer and training under ZeRO 0-2 at ep 1, 2 and 4, beside tensor parallelism,
+checkpoints across expert-parallel sizes, Ulysses attention; each against one process holding the
 whole model."""
 import json
 import os
@@ -26,6 +26,14 @@ def test_moe_data_before_expert_layout(ranks):
     """DeepSpeed's use_data_before_expert_parallelism: expert-parallel sets {0,2}, {1,3}."""
     out = ok(ranks(4, "moe_train.py", "--data-first"))
     assert out.count("moe training ok rank") == 4, out
+
+
+def test_moe_beside_tensor_parallelism_matches_one_process(ranks):
+    """tp 2 x dp 2: whole experts (expert-parallel sets across the slices) and sliced ones
+    (enable_expert_tensor_parallelism), each with a checkpoint joined by zero_to_fp32."""
+    out = ok(ranks(4, "moe_tensor_parallel.py"))
+    assert out.count("moe tensor parallel ok rank") == 4, out
+    assert out.count("sliced=True") == 4 * 4 and out.count("moe tp checkpoint ok") == 8, out
 
 
 def test_moe_checkpoint_at_ep2_loads_at_ep1_and_ep4(ranks, tmp_path):

@@ -3,6 +3,8 @@ import copy
 
 import torch
 
+_MARKS = ("model_parallel", "tensor_model_parallel", "partition_dim", "partition_stride")
+
 
 class Experts(torch.nn.Module):
     """num_local_experts copies of expert. Their parameters carry allreduce=False and
@@ -13,8 +15,12 @@ class Experts(torch.nn.Module):
         super().__init__()
         self.deepspeed_experts = torch.nn.ModuleList([copy.deepcopy(expert) for _ in range(num_local_experts)])
         self.num_local_experts = num_local_experts
+        # deepcopy drops a Parameter's attributes: keep the tensor-parallel marks
+        # (a sliced expert's norm and checkpoint need them).
+        marks = [{k: v for k, v in vars(p).items() if k in _MARKS} for p in expert.parameters()]
         for e in self.deepspeed_experts:
-            for p in e.parameters():
+            for p, mark in zip(e.parameters(), marks):
+                p.__dict__.update(mark)
                 p.allreduce = False
                 p.group_name = expert_group_name
 

@@ -48,9 +48,23 @@ class MoE(torch.nn.Module):
         self._create_process_groups(use_data_before_expert_parallel_)
 
     def _create_process_groups(self, use_data_before_expert_parallel_=False):
+        # Under an mpu the tokens are alike on a tensor-parallel group's ranks: the layer
+        # splits them there (experts whole, the expert-parallel sets spanning the slices),
+        # or, with enable_expert_tensor_parallelism, every slice holds a slice of each expert.
+        sliced = groups.mpu is not None and self.enable_expert_tensor_parallelism and \
+            groups.mpu.get_model_parallel_world_size() > 1
+        self.deepspeed_moe.expert_tp = sliced
         if self.expert_group_name not in groups._get_expert_parallel_group_dict():
-            groups._create_expert_and_data_parallel(self.ep_size,
-                                                    use_data_before_expert_parallel_=use_data_before_expert_parallel_)
+            if sliced:
+                groups._create_expert_data_and_model_parallel(
+                    self.ep_size, groups.mpu, use_data_before_expert_parallel_=use_data_before_expert_parallel_)
+            else:
+                groups._create_expert_and_data_parallel(
+                    self.ep_size, use_data_before_expert_parallel_=use_data_before_expert_parallel_)
+        elif groups._EXPERT_SLICED.get(self.expert_group_name, False) != sliced:
+            raise ValueError(f"MoE: the {self.expert_group_name} sets exist already for "
+                             f"{'tensor-parallel' if sliced is False else 'whole'} experts; layers of one ep_size "
+                             "must agree on enable_expert_tensor_parallelism")
         elif groups._EXPERT_LAYOUT.get(self.expert_group_name) != bool(use_data_before_expert_parallel_):
             raise ValueError(f"MoE: the {self.expert_group_name} sets exist already with "
                              f"use_data_before_expert_parallel_={groups._EXPERT_LAYOUT[self.expert_group_name]}; "
@@ -59,7 +73,7 @@ class MoE(torch.nn.Module):
             self.deepspeed_moe._set_ep_group(groups._get_expert_parallel_group(self.expert_group_name))
 
     def forward(self, hidden_states, used_token=None):
-        if self.ep_size > 1 and self.deepspeed_moe.ep_group is None:
+        if (self.ep_size > 1 or groups.mpu is not None) and self.deepspeed_moe.ep_group is None:
             if not hvd.is_initialized():
                 raise RuntimeError(f"MoE at ep_size {self.ep_size}: chorus is not initialized "
                                    "(deepspeed.init_distributed() first)")

@@ -206,6 +206,52 @@ def _place(tokens, row, rows):
     return padded.index_select(0, source[:rows])
 
 
+def _tp():
+    """(tensor-parallel set, size) of the mpu deepspeed.initialize was given, (None, 1) without."""
+    from chorus.deepspeed.utils import groups
+    if groups.mpu is None or groups.mpu.get_model_parallel_world_size() == 1:
+        return None, 1
+    return groups.mpu.get_model_parallel_group(), groups.mpu.get_model_parallel_world_size()
+
+
+def _gather_slots(x, ps, name):
+    """[E, C/n, M] from each of the set's n ranks -> [E, C, M], joined along the slots in rank order."""
+    return hvd.allgather(x.transpose(0, 1).contiguous(), name=name, process_set=ps).transpose(0, 1).contiguous()
+
+
+def _my_slots(x, ps):
+    n = ps.size()
+    c = x.shape[1] // n
+    return x.narrow(1, ps.rank() * c, c).contiguous()
+
+
+class _DropTokens(torch.autograd.Function):
+    """This tensor-parallel rank's share of the slots (DeepSpeed's drop_tokens): the ranks
+    hold the same tokens, so each sends only its part; backward joins the parts' gradients."""
+
+    @staticmethod
+    def forward(ctx, x, ps, name):
+        ctx.ps, ctx.name = ps, name
+        return _my_slots(x, ps)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _gather_slots(grad, ctx.ps, ctx.name + ".grad"), None, None
+
+
+class _GatherTokens(torch.autograd.Function):
+    """Every tensor-parallel rank's share of the slots, joined (DeepSpeed's gather_tokens)."""
+
+    @staticmethod
+    def forward(ctx, x, ps, name):
+        ctx.ps = ps
+        return _gather_slots(x, ps, name)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _my_slots(grad, ctx.ps), None, None
+
+
 class MOELayer(torch.nn.Module):
     """Gate, then dispatch to the experts over the expert-parallel set, then combine."""
 
@@ -221,6 +267,7 @@ class MOELayer(torch.nn.Module):
         self.ep_group_name = ep_group_name
         self.num_local_experts = num_local_experts
         self.use_tutel = False  # Tutel's kernels are CUDA-only; chorus's dispatch runs on either
+        self.expert_tp = False  # the experts are tensor-parallel slices (enable_expert_tensor_parallelism)
         self.l_aux = None
         self.exp_counts = None
         self.wall_clock_breakdown = False
@@ -245,30 +292,49 @@ class MOELayer(torch.nn.Module):
             raise RuntimeError(f"MoE layer {self.ep_group_name}: its expert-parallel process set is not made yet "
                                "(deepspeed.init_distributed() before building the model, or deepspeed.initialize)")
         self.l_aux, routing, self.exp_counts = self.gate(tokens, used_token)
-        if routing.capacity is None and self.ep_size > 1:
+        if routing.capacity is None and self.ep_size > 1 and _tp()[1] == 1:
             combined = self._dispatch_uneven(tokens, routing)
         else:
             combined = self._dispatch_even(tokens, routing)
         return combined.to(x.dtype).reshape(x.shape)
 
     def _dispatch_even(self, tokens, routing):
-        """Fixed [E, C, M] slots (C: the capacity, or the most any expert got without dropping)."""
+        """Fixed [E, C, M] slots (C: the capacity, or the most any expert got without dropping).
+        Under tensor parallelism each rank of a tensor-parallel group sends 1/tp of the slots
+        (the group's ranks hold the same tokens) and the outputs are joined after the combine;
+        tensor-parallel experts first join their group's slots, each computing its slice."""
         S, M = tokens.shape
         E = self.ep_size * self.num_local_experts
+        tp_set, tp = _tp()
         C = routing.capacity
         if C is None:
             C = int(torch.bincount(routing.expert[routing.expert >= 0], minlength=E).max().item()) if \
                 (routing.expert >= 0).any() else 0
             C = max(C, 1)
+            if self.ep_size > 1:  # one block size over the set
+                most = torch.tensor([C], dtype=torch.int64)
+                C = int(hvd.allreduce(most, op=hvd.Max, name=self._op("capacity"), process_set=self.ep_group)[0])
+            C = -(-C // tp) * tp
+        elif C % tp:
+            raise ValueError(f"MoE {self.ep_group_name}: capacity {C} does not split over the tensor-parallel size "
+                             f"{tp}; choose capacity_factor or min_capacity so that it does")
         slot = torch.where(routing.expert >= 0, routing.expert * C + routing.location,
                            torch.full_like(routing.expert, -1))
         dispatched = _place(tokens, slot, E * C).view(E, C, M)
+        if tp > 1:
+            dispatched = _DropTokens.apply(dispatched, tp_set, self._op("tp.drop"))
         if self.ep_size > 1:
             dispatched = hvd.alltoall(dispatched.contiguous(), name=self._op("dispatch"), process_set=self.ep_group)
-        out = self.experts(dispatched.reshape(self.ep_size, self.num_local_experts, C, M))
-        out = out.reshape(E, C, M)
+        if self.expert_tp:
+            dispatched = _GatherTokens.apply(dispatched, tp_set, self._op("tp.gather"))
+        out = self.experts(dispatched.reshape(self.ep_size, self.num_local_experts, -1, M))
+        out = out.reshape(E, -1, M)
+        if self.expert_tp:
+            out = _DropTokens.apply(out, tp_set, self._op("tp.drop.out"))
         if self.ep_size > 1:
             out = hvd.alltoall(out.contiguous(), name=self._op("combine"), process_set=self.ep_group)
+        if tp > 1:
+            out = _GatherTokens.apply(out, tp_set, self._op("tp.gather.out"))
         return _combine(out.reshape(E * C, M), slot, routing.weight, S)
 
     def _dispatch_uneven(self, tokens, routing):

@@ -51,11 +51,20 @@ class ExpertPart:
         self.data_set = ds_groups._get_expert_data_parallel_group(name)
         self.ep_rank = ds_groups._get_expert_parallel_rank(name)
         self.data_rank = ds_groups._get_expert_data_parallel_rank(name)
+        # Tensor-parallel experts: their norm spans the slices (a parameter the slices hold
+        # alike counts once), as the dense parameters' does.
+        from chorus.deepspeed.moe.layer import MoE
+        self.sliced = any(m.expert_group_name == name and m.deepspeed_moe.expert_tp for m in engine.module.modules()
+                          if isinstance(m, MoE))
+        tp_set = engine._pipe_set.process_set_id if self.sliced else -1
+        weights = [1.0 if getattr(p, "model_parallel", False) else 1.0 / engine._tp for p in params] \
+            if self.sliced else []
         from chorus.torch.handles import _dtype_code
         self.core = _core.ZeroEngine(ds_config.per_rank(engine._raw_config, engine._cfg),
                                      self.data_set.process_set_id, _dtype_code(params[0], "ZeRO"),
                                      [int(torch.Size(s).numel()) for s in self.shapes],
-                                     engine._group_of(engine.optimizer_groups, params), engine._core_args[1], -1, [],
+                                     engine._group_of(engine.optimizer_groups, params), engine._core_args[1],
+                                     tp_set, weights,
                                      [int(getattr(p, "chorus_priority", 0)) for p in params], *engine._core_device(),
                                      grad_factor=self.data_set.size() / engine.process_set.size())
 
@@ -84,13 +93,14 @@ def check_layout(engine):
     """What MoE needs of the engine, with a clear error when it is not so."""
     if engine._cfg["stage"] >= 3:
         raise ValueError("deepspeed.initialize: MoE layers with ZeRO stage 3 are not supported by chorus "
-                         "(as in DeepSpeed before 0.14); use stage 0, 1 or 2")
-    if engine._pipe_set is not None:
-        raise ValueError("deepspeed.initialize: MoE layers beside tensor or pipeline parallelism are not supported "
-                         "by chorus; use expert x data parallel layouts")
-    if engine.process_set.size() != hvd.size():
-        raise ValueError(f"deepspeed.initialize: MoE layers need the data-parallel set to be every rank "
-                         f"({hvd.size()}), got {engine.process_set.ranks}")
+                         "(nor by DeepSpeed for its own MoE layers); use stage 0, 1 or 2")
+    from chorus.deepspeed.runtime.pipe.module import PipelineModule
+    if isinstance(engine.module, PipelineModule):
+        raise ValueError("deepspeed.initialize: MoE layers inside a PipelineModule are not supported by chorus "
+                         "(as in DeepSpeed's pipeline engine); use expert x tensor x data parallel layouts")
+    if engine.process_set.size() * engine._tp != hvd.size():
+        raise ValueError(f"deepspeed.initialize: MoE layers need the data-parallel set times the tensor-parallel "
+                         f"size ({engine._tp}) to be every rank ({hvd.size()}), got {engine.process_set.ranks}")
 
 
 def make_parts(engine, experts):
@@ -119,12 +129,18 @@ def total_sum_squares(engine):
 _MARK = ".deepspeed_experts."
 
 
-def shard_name(group, ep_rank, data_rank):
-    return f"expp_rank_{ep_rank}_{group}_zero_rank_{data_rank:05d}_optim_states.chorus"
+def shard_name(group, ep_rank, data_rank, mp=None):
+    """mp: the tensor-parallel slice, for experts that are sliced (else None)."""
+    slice_ = "" if mp is None else f"_mp_rank_{mp:02d}"
+    return f"expp_rank_{ep_rank}{slice_}_{group}_zero_rank_{data_rank:05d}_optim_states.chorus"
 
 
-def expert_file(layer, expert):
-    return f"layer_{layer}_expert_{expert}_mp_rank_00_model_states.pt"
+def expert_file(layer, expert, mp=0):
+    return f"layer_{layer}_expert_{expert}_mp_rank_{mp if isinstance(mp, str) else f'{mp:02d}'}_model_states.pt"
+
+
+def _slice_of(engine, sliced):
+    return engine._mp_rank if sliced else None
 
 
 def _where(name):
@@ -137,7 +153,9 @@ def _where(name):
 def describe(engine):
     """What the model-states file says of the expert groups (every rank's parts are named alike)."""
     return {part.name: {"ep_size": part.ep_set.size(), "names": part.names, "shapes": [list(s) for s in part.shapes],
-                        "shards": part.data_set.size() if engine.core.stage > 0 else 1}
+                        "shards": part.data_set.size() if engine.core.stage > 0 else 1, "sliced": part.sliced,
+                        "partition_dims": [getattr(p, "partition_dim", -1) if getattr(p, "model_parallel", False)
+                                           else None for p in part.params]}
             for part in engine._expert_parts}
 
 
@@ -176,9 +194,10 @@ def _local_experts(engine):
         name = moe.expert_group_name
         ep_rank = ds_groups._get_expert_parallel_rank(name) if moe.ep_size > 1 else 0
         data_rank = ds_groups._get_expert_data_parallel_rank(name) if moe.ep_size > 1 else hvd.rank()
+        mp = engine._mp_rank if moe.deepspeed_moe.expert_tp else 0
         for j, expert in enumerate(moe.deepspeed_moe.experts.deepspeed_experts):
             g = ep_rank * moe.num_local_experts + j
-            out.append((expert_file(number, g), f"{prefix}.{g}.", expert, ep_rank, data_rank))
+            out.append((expert_file(number, g, mp), f"{prefix}.{g}.", expert, ep_rank, data_rank))
     return out
 
 
@@ -191,7 +210,8 @@ def save(engine, path, identity):
     too) in its DeepSpeed-named file, by the first rank holding it."""
     for part in engine._expert_parts:
         if part.core.writes_shard:
-            part.core.save_shard(os.path.join(path, shard_name(part.name, part.ep_rank, part.data_rank)), identity)
+            name = shard_name(part.name, part.ep_rank, part.data_rank, _slice_of(engine, part.sliced))
+            part.core.save_shard(os.path.join(path, name), identity)
     for file, prefix, expert, _, data_rank in _local_experts(engine):
         if data_rank == 0:
             state = {prefix + k: v.detach().clone() for k, v in expert.state_dict().items()}
@@ -252,7 +272,8 @@ def load(engine, path, saved, identity):
                     to.append(mine.get((prefix, e * (num // ep) + local, inner), -1))
                 if any(t >= 0 for t in to):
                     for d in range(info["shards"]):
-                        paths.append(os.path.join(path, shard_name(group, e, d)))
+                        paths.append(os.path.join(path, shard_name(group, e, d,
+                                                                   _slice_of(engine, info.get("sliced")))))
                         maps.append(to)
         if not paths:
             raise ValueError(f"load_checkpoint: no saved expert group holds the experts of '{part.name}'")

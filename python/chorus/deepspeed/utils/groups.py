@@ -20,6 +20,7 @@ _EXPERT_PARALLEL_GROUP_RANKS = {}
 _EXPERT_DATA_PARALLEL_GROUP = {}
 _EXPERT_DATA_PARALLEL_GROUP_RANKS = {}
 _EXPERT_LAYOUT = {}  # group name: use_data_before_expert_parallel_ it was made with
+_EXPERT_SLICED = {}  # group name: whether its experts are tensor-parallel slices
 _SEQUENCE_PARALLEL = {}  # "group", "ranks", "data_group", "data_ranks" once made
 
 
@@ -57,13 +58,52 @@ def _create_expert_and_data_parallel(expert_parallel_size_, use_data_before_expe
     """Makes the ep_size_<E> expert- and expert-data-parallel sets (once per size).
     Collective over every rank."""
     world = _world()
-    if mpu is not None and mpu.get_model_parallel_world_size() > 1:
-        raise ValueError("MoE: experts beside tensor parallelism (an mpu of model-parallel size "
-                         f"{mpu.get_model_parallel_world_size()}) are not supported by chorus; use ep x dp layouts")
     name = f"ep_size_{expert_parallel_size_}"
     if name in _EXPERT_PARALLEL_GROUP:
         return
     expert, data = _expert_layout(world, expert_parallel_size_, use_data_before_expert_parallel_)
+    _EXPERT_SLICED[name] = False
+    _make_expert_sets(name, expert, data, use_data_before_expert_parallel_)
+
+
+def _expert_layout_tp(world, tp, ep_size, use_data_before_expert_parallel_=False):
+    """Experts sliced by tensor parallelism (tp consecutive ranks per slice group): the
+    expert-parallel sets are runs of ep_size ranks of one data-parallel set (one slice),
+    the expert-data-parallel sets the ranks of that set holding the same experts."""
+    if tp < 1 or world % tp:
+        raise ValueError(f"expert tensor parallelism: tensor-parallel size {tp} does not divide the world {world}")
+    dp = world // tp
+    if ep_size < 1 or dp % ep_size:
+        raise ValueError(f"expert tensor parallelism: ep_size {ep_size} does not divide the data-parallel size {dp}")
+    if use_data_before_expert_parallel_:  # each slice's ranks, ordered so that runs of ep_size are strided
+        stride = dp // ep_size
+        data_sets = [[r for d in range(stride) for r in range(i + d * tp, world, stride * tp)] for i in range(tp)]
+    else:
+        data_sets = [list(range(i, world, tp)) for i in range(tp)]
+    expert, data = [], []
+    for ranks in data_sets:
+        runs = [ranks[k:k + ep_size] for k in range(0, dp, ep_size)]
+        expert += runs
+        data += [[run[j] for run in runs] for j in range(ep_size)]
+    return expert, data
+
+
+def _create_expert_data_and_model_parallel(expert_parallel_size_, mpu, use_data_before_expert_parallel_=False):
+    """The ep_size_<E> sets when the experts themselves are tensor-parallel (the MoE
+    layer's enable_expert_tensor_parallelism under an mpu). Collective over every rank."""
+    global expert_tensor_parallel_world_size
+    world = _world()
+    tp = mpu.get_model_parallel_world_size()
+    expert_tensor_parallel_world_size = tp
+    name = f"ep_size_{expert_parallel_size_}"
+    if name in _EXPERT_PARALLEL_GROUP:
+        return
+    expert, data = _expert_layout_tp(world, tp, expert_parallel_size_, use_data_before_expert_parallel_)
+    _EXPERT_SLICED[name] = True
+    _make_expert_sets(name, expert, data, use_data_before_expert_parallel_)
+
+
+def _make_expert_sets(name, expert, data, use_data_before_expert_parallel_):
     _EXPERT_LAYOUT[name] = bool(use_data_before_expert_parallel_)
     me = _hvd.rank()
     for ranks in data:
@@ -247,5 +287,5 @@ def _reset():
     global mpu
     mpu = None
     for table in (_EXPERT_PARALLEL_GROUP, _EXPERT_PARALLEL_GROUP_RANKS, _EXPERT_DATA_PARALLEL_GROUP,
-                  _EXPERT_DATA_PARALLEL_GROUP_RANKS, _EXPERT_LAYOUT, _SEQUENCE_PARALLEL):
+                  _EXPERT_DATA_PARALLEL_GROUP_RANKS, _EXPERT_LAYOUT, _EXPERT_SLICED, _SEQUENCE_PARALLEL):
         table.clear()

@@ -34,8 +34,7 @@ def consolidate(checkpoint_dir, tag=None, mp_rank=None):
     if slices != list(range(len(slices))):
         raise ValueError(f"checkpoint {path} is incomplete: it has tensor-parallel slices {slices}")
     parts = [_slice(path, mp) for mp in slices]
-    meta, _ = read_model_states(path, 0)
-    dims = dict(zip(meta["param_names"], meta["partition_dims"]))
+    dims = _dims(path)
     out = {}
     for name, first in parts[0].items():
         dim = dims.get(name)
@@ -49,12 +48,25 @@ def consolidate(checkpoint_dir, tag=None, mp_rank=None):
     return out
 
 
+def _dims(path):
+    """{parameter: the dimension its tensor-parallel slices split, None when they hold it alike}."""
+    meta, _ = read_model_states(path, 0)
+    dims = dict(zip(meta["param_names"], meta["partition_dims"]))
+    for info in meta.get("experts", {}).values():
+        if info.get("sliced"):
+            counts = expert_parts.local_counts(info["names"])
+            for e in range(info["ep_size"]):
+                for name, dim in zip(info["names"], info["partition_dims"]):
+                    dims[expert_parts.global_name(name, e, counts)] = dim
+    return dims
+
+
 def _slice(path, mp):
     """One engine's parameters (one tensor-parallel slice's, or the whole model's) and buffers."""
     meta, blobs = read_model_states(path, mp)
     shards = [os.path.join(path, shard_name(r, mp)) for r in range(meta["shards"])]
     out = dict(zip(meta["param_names"], _assemble(shards, meta["param_names"], meta["param_shapes"], path)))
-    out.update(_experts(path, meta))
+    out.update(_experts(path, meta, mp))
     for name, dtype, shape in meta["buffers"]:
         raw = np.frombuffer(blobs["buffer:" + name], dtype=np.uint8).copy()
         out[name] = torch.from_numpy(raw).view(getattr(torch, dtype)).view(shape) if raw.size else \
@@ -78,7 +90,7 @@ def _assemble(shards, names, shapes, where):
     return [torch.from_numpy(data).view(shape) for data, shape in zip(full, shapes)]
 
 
-def _experts(path, meta):
+def _experts(path, meta, mp=None):
     """Every expert's parameters under its global number: the trained ones in fp32 from
     each expert-parallel rank's shards, the rest (frozen, buffers) from the experts' files."""
     import glob
@@ -86,11 +98,15 @@ def _experts(path, meta):
     for group, info in meta.get("experts", {}).items():
         counts = expert_parts.local_counts(info["names"])
         for e in range(info["ep_size"]):
-            shards = [os.path.join(path, expert_parts.shard_name(group, e, d)) for d in range(info["shards"])]
+            shards = [os.path.join(path, expert_parts.shard_name(group, e, d, mp if info.get("sliced") else None))
+                      for d in range(info["shards"])]
             tensors = _assemble(shards, info["names"], info["shapes"], f"{path} (expert-parallel rank {e})")
             for name, t in zip(info["names"], tensors):
                 out[expert_parts.global_name(name, e, counts)] = t
-    for file in sorted(glob.glob(os.path.join(path, expert_parts.expert_file("*", "*")))):
+    # this slice's files first (sliced experts), then slice 0's (whole experts)
+    files = sorted(glob.glob(os.path.join(path, expert_parts.expert_file("*", "*", mp or 0))))
+    files += sorted(glob.glob(os.path.join(path, expert_parts.expert_file("*", "*", 0)))) if mp else []
+    for file in files:
         for k, v in torch.load(file).items():
             out.setdefault(k, v.float() if v.is_floating_point() else v)
     return out
