@@ -73,9 +73,10 @@ def losses(out):
     torchrun's children write unbuffered, so print's text and its newline are two writes, and another
     rank's line can land between them or before them."""
     found = {}
-    for m in re.finditer(r"(?:\[(\d+)\]<stdout>:)?step (\d+) loss (-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)", out):
-        if m.group(1) in (None, "0"):
-            found[int(m.group(2))] = float(m.group(3))
+    for m in re.finditer(r"step (\d+) loss (-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)", out):
+        prefix = re.search(r"\[\d+\]<std(?:out|err)>:$", out[max(0, m.start() - 24):m.start()])
+        if prefix is None or prefix.group(0) == "[0]<stdout>:":  # chorusrun's prefix: rank 0's stdout only
+            found[int(m.group(1))] = float(m.group(2))
     return found
 
 

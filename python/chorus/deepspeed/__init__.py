@@ -126,7 +126,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     engine = DeepSpeedEngine(model, optimizer, model_parameters, text, process_set,
                              lr_scheduler if not callable(lr_scheduler) or hasattr(lr_scheduler, "step") else None,
                              pipe_set=pipe_set if tp > 1 else None, tensor_parallel_size=tp,
-                             model_parallel_rank=mpu.get_model_parallel_rank() if tp > 1 else 0)
+                             model_parallel_rank=mpu.get_model_parallel_rank() if tp > 1 else 0,
+                             tensor_parallel_set=pipe_set)
     if callable(lr_scheduler) and not hasattr(lr_scheduler, "step"):
         engine.lr_scheduler = lr_scheduler(engine.basic_optimizer)  # as DeepSpeed: its torch optimizer
     loader = engine.deepspeed_io(training_data, collate_fn=collate_fn) if training_data is not None else None

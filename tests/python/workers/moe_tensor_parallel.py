@@ -40,7 +40,7 @@ def expert_weights(g):
 class Net(torch.nn.Module):
     """plain: the single-process model (nn.Linear everywhere, every expert, ep 1)."""
 
-    def __init__(self, ep, k, drop, sliced, ep_rank=0, plain=False):
+    def __init__(self, ep, k, drop, sliced, ep_rank=0, plain=False, random_gate=False):
         super().__init__()
         torch.manual_seed(1)
         self.up = torch.nn.Linear(M, 2 * M) if plain else ColumnParallelLinear(M, 2 * M, gather_output=False)
@@ -51,7 +51,8 @@ class Net(torch.nn.Module):
             ColumnParallelLinear(M, H, gather_output=False) if cut else torch.nn.Linear(M, H), torch.nn.Tanh(),
             RowParallelLinear(H, M, input_is_parallel=True) if cut else torch.nn.Linear(H, M))
         self.moe = MoE(M, expert, num_experts=E, ep_size=1 if plain else ep, k=k, min_capacity=2, drop_tokens=drop,
-                       use_rts=False, enable_expert_tensor_parallelism=cut, top2_2nd_expert_sampling=False)
+                       use_rts=random_gate, enable_expert_tensor_parallelism=cut,
+                       top2_2nd_expert_sampling=random_gate, noisy_gate_policy="Jitter" if random_gate else None)
         torch.manual_seed(4)
         self.head = torch.nn.Linear(M, C)
         local = self.moe.deepspeed_moe.experts.deepspeed_experts
@@ -147,7 +148,7 @@ for stage, ep, k, drop, clip, sliced in cases:
     whole = dict(ref.named_parameters())
     for n, p in net.named_parameters():
         close(p.data, mine(n, whole[global_name(n, ep, ep_rank)].data, sliced), f"{n} {what}")
-    if stage >= 1 and drop and clip:  # a checkpoint: each slice's files, joined by zero_to_fp32
+    if stage >= 1 and drop:  # a checkpoint: each slice's files, joined by zero_to_fp32
         save_dir = hvd.broadcast_object(tempfile.mkdtemp(prefix="moe-tp-") if R == 0 else None, root_rank=0,
                                         name="moe.tp.dir")
         engine.save_checkpoint(save_dir, tag="t")
@@ -155,6 +156,11 @@ for stage, ep, k, drop, clip, sliced in cases:
         assert sorted(joined) == sorted(whole), (sorted(joined), sorted(whole))
         for n, t in joined.items():
             close(t, whole[n].data, f"zero_to_fp32 {n} {what}")
+        engine.save_16bit_model(save_dir, "plain.bin")  # every expert, every slice joined
+        plain = torch.load(os.path.join(save_dir, "plain.bin"))
+        assert sorted(plain) == sorted(ref.state_dict()), (sorted(plain), sorted(ref.state_dict()))
+        for n, p in net.named_parameters():
+            assert torch.equal(mine(n, plain[global_name(n, ep, ep_rank)], sliced), p.data), ("16bit", n, what)
         again = Net(ep, k, drop, sliced, ep_rank)
         params = split_params_into_different_moe_groups_for_optimizer({"params": list(again.parameters())})
         engine2, _, _, _ = deepspeed.initialize(model=again, model_parameters=params, config=cfg, mpu=mpu)
@@ -166,6 +172,28 @@ for stage, ep, k, drop, clip, sliced in cases:
             shutil.rmtree(save_dir)
         print(f"moe tp checkpoint ok rank {R} {what}", flush=True)
     print(f"moe tp ok rank {R} {what}", flush=True)
+# Random gates (token selection, second-expert sampling, jitter) with every rank's RNG
+# seeded apart: a tensor-parallel group's ranks still route alike, so the weights they
+# hold alike stay equal and their losses agree.
+for sliced in (False, True):
+    groups._reset()
+    net = Net(2, 2, True, sliced, DR % 2 if sliced else R % 2, random_gate=True)
+    params = split_params_into_different_moe_groups_for_optimizer({"params": list(net.parameters())})
+    engine, _, _, _ = deepspeed.initialize(model=net, model_parameters=params, config=cfg, mpu=mpu)
+    torch.manual_seed(1000 + R)
+    for step in range(STEPS):
+        loss = engine(*batch(step, DR))
+        engine.backward(loss)
+        engine.step()
+        both = hvd.allgather(loss.detach().reshape(1), name=f"rng.loss.{sliced}.{step}",
+                             process_set=mpu.get_model_parallel_group())
+        assert torch.equal(both[0], both[1]), (sliced, step, both)
+    for n, p in net.named_parameters():
+        if not getattr(p, "model_parallel", False) and (sliced or "deepspeed_experts" not in n):  # held alike
+            both = hvd.allgather(p.data.unsqueeze(0), name=f"rng.{sliced}.{n}", process_set=mpu.get_model_parallel_group())
+            assert torch.equal(both[0], both[1]), (sliced, n)
+    print(f"moe tp random gate ok rank {R} sliced={sliced}", flush=True)
+
 # A capacity of 3 slots cannot split over 2 slices: every rank refuses it, naming both.
 groups._reset()
 net = Net(2, 1, True, False, R % 2)

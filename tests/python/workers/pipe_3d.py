@@ -4,6 +4,7 @@ and a vocabulary-parallel head with its cross-entropy on stage 1, 1F1B over 3
 micro-batches, Adam. Losses and every rank's slices must match the reference.
 
 argv: DTYPE (fp32 or bf16)"""
+import os
 import shutil
 import sys
 import tempfile
@@ -105,6 +106,13 @@ for step in range(3):
 save_dir = hvd.broadcast_object(tempfile.mkdtemp(prefix="3d-ckpt-") if hvd.rank() == 0 else None, root_rank=0,
                                 name="3d.ckpt.dir")
 engine.save_checkpoint(save_dir, tag="t")
+# save_16bit_model: every stage's layers, the slices joined, in one file.
+engine.save_16bit_model(save_dir, "plain.bin")
+plain = torch.load(os.path.join(save_dir, "plain.bin"))
+assert sorted(plain) == sorted(ref_model.state_dict()), (sorted(plain), sorted(ref_model.state_dict()))
+for name, p in net.named_parameters():
+    layer, rest = name.split(".", 1)
+    assert torch.equal(shard(int(layer), rest, plain[name]), p.detach()), ("save_16bit_model", name)
 again = PipelineModule(layers=layers, topology=topo, loss_fn=loss_fn, partition_method="uniform", seed_layers=True,
                        base_seed=BASE + 7)
 engine2, _, _, _ = deepspeed.initialize(model=again, model_parameters=again.parameters(), config=config)

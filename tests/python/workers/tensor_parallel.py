@@ -138,6 +138,12 @@ for name, p in par.named_parameters():
     assert tuple(whole[name].shape) == tuple(dict(ref.named_parameters())[name].shape), name
     assert torch.equal(shard(name, whole[name]).to(p.dtype), p.detach()), name
     assert torch.equal(mine[name].to(p.dtype), p.detach()), name
+# save_16bit_model writes the plain model's weights once, the slices joined.
+engine.save_16bit_model(save_dir, "plain.bin")
+plain = torch.load(os.path.join(save_dir, "plain.bin"))
+assert sorted(plain) == sorted(n for n, _ in ref.named_parameters()), sorted(plain)
+for name, p in par.named_parameters():
+    assert torch.equal(shard(name, plain[name]), p.detach()), ("save_16bit_model", name)
 again = Parallel()
 engine2, _, _, _ = deepspeed.initialize(model=again, model_parameters=again.parameters(), config=config, mpu=mpu)
 engine2.load_checkpoint(save_dir, tag="t")

@@ -53,7 +53,6 @@ class MoE(torch.nn.Module):
         # or, with enable_expert_tensor_parallelism, every slice holds a slice of each expert.
         sliced = groups.mpu is not None and self.enable_expert_tensor_parallelism and \
             groups.mpu.get_model_parallel_world_size() > 1
-        self.deepspeed_moe.expert_tp = sliced
         if self.expert_group_name not in groups._get_expert_parallel_group_dict():
             if sliced:
                 groups._create_expert_data_and_model_parallel(
@@ -69,6 +68,7 @@ class MoE(torch.nn.Module):
             raise ValueError(f"MoE: the {self.expert_group_name} sets exist already with "
                              f"use_data_before_expert_parallel_={groups._EXPERT_LAYOUT[self.expert_group_name]}; "
                              f"asked for {bool(use_data_before_expert_parallel_)}")
+        self.deepspeed_moe.expert_tp = sliced
         if self.deepspeed_moe.ep_group is None:
             self.deepspeed_moe._set_ep_group(groups._get_expert_parallel_group(self.expert_group_name))
 

@@ -291,8 +291,18 @@ class MOELayer(torch.nn.Module):
         if self.ep_size > 1 and self.ep_group is None:
             raise RuntimeError(f"MoE layer {self.ep_group_name}: its expert-parallel process set is not made yet "
                                "(deepspeed.init_distributed() before building the model, or deepspeed.initialize)")
-        self.l_aux, routing, self.exp_counts = self.gate(tokens, used_token)
-        if routing.capacity is None and self.ep_size > 1 and _tp()[1] == 1:
+        tp_set, tp = _tp()
+        if tp > 1 and self.training:
+            # The gate's draws (random token selection, second-expert sampling, noisy gates)
+            # must agree on a tensor-parallel group's ranks, which route the same tokens.
+            seed = hvd.broadcast(torch.randint(0, 2 ** 62, (1,), dtype=torch.int64), root_rank=tp_set.ranks[0],
+                                 name=self._op("tp.seed"), process_set=tp_set)
+            with torch.random.fork_rng(devices=[tokens.device] if tokens.is_cuda else []):
+                torch.manual_seed(int(seed[0]))
+                self.l_aux, routing, self.exp_counts = self.gate(tokens, used_token)
+        else:
+            self.l_aux, routing, self.exp_counts = self.gate(tokens, used_token)
+        if routing.capacity is None and self.ep_size > 1 and tp == 1:
             combined = self._dispatch_uneven(tokens, routing)
         else:
             combined = self._dispatch_even(tokens, routing)

@@ -12,7 +12,9 @@ from chorus.deepspeed.runtime import config as ds_config
 from chorus.deepspeed.runtime.zero import checkpoint, stage3
 from chorus.deepspeed.runtime.engine_queries import EngineQueries
 from chorus.deepspeed.runtime.base_optimizer import ZeroOptimizer, translate
-from chorus.deepspeed.runtime import expert_parts, lr_schedules
+from chorus.deepspeed.runtime import expert_parts, lr_schedules, whole_model
+from chorus.deepspeed.runtime.utils import is_model_parallel_parameter
+from chorus.deepspeed.runtime.whole_model import write_state
 from chorus.deepspeed.runtime.zero import partition_parameters
 from chorus.torch.handles import _dtype_code
 
@@ -57,10 +59,13 @@ def _full_shape(p):
 
 class DeepSpeedEngine(EngineQueries, torch.nn.Module):
     def __init__(self, model, optimizer=None, model_parameters=None, config_text=None, process_set=None,
-                 lr_scheduler=None, pipe_set=None, tensor_parallel_size=1, model_parallel_rank=0):
+                 lr_scheduler=None, pipe_set=None, tensor_parallel_size=1, model_parallel_rank=0,
+                 tensor_parallel_set=None):
         super().__init__()
-        # This rank's tensor-parallel slice: its checkpoint files are its own (mp_rank_XX).
+        # This rank's tensor-parallel slice: its checkpoint files are its own (mp_rank_XX);
+        # save_16bit_model joins the slices over the tensor-parallel set.
         self._mp_rank = model_parallel_rank if tensor_parallel_size > 1 else None
+        self._tp_set = tensor_parallel_set if tensor_parallel_size > 1 else None
         # The ranks holding the model's other pieces (pipeline stages, tensor-parallel
         # slices): the gradient norm is the whole model's. A parameter that the
         # tensor-parallel ranks hold alike counts once (model_parallel marks the sliced ones).
@@ -140,7 +145,7 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
                                 _dtype_code(self._params[0], "ZeRO"),
                                 [int(torch.Size(s).numel()) for s in self._shapes], group_of, kind,
                                 self._pipe_set.process_set_id if self._pipe_set is not None else -1,
-                                [1.0 if getattr(p, "model_parallel", False) else 1.0 / self._tp for p in self._params]
+                                [1.0 if is_model_parallel_parameter(p) else 1.0 / self._tp for p in self._params]
                                 if self._pipe_set is not None and self._tp > 1 else [],
                                 [int(getattr(p, "chorus_priority", 0)) for p in self._params],
                                 *self._core_device(), grad_factor=float(self._sp))
@@ -480,20 +485,27 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
                 self._stage3.release(m)
         return {k: whole[id(v)] if id(v) in whole else v.detach().clone() for k, v in state.items()}
 
-    def save_16bit_model(self, save_dir, save_filename="pytorch_model.bin", exclude_frozen_parameters=False):
-        """Writes the model's weights in their training dtype on rank 0 (a torch.load-able
-        state dict); every rank of the set calls it."""
+    def whole_16bit_state(self, exclude_frozen_parameters=False):
+        """The plain model's weights in their training dtype: ZeRO-3's gathered, every
+        expert under its global number, tensor-parallel slices joined. Collective."""
         state = self.module_state_dict()
         if exclude_frozen_parameters:
             frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}
             state = {k: v for k, v in state.items() if k not in frozen}
-        if self.process_set.rank() == 0:
-            os.makedirs(save_dir, exist_ok=True)
-            path = os.path.join(save_dir, save_filename)
-            tmp = path + ".tmp"
-            torch.save(state, tmp)
-            os.replace(tmp, path)
+        return whole_model.whole_state(self.module, state, self._tp_set)
+
+    def _writes_whole(self):
+        return self.process_set.rank() == 0 and not self._mp_rank
+
+    def save_16bit_model(self, save_dir, save_filename="pytorch_model.bin", exclude_frozen_parameters=False):
+        """Writes the plain model's weights in their training dtype from one rank (a
+        torch.load-able state dict); every rank calls it."""
+        state = self.whole_16bit_state(exclude_frozen_parameters)
+        if self._writes_whole():
+            write_state(state, save_dir, save_filename)
         hvd.barrier(process_set=self.process_set)
+        if self._tp_set is not None:
+            hvd.barrier(process_set=self._tp_set)
         return True
 
     save_fp16_model = save_16bit_model
@@ -520,8 +532,5 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
         """The whole model's state in its training dtype on the set's first rank
         (None elsewhere); collective over the process set. Buffers too, and a
         parameter tied to another appears under each name, as in module.state_dict()."""
-        state = self.module_state_dict()
-        if exclude_frozen_parameters:
-            frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}
-            state = {k: v for k, v in state.items() if k not in frozen}
-        return state if self.process_set.rank() == 0 else None
+        state = self.whole_16bit_state(exclude_frozen_parameters)
+        return state if self._writes_whole() else None

@@ -12,6 +12,7 @@ from chorus import _core
 import chorus.torch as hvd
 from chorus.deepspeed.moe.utils import is_moe_param
 from chorus.deepspeed.runtime import config as ds_config
+from chorus.deepspeed.runtime.utils import is_model_parallel_parameter, partition_dim
 from chorus.deepspeed.utils import groups as ds_groups
 
 
@@ -57,7 +58,7 @@ class ExpertPart:
         self.sliced = any(m.expert_group_name == name and m.deepspeed_moe.expert_tp for m in engine.module.modules()
                           if isinstance(m, MoE))
         tp_set = engine._pipe_set.process_set_id if self.sliced else -1
-        weights = [1.0 if getattr(p, "model_parallel", False) else 1.0 / engine._tp for p in params] \
+        weights = [1.0 if is_model_parallel_parameter(p) else 1.0 / engine._tp for p in params] \
             if self.sliced else []
         from chorus.torch.handles import _dtype_code
         self.core = _core.ZeroEngine(ds_config.per_rank(engine._raw_config, engine._cfg),
@@ -154,8 +155,7 @@ def describe(engine):
     """What the model-states file says of the expert groups (every rank's parts are named alike)."""
     return {part.name: {"ep_size": part.ep_set.size(), "names": part.names, "shapes": [list(s) for s in part.shapes],
                         "shards": part.data_set.size() if engine.core.stage > 0 else 1, "sliced": part.sliced,
-                        "partition_dims": [getattr(p, "partition_dim", -1) if getattr(p, "model_parallel", False)
-                                           else None for p in part.params]}
+                        "partition_dims": [partition_dim(p) for p in part.params]}
             for part in engine._expert_parts}
 
 
@@ -192,8 +192,9 @@ def _local_experts(engine):
         if moe.ep_size > 1 and moe.expert_group_name not in ds_groups._get_expert_parallel_group_dict():
             continue  # never set up (no forward, no trainable experts): nothing distinct to save
         name = moe.expert_group_name
-        ep_rank = ds_groups._get_expert_parallel_rank(name) if moe.ep_size > 1 else 0
-        data_rank = ds_groups._get_expert_data_parallel_rank(name) if moe.ep_size > 1 else hvd.rank()
+        made = name in ds_groups._get_expert_parallel_group_dict()
+        ep_rank = ds_groups._get_expert_parallel_rank(name) if made else 0
+        data_rank = ds_groups._get_expert_data_parallel_rank(name) if made else hvd.rank()
         mp = engine._mp_rank if moe.deepspeed_moe.expert_tp else 0
         for j, expert in enumerate(moe.deepspeed_moe.experts.deepspeed_experts):
             g = ep_rank * moe.num_local_experts + j

@@ -94,6 +94,11 @@ def _create_expert_data_and_model_parallel(expert_parallel_size_, mpu, use_data_
     global expert_tensor_parallel_world_size
     world = _world()
     tp = mpu.get_model_parallel_world_size()
+    me = _hvd.rank()
+    mine = sorted(mpu.get_model_parallel_group().ranks)
+    if mine != list(range(me - me % tp, me - me % tp + tp)):
+        raise ValueError(f"expert tensor parallelism: the tensor-parallel groups must be runs of {tp} consecutive "
+                         f"ranks (Megatron's layout); rank {me}'s is {mine}")
     expert_tensor_parallel_world_size = tp
     name = f"ep_size_{expert_parallel_size_}"
     if name in _EXPERT_PARALLEL_GROUP:
@@ -284,8 +289,9 @@ def _get_sequence_data_parallel_group():
 
 def _reset():
     """Forgets every group (an elastic reset re-forms the world; the sets are gone)."""
-    global mpu
+    global mpu, expert_tensor_parallel_world_size
     mpu = None
+    expert_tensor_parallel_world_size = 1
     for table in (_EXPERT_PARALLEL_GROUP, _EXPERT_PARALLEL_GROUP_RANKS, _EXPERT_DATA_PARALLEL_GROUP,
                   _EXPERT_DATA_PARALLEL_GROUP_RANKS, _EXPERT_LAYOUT, _EXPERT_SLICED, _SEQUENCE_PARALLEL):
         table.clear()

@@ -11,7 +11,8 @@ import torch
 
 from chorus import _core
 from chorus.deepspeed.runtime import expert_parts
-from chorus.deepspeed.runtime.zero.checkpoint import mp_slices, read_model_states, resolve_tag, shard_name
+from chorus.deepspeed.runtime.zero.checkpoint import MODEL_STATES, mp_slices, read_model_states, resolve_tag, \
+    shard_name
 
 
 def consolidate(checkpoint_dir, tag=None, mp_rank=None):
@@ -23,6 +24,9 @@ def consolidate(checkpoint_dir, tag=None, mp_rank=None):
         raise ValueError(f"no 'latest' file in {checkpoint_dir}; give the tag")
     path = os.path.join(checkpoint_dir, tag)
     slices = mp_slices(path)
+    if slices and os.path.exists(os.path.join(path, MODEL_STATES)):
+        raise ValueError(f"checkpoint {path} holds the files of two saves (with and without tensor parallelism); "
+                         "save again into an empty tag")
     if not slices:
         if mp_rank is not None:
             raise ValueError(f"checkpoint {path} has no tensor-parallel slices; leave out the slice number")
@@ -31,8 +35,11 @@ def consolidate(checkpoint_dir, tag=None, mp_rank=None):
         if mp_rank not in slices:
             raise ValueError(f"checkpoint {path} has tensor-parallel slices {slices}, not {mp_rank}")
         return _slice(path, mp_rank)
-    if slices != list(range(len(slices))):
-        raise ValueError(f"checkpoint {path} is incomplete: it has tensor-parallel slices {slices}")
+    metas = [read_model_states(path, mp)[0] for mp in slices]
+    world = metas[0].get("mp_world", 1)
+    if slices != list(range(world)) or any(m.get("save") != metas[0].get("save") for m in metas):
+        raise ValueError(f"checkpoint {path} is not one save of {world} tensor-parallel slices: it has slices "
+                         f"{slices} from {len({m.get('save') for m in metas})} save(s)")
     parts = [_slice(path, mp) for mp in slices]
     dims = _dims(path)
     out = {}

@@ -14,6 +14,7 @@ import chorus.torch as hvd
 from chorus.deepspeed.runtime.engine import DeepSpeedEngine
 from chorus.deepspeed.runtime.pipe.schedule import inference_steps, train_steps
 from chorus.deepspeed.runtime.pipe.topology import Grid, process_set_for
+from chorus.deepspeed.runtime.whole_model import write_state
 from chorus.torch.handles import _DTYPES
 
 _TAG_META, _TAG_ACT, _TAG_GRAD = 101, 102, 103
@@ -54,7 +55,8 @@ class PipelineEngine:
         norm_set = self.pipe_set if self.num_stages > 1 or tp > 1 else None
         self.engine = DeepSpeedEngine(module, optimizer, model_parameters, config_text, self.dp_set, lr_scheduler,
                                       pipe_set=norm_set, tensor_parallel_size=tp,
-                                      model_parallel_rank=coord.get("model", 0))
+                                      model_parallel_rank=coord.get("model", 0),
+                                      tensor_parallel_set=self.grid.sets.get("model"))
         index = {id(p): i for i, p in enumerate(self.engine._params)}
         self._tied_index = {}
         for key, ps in self._tied.items():
@@ -273,6 +275,22 @@ class PipelineEngine:
         if return_logits:
             return loss, state["logits"] if self.is_last_stage() else None
         return loss
+
+    def save_16bit_model(self, save_dir, save_filename="pytorch_model.bin", exclude_frozen_parameters=False):
+        """The whole model's weights (every stage's layers, tensor-parallel slices joined)
+        in their training dtype, written by the first rank; every rank calls it."""
+        state = self.engine.whole_16bit_state(exclude_frozen_parameters)
+        stages = self.grid.sets.get("pipe")
+        if stages is not None:  # layers are named by their global index: the stages' states add up
+            parts = hvd.allgather_object({k: v.cpu() for k, v in state.items()}, name="save16.stages",
+                                         process_set=stages)
+            state = {k: v for part in parts for k, v in part.items()}
+        if self.global_rank == 0:
+            write_state(state, save_dir, save_filename)
+        hvd.barrier()
+        return True
+
+    save_fp16_model = save_16bit_model
 
     # --- checkpoints: one folder per stage -----------------------------------------------------
     def _stage_dir(self, root):

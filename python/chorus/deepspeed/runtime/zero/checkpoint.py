@@ -12,6 +12,7 @@ import torch
 from chorus import _core
 import chorus.torch as hvd
 from chorus.deepspeed.runtime import expert_parts
+from chorus.deepspeed.runtime.utils import partition_dim
 
 MODEL_STATES = "model_states.chorus"
 
@@ -27,8 +28,8 @@ def model_states_name(mp=None):
 def mp_slices(path):
     """The tensor-parallel slices whose model states are in the folder (empty: none)."""
     import glob
-    return sorted(int(os.path.basename(f)[8:10]) for f in glob.glob(os.path.join(path, model_states_name(0))
-                                                                       .replace("mp_rank_00", "mp_rank_[0-9][0-9]")))
+    pattern = os.path.join(glob.escape(path), "mp_rank_[0-9][0-9]_" + MODEL_STATES)
+    return sorted(int(os.path.basename(f)[8:10]) for f in glob.glob(pattern))
 
 
 def _buffers(module):
@@ -43,7 +44,7 @@ def _raw(b):
     return b.detach().reshape(-1).contiguous().view(torch.uint8).cpu().numpy().tobytes() if b.numel() else b""
 
 
-def _agree(ps, error, what, across=None):
+def _agree(ps, error, what, across=None, verb="save_checkpoint"):
     """Every rank learns whether any failed `what`; each raises, naming the ranks.
     across: the set joining the engine's other slices (tensor-parallel), told too."""
     failed = hvd.allgather(torch.tensor([[1 if error is not None else 0]], dtype=torch.int32), name=f"ckpt.{what}",
@@ -56,7 +57,7 @@ def _agree(ps, error, what, across=None):
     if bad or elsewhere:
         why = f": {error}" if error is not None else ""
         where = f"rank(s) {bad} of the process set" if bad else "another tensor-parallel slice's ranks"
-        raise RuntimeError(f"save_checkpoint: {what} failed on {where}{why}") from error
+        raise RuntimeError(f"{verb}: {what} failed on {where}{why}") from error
 
 
 def save(engine, save_dir, tag, client_state, save_latest, exclude_frozen_parameters=False):
@@ -68,6 +69,9 @@ def save(engine, save_dir, tag, client_state, save_latest, exclude_frozen_parame
     # This save's identity, in every file of it: a load refuses files of different saves.
     save_id = hvd.broadcast_object(os.urandom(8).hex() if ps.rank() == 0 else None, root_rank=ps.ranks[0]
                                    if ps.ranks else 0, process_set=ps, name=f"ckpt.id.{tag}")
+    if mp is not None:  # one identity for every slice (whole experts' shards span the slices)
+        save_id = hvd.broadcast_object(save_id, root_rank=engine._pipe_set.ranks[0], process_set=engine._pipe_set,
+                                       name=f"ckpt.id.slices.{tag}")
     identity = json.dumps({"tag": tag, "step": engine.global_steps, "save_id": save_id}, sort_keys=True)
     error = None
     try:
@@ -102,8 +106,7 @@ def _save_model_states(engine, path, client_state, exclude_frozen_parameters, id
     meta = {
         "mp_world": engine._tp if engine._mp_rank is not None else 1,
         # per parameter: the dimension its slices split (None: held alike by every slice)
-        "partition_dims": [getattr(p, "partition_dim", -1) if getattr(p, "model_parallel", False) else None
-                           for p in engine._params],
+        "partition_dims": [partition_dim(p) for p in engine._params],
         "save": identity,
         "format": 1, "stage": engine.core.stage, "world": ps.size(), "dtype": str(engine.dtype),
         "shards": ps.size() if engine.core.stage > 0 else 1,
@@ -152,16 +155,8 @@ def read_model_states(path, mp=None):
     return json.loads(meta), blobs
 
 
-def load(engine, load_dir, tag, load_lr_scheduler_states):
-    tag = resolve_tag(load_dir, tag)
-    if tag is None:
-        import warnings
-        warnings.warn(f"load_checkpoint: no 'latest' file in {load_dir}; nothing loaded")
-        return None, None
-    path = os.path.join(load_dir, tag)
-    if not os.path.isdir(path):
-        raise ValueError(f"load_checkpoint: checkpoint folder '{path}' does not exist")
-    mp = engine._mp_rank
+def _read_checked(engine, path, mp):
+    """The model states of this rank's slice, checked against the engine's parameters."""
     meta, blobs = read_model_states(path, mp)
     if mp is not None and meta.get("mp_world", 1) != engine._tp:
         raise ValueError(f"load_checkpoint: {path} was saved at tensor-parallel size {meta.get('mp_world', 1)}, "
@@ -173,6 +168,33 @@ def load(engine, load_dir, tag, load_lr_scheduler_states):
                 got = f"'{names[k]}' {shapes[k]}" if k < len(names) else "nothing"
                 raise ValueError(f"load_checkpoint: parameter {k} of the model is '{n}' {s}, the checkpoint has {got}")
         raise ValueError(f"load_checkpoint: the checkpoint has {len(names)} parameters, the model {len(engine._names)}")
+    return meta, blobs
+
+
+def load(engine, load_dir, tag, load_lr_scheduler_states):
+    tag = resolve_tag(load_dir, tag)
+    if tag is None:
+        import warnings
+        warnings.warn(f"load_checkpoint: no 'latest' file in {load_dir}; nothing loaded")
+        return None, None
+    path = os.path.join(load_dir, tag)
+    if not os.path.isdir(path):
+        raise ValueError(f"load_checkpoint: checkpoint folder '{path}' does not exist")
+    mp = engine._mp_rank
+    error = meta = blobs = None
+    try:
+        meta, blobs = _read_checked(engine, path, mp)
+    except (ValueError, OSError, RuntimeError) as e:
+        error = e
+    if mp is not None:  # each slice reads its own files: a failure on one must stop them all
+        try:
+            _agree(engine.process_set, error, "reading the model states", engine._pipe_set, verb="load_checkpoint")
+        except RuntimeError:
+            if error is not None:
+                raise error from None
+            raise
+    elif error is not None:
+        raise error
     engine.core.load_shards([os.path.join(path, shard_name(r, mp)) for r in range(meta["shards"])],
                             meta.get("save", ""))
     expert_parts.load(engine, path, meta.get("experts", {}), meta.get("save", ""))
