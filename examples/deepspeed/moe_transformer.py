@@ -86,7 +86,8 @@ def main():
     data = torch.Generator().manual_seed(1 + rank)
     first = None
     for step in range(args.steps):
-        loss = engine(*progressions(8, data))
+        tokens, targets = progressions(8, data)
+        loss = engine(tokens.to(engine.device), targets.to(engine.device))
         engine.backward(loss)
         engine.step()
         first = first if first is not None else float(loss)
@@ -94,7 +95,7 @@ def main():
             print(f"step {step} loss {float(loss):.4f}", flush=True)
     if rank == 0:
         print(f"moe transformer: loss {first:.3f} -> {float(loss):.3f} (ep {args.ep} x dp "
-              f"{deepspeed.comm.get_world_size() // args.ep}, ZeRO-{args.zero})", flush=True)
+              f"{deepspeed.comm.get_world_size() // args.ep}, ZeRO-{args.zero}, on {engine.device.type})", flush=True)
 
 
 if __name__ == "__main__":

@@ -93,7 +93,7 @@ def main():
     first = None
     for step in range(args.steps):
         tokens, targets = progressions(8, data)
-        loss = engine(tokens[mine], targets[mine], sp_rank * local)
+        loss = engine(tokens[mine].to(engine.device), targets[mine].to(engine.device), sp_rank * local)
         engine.backward(loss)
         engine.step()
         first = first if first is not None else float(loss)
@@ -101,7 +101,7 @@ def main():
             print(f"step {step} loss {float(loss):.4f}", flush=True)
     if deepspeed.comm.get_rank() == 0:
         print(f"ulysses transformer: loss {first:.3f} -> {float(loss):.3f} (sp {args.sp} x dp "
-              f"{groups._get_data_parallel_world_size()}, ZeRO-{args.zero})", flush=True)
+              f"{groups._get_data_parallel_world_size()}, ZeRO-{args.zero}, on {engine.device.type})", flush=True)
 
 
 if __name__ == "__main__":

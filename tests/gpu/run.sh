@@ -141,6 +141,19 @@ check digits_cuda 150 "$chorusrun" -np 2 "$py" examples/pytorch/digits.py --epoc
 check digits_cuda_accuracy 5 bash -c 'count_in "$@"' count_in "$logs/digits_cuda.log" 'test accuracy 0.9' +
 check synthetic_benchmark_cuda 150 "$chorusrun" -np 2 "$py" examples/pytorch/synthetic_benchmark.py --num-iters 2 \
   --json "$logs/synthetic_2.json"
+# Experts and long sequences on the GPU (2 ranks sharing it: the all-to-alls staged):
+# each example trains there, its loss at least halving in 40 steps.
+fell() {  # fell LOG: the example's "loss A -> B (... on cuda)" line with B < A / 2
+  "$py" -c 'import re, sys
+m = re.search(r"loss ([\d.]+) -> ([\d.]+) \(.* on cuda\)", open(sys.argv[1]).read())
+sys.exit(0 if m and float(m[2]) < float(m[1]) / 2 else 1)' "$1"
+}
+export -f fell
+export py
+check moe_cuda_2ranks 120 "$chorusrun" -np 2 "$py" examples/deepspeed/moe_transformer.py --steps 40
+check moe_cuda_2ranks_trained 5 bash -c 'fell "$@"' fell "$logs/moe_cuda_2ranks.log"
+check ulysses_cuda_2ranks 120 "$chorusrun" -np 2 "$py" examples/deepspeed/ulysses_transformer.py --steps 40
+check ulysses_cuda_2ranks_trained 5 bash -c 'fell "$@"' fell "$logs/ulysses_cuda_2ranks.log"
 if ((bench)); then
   check bench_staged_2 200 "$chorusrun" -np 2 "$py" tests/gpu/bench_staged.py --json "$logs/staged_2.json"
   check bench_staged_4 240 "$chorusrun" -np 4 "$py" tests/gpu/bench_staged.py --json "$logs/staged_4.json"
