@@ -61,11 +61,23 @@ def deepspeed_env(overlays=()):
                 TORCH_EXTENSIONS_DIR=os.path.join(BUILD, "torch_extensions"))
 
 
+# The real DeepSpeed (with torch's gloo) sometimes aborts the interpreter's exit after
+# the script has finished: a comm thread still joinable at teardown. Not what the tests
+# measure: such a run is repeated, at most twice; any other failure fails the test.
+EXIT_ABORT = "terminate called without an active exception"
+
+
 def real_deepspeed(n, script, *args, timeout=600, overlays=()):
     """script under the real DeepSpeed on n ranks, started by torchrun as DeepSpeed's users start it."""
-    out = run([PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n),
-               os.path.join(WORKERS, script), *map(str, args)], timeout=timeout, **deepspeed_env(overlays))
-    return out
+    cmd = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n),
+           os.path.join(WORKERS, script), *map(str, args)]
+    for attempt in range(3):
+        proc = subprocess.run(cmd, env=env(**deepspeed_env(overlays)), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=timeout)
+        if proc.returncode == 0 or EXIT_ABORT not in proc.stdout:
+            break
+    assert proc.returncode == 0, proc.stdout[-20000:]
+    return proc.stdout
 
 
 def losses(out):
