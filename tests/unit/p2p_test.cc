@@ -108,6 +108,10 @@ TEST_P(P2pPaths, TagsMatchInAnyOrder) {
       for (int k = 0; k < 4; ++k)
         for (int64_t i = 0; i < counts[k]; ++i) ASSERT_EQ(got[k][i], static_cast<float>(k * 1000 + i % 977)) << k;
     }
+    // Both leave together: this test is about matching. (A receiver that shuts down
+    // right after its last recv can still fail the sender's wait for that send's
+    // completion: a known shutdown race in SocketP2p, not fixed yet.)
+    ctx.rt.barrier();
   }, pathTweak(GetParam()));
 }
 
