@@ -357,6 +357,35 @@ PYBIND11_MODULE(_core, m) {
         py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"), py::arg("step"),
         py::arg("adamw"), py::arg("low") = 0, py::arg("low_dtype") = static_cast<int>(DataType::kBFloat16));
   m.def("adam_simd_level", [] { return std::string(adamSimdLevel()); });
+  // Lion, Adagrad and LAMB on one flat fp32 tensor in place (chorus.deepspeed.ops' CPU optimizers).
+  m.def("cpu_lion_step", [](uintptr_t p, uintptr_t g, uintptr_t expAvg, size_t n, float lr, float beta1, float beta2,
+                            float weightDecay) {
+    py::gil_scoped_release release;
+    cpuLionStep(LionCoefficients{lr, beta1, beta2, 1.0f - lr * weightDecay, 1.0f}, reinterpret_cast<float*>(p),
+                reinterpret_cast<const float*>(g), reinterpret_cast<float*>(expAvg), n);
+  });
+  m.def("cpu_adagrad_step", [](uintptr_t p, uintptr_t g, uintptr_t sum, size_t n, float lr, float eps,
+                               float weightDecay) {
+    py::gil_scoped_release release;
+    cpuAdagradStep(AdagradCoefficients{lr, eps, weightDecay, 1.0f}, reinterpret_cast<float*>(p),
+                   reinterpret_cast<const float*>(g), reinterpret_cast<float*>(sum), n);
+  });
+  // One tensor's LAMB step (its own trust ratio); returns the ratio, as FusedLamb's lamb_coeffs.
+  m.def("cpu_lamb_step", [](uintptr_t p, uintptr_t g, uintptr_t expAvg, uintptr_t expAvgSq, size_t n, float lr,
+                            float beta1, float beta2, float eps, float weightDecay, int64_t step, bool biasCorrection,
+                            bool epsInsideSqrt, float maxCoeff, float minCoeff, float gradScale) {
+    LambHyper h{lr, beta1, beta2, eps, weightDecay, maxCoeff, minCoeff, biasCorrection, epsInsideSqrt, step, gradScale};
+    const LambCoefficients c = lambCoefficients(h);
+    py::gil_scoped_release release;
+    double wsq = 0.0, usq = 0.0;
+    auto* param = reinterpret_cast<float*>(p);
+    auto* m = reinterpret_cast<float*>(expAvg);
+    auto* v = reinterpret_cast<float*>(expAvgSq);
+    cpuLambMoments(c, param, reinterpret_cast<const float*>(g), m, v, n, &wsq, &usq);
+    const float trust = lambTrust(c, wsq, usq);
+    cpuLambApply(c, trust, param, m, v, n);
+    return trust;
+  });
   m.def("take_interrupted", []() -> std::optional<PyWork> {
     if (!tlsInterrupted) return std::nullopt;
     PyWork w{*tlsInterrupted};

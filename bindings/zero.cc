@@ -7,6 +7,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <map>
 #include <optional>
 
 #include "chorus/chorus.h"
@@ -96,6 +97,12 @@ zero::GroupHyper groupHyper(const py::dict& g) {
   h.momentum = num("momentum", 0.0f);
   h.dampening = num("dampening", 0.0f);
   h.nesterov = g.contains("nesterov") && g["nesterov"].cast<bool>();
+  h.lrDecay = num("lr_decay", 0.0f);
+  h.initialAccumulator = num("initial_accumulator_value", 0.0f);
+  h.maxCoeff = num("max_coeff", h.maxCoeff);
+  h.minCoeff = num("min_coeff", h.minCoeff);
+  h.biasCorrection = !g.contains("bias_correction") || g["bias_correction"].cast<bool>();
+  h.epsInsideSqrt = g.contains("eps_inside_sqrt") && g["eps_inside_sqrt"].cast<bool>();
   return h;
 }
 
@@ -183,10 +190,15 @@ void bindZero(py::module_& m) {
              spec.dtype = static_cast<DataType>(dtype);
              spec.numels = numels;
              spec.groupOf = groupOf;
-             if (optimizer == "adam") spec.optimizer = zero::OptimKind::kAdam;
-             else if (optimizer == "adamw") spec.optimizer = zero::OptimKind::kAdamW;
-             else if (optimizer == "sgd") spec.optimizer = zero::OptimKind::kSgd;
-             else throw InvalidArgument("ZeRO engine: optimizer '" + optimizer + "' is not adam, adamw or sgd");
+             static const std::map<std::string, zero::OptimKind> kKinds = {
+                 {"adam", zero::OptimKind::kAdam},   {"adamw", zero::OptimKind::kAdamW},
+                 {"sgd", zero::OptimKind::kSgd},     {"lion", zero::OptimKind::kLion},
+                 {"adagrad", zero::OptimKind::kAdagrad}, {"lamb", zero::OptimKind::kLamb}};
+             auto kind = kKinds.find(optimizer);
+             if (kind == kKinds.end())
+               throw InvalidArgument("ZeRO engine: optimizer '" + optimizer +
+                                     "' is not adam, adamw, sgd, lion, adagrad or lamb");
+             spec.optimizer = kind->second;
              return std::make_shared<Engine>(defaultRuntime(), std::move(spec));
            }),
            py::arg("config_json"), py::arg("process_set"), py::arg("dtype"), py::arg("numels"), py::arg("group_of"),
@@ -256,6 +268,12 @@ void bindZero(py::module_& m) {
         e.publishExternal();
       })
       // fp32 bytes (numpy: view as float32).
+      // fp32 bytes of the optimizer's state k over the partition (an optimizer the caller steps keeps its moments there).
+      .def("state_view", [](std::shared_ptr<Engine> e, int k) -> py::object {
+        float* p = e->optimizerState(k);
+        if (!p) return py::none();
+        return lendAny(*e, e, p, e->partitionElems() * 4);
+      })
       .def("master_view", [](std::shared_ptr<Engine> e) {
         return lendAny(*e, e, e->master(), e->partitionElems() * 4);
       })
@@ -263,6 +281,12 @@ void bindZero(py::module_& m) {
         return lendAny(*e, e, e->externalGrad(), e->partitionElems() * 4);
       })
       .def("runs", &Engine::runs)
+      // (parameter, partition offset, count) of each piece of a parameter this rank holds.
+      .def("pieces", [](const Engine& e) {
+        std::vector<std::tuple<size_t, size_t, size_t>> out;
+        for (const auto& p : e.pieces()) out.emplace_back(p.param, p.partOffset, p.count);
+        return out;
+      })
       .def("gather_async", [](Engine& e, const std::vector<size_t>& params) {
         py::gil_scoped_release release;
         e.gatherAsync(params);

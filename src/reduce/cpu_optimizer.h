@@ -54,4 +54,42 @@ const char* adamSimdLevel();
 // torch.optim.SGD's update of n parameters.
 void cpuSgdStep(const SgdCoefficients& c, float* p, const float* g, float* buf, size_t n);
 
+// Lion (DeepSpeed's CPU Lion): g' = g * gradScale; p = p * decay - lr * sign(beta1 m + (1 - beta1) g');
+// m = beta2 m + (1 - beta2) g'. decay = 1 - lr * weight_decay.
+struct LionCoefficients {
+  float lr, beta1, beta2, decay, gradScale;
+};
+void cpuLionStep(const LionCoefficients& c, float* p, const float* g, float* expAvg, size_t n,
+                 void* lowPrecision = nullptr, DataType lowDtype = DataType::kBFloat16);
+
+// Adagrad (torch.optim.Adagrad, DeepSpeed's CPU Adagrad): g' = g * gradScale + weightDecay * p;
+// sum += g'^2; p -= lr * g' / (sqrt(sum) + eps). lr is the step's (torch's lr_decay applied).
+struct AdagradCoefficients {
+  float lr, eps, weightDecay, gradScale;
+};
+void cpuAdagradStep(const AdagradCoefficients& c, float* p, const float* g, float* sum, size_t n,
+                    void* lowPrecision = nullptr, DataType lowDtype = DataType::kBFloat16);
+
+// LAMB (DeepSpeed's FusedLamb), per tensor in two passes: the moments and the
+// squared norms of the weights and of the update u = m / (sqrt(v) + eps) + decay * p,
+// then p -= stepSize * trust * u with trust = lambTrust(the norms over the whole tensor).
+struct LambCoefficients {
+  float beta1, beta2, eps, decay, stepSize, gradScale, maxCoeff, minCoeff;
+  bool epsInsideSqrt;
+};
+struct LambHyper {
+  float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weightDecay = 0.0f;
+  float maxCoeff = 10.0f, minCoeff = 0.01f;
+  bool biasCorrection = true, epsInsideSqrt = false;
+  int64_t step = 1;
+  float gradScale = 1.0f;
+};
+LambCoefficients lambCoefficients(const LambHyper& h);
+// Adds this run's squared norms to *wsq and *usq.
+void cpuLambMoments(const LambCoefficients& c, const float* p, const float* g, float* expAvg, float* expAvgSq,
+                    size_t n, double* wsq, double* usq);
+float lambTrust(const LambCoefficients& c, double wsq, double usq);
+void cpuLambApply(const LambCoefficients& c, float trust, float* p, const float* expAvg, const float* expAvgSq,
+                  size_t n, void* lowPrecision = nullptr, DataType lowDtype = DataType::kBFloat16);
+
 }  // namespace chorus

@@ -1,7 +1,8 @@
 #pragma once
-// DeepSpeed's JSON configuration, checked: unknown keys get the nearest valid
-// key in the message, inconsistent batch sizes get their numbers, missing
-// required values are named.
+// DeepSpeed's JSON configuration, the values the engine reads: inconsistent
+// batch sizes get their numbers, missing required values and wrong types are
+// named. Which keys exist (DeepSpeed 0.19.8's whole table, aliases, refusals)
+// is checked before, by chorus.deepspeed.runtime.config_keys.
 #include <cstdint>
 #include <string>
 
@@ -16,7 +17,7 @@ struct DsConfig {
 
   struct Optimizer {
     bool present = false;
-    std::string type;  // lower case: adam, adamw, sgd
+    std::string type;  // lower case, as given (the Python layer checks it)
     // As the JSON gives them (DeepSpeed's get_lr() reports 0.1, not 0.1f); the kernels take floats.
     double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weightDecay = 0.0;
     double momentum = 0.0;
@@ -30,7 +31,7 @@ struct DsConfig {
     std::string type;
   } scheduler;
 
-  double gradientClipping = 0.0;
+  double gradientClipping = 1.0;  // DeepSpeed 0.19.8 clips at 1.0 unless told otherwise
 
   struct Fp16 {
     bool enabled = false;

@@ -88,7 +88,7 @@ Engine::Engine(Runtime& rt, EngineSpec spec)
                     (!spec_.device || offOpt == paramsOffloaded);
   if (!masterIsParams_) master_ = mem_->state(part * 4, offOpt, pinOpt);
   state1_ = mem_->state(part * 4, offOpt, pinOpt);
-  if (spec_.optimizer != OptimKind::kSgd) state2_ = mem_->state(part * 4, offOpt, pinOpt);
+  if (stateCount(spec_.optimizer) == 2) state2_ = mem_->state(part * 4, offOpt, pinOpt);
 
   // Runs of the partition that share an optimizer group; padding joins the run before it.
   for (size_t u = 0; u < plan_->units().size(); ++u) {
@@ -462,6 +462,12 @@ StepResult Engine::stepWith(const std::vector<GroupHyper>& groups, const double*
   float gradScale = 1.0f;
   StepResult res = prepareStep(&gradScale, totalSumSquares);
   if (res.skipped) return res;
+  if (spec_.optimizer == OptimKind::kLamb) {
+    lambStep(groups, gradScale);
+    publishParams();
+    zeroGrads();
+    return res;
+  }
   for (const auto& run : runs_) {
     const Unit& unit = plan_->units()[run.unit];
     const size_t at = unit.partOffset + run.offset, es = esize();
@@ -479,6 +485,43 @@ StepResult Engine::stepWith(const std::vector<GroupHyper>& groups, const double*
   publishParams();
   zeroGrads();
   return res;
+}
+
+RunArgs Engine::pieceArgs(const Piece& p, float gradScale) {
+  const size_t u = plan_->unitOf(p.param);
+  const Unit& unit = plan_->units()[u];
+  const size_t off = p.partOffset - unit.partOffset, es = esize();
+  return RunArgs{masterPtr() + p.partOffset,
+                 state1_.as<float>() + p.partOffset,
+                 state2_.size() ? state2_.as<float>() + p.partOffset : nullptr,
+                 gradSlice(u) + off * es,
+                 masterIsParams_ ? nullptr : paramSlice(u) + off * es,
+                 spec_.dtype,
+                 p.count,
+                 gradScale,
+                 optSteps_};
+}
+
+void Engine::lambStep(const std::vector<GroupHyper>& groups, float gradScale) {
+  // Each parameter's trust ratio is over the whole parameter: the squared norms
+  // of this rank's pieces are summed over the set first.
+  std::vector<double> sums(2 * numParams(), 0.0);
+  for (const auto& p : pieces_)
+    mem_->lambMoments(groups[spec_.groupOf[p.param]], pieceArgs(p, gradScale), &sums[2 * p.param],
+                      &sums[2 * p.param + 1]);
+  if (stage_ > 0 && world_ > 1) {
+    AllreduceOptions o;
+    o.name = name("lamb", 0);
+    o.processSet = spec_.processSet;
+    o.op = ReduceOp::kSum;
+    Tensor t{sums.data(), DataType::kFloat64, {static_cast<int64_t>(sums.size())}};
+    rt_.allreduce(t, t, o);
+  }
+  for (const auto& p : pieces_) {
+    const GroupHyper& h = groups[spec_.groupOf[p.param]];
+    const float trust = lambTrust(lambCoefficients(h, gradScale, optSteps_), sums[2 * p.param], sums[2 * p.param + 1]);
+    mem_->lambApply(h, pieceArgs(p, gradScale), trust);
+  }
 }
 
 StepResult Engine::stepExternalWith(const double* totalSumSquares) {

@@ -111,10 +111,16 @@ class Engine {
   StepResult stepExternal(double totalSumSquares);
   void publishExternal();
   float* master() const { return masterPtr(); }
+  // The optimizer's state k (0, 1) over the partition, fp32; null where the optimizer has none.
+  float* optimizerState(int k) const {
+    const Buffer& b = k == 0 ? state1_ : state2_;
+    return b.size() ? b.as<float>() : nullptr;
+  }
   float* externalGrad();
   size_t partitionElems() const { return plan_->partitionElems(); }
   // (partition offset, length, optimizer group) of each run of the partition.
   std::vector<std::tuple<size_t, size_t, int>> runs() const;
+  const std::vector<Piece>& pieces() const { return pieces_; }
   double lossScale() const { return scaler_.scale(); }
   int64_t optimizerSteps() const { return optSteps_; }
 
@@ -171,6 +177,8 @@ class Engine {
   StepResult prepareStep(float* gradScale, const double* totalSumSquares);
   StepResult stepWith(const std::vector<GroupHyper>& groups, const double* totalSumSquares);
   StepResult stepExternalWith(const double* totalSumSquares);
+  RunArgs pieceArgs(const Piece& p, float gradScale);
+  void lambStep(const std::vector<GroupHyper>& groups, float gradScale);
   int acquireBucket(size_t u);
   void launchUnit(size_t u);
   void completeOldest();

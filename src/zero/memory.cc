@@ -47,6 +47,10 @@ class HostMemory final : public Memory {
   void optimizer(OptimKind kind, const GroupHyper& h, const RunArgs& a) override {
     optimizerRun(kind, h, a, scratch_.as<float>(), kScratchElems);
   }
+  void lambMoments(const GroupHyper& h, const RunArgs& a, double* wsq, double* usq) override {
+    lambMomentsRun(h, a, scratch_.as<float>(), kScratchElems, wsq, usq);
+  }
+  void lambApply(const GroupHyper& h, const RunArgs& a, float trust) override { lambApplyRun(h, a, trust); }
   void await(const Work&) override {}
   void retire(std::shared_ptr<void>) override {}
   void normBegin() override { norm_ = 0.0; }
@@ -160,9 +164,17 @@ class DeviceMemory final : public Memory {
     b_->record(e->get(), stream_);
     retired_.emplace_back(std::move(e), std::move(held));
   }
+  void lambMoments(const GroupHyper&, const RunArgs&, double*, double*) override { deviceOnly("LAMB"); }
+  void lambApply(const GroupHyper&, const RunArgs&, float) override { deviceOnly("LAMB"); }
+  [[noreturn]] static void deviceOnly(const char* what) {
+    throw InvalidArgument(std::string("ZeRO engine on a device: ") + what +
+                          " steps through the engine's external path (chorus.deepspeed steps it in torch)");
+  }
   void optimizer(OptimKind kind, const GroupHyper& h, const RunArgs& a) override {
     CurrentDevice on(*b_, ordinal_);
     if (b_->deviceOf(a.master) < 0) return offloaded(kind, h, a);
+    if (kind == OptimKind::kLion || kind == OptimKind::kAdagrad || kind == OptimKind::kLamb)
+      deviceOnly(kind == OptimKind::kLion ? "Lion" : kind == OptimKind::kAdagrad ? "Adagrad" : "LAMB");
     // The 16-bit copy goes straight into the parameters; an fp32 model's master
     // is its parameters (a.low null) or they are copied after.
     // (16-bit parameters in host memory, offload_param: written from the master after)

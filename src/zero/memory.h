@@ -43,6 +43,10 @@ class Memory {
   virtual double sumSquares(const void* src, DataType dtype, size_t n) = 0;
   // One run of the optimizer over this memory's partition (RunArgs as the CPU step's).
   virtual void optimizer(OptimKind kind, const GroupHyper& h, const RunArgs& a) = 0;
+  // LAMB's two passes over one piece of a parameter (lambMomentsRun, lambApplyRun).
+  // Host memory only: on a device the Python layer steps LAMB itself over the partition.
+  virtual void lambMoments(const GroupHyper& h, const RunArgs& a, double* wsq, double* usq) = 0;
+  virtual void lambApply(const GroupHyper& h, const RunArgs& a, float trust) = 0;
   // w's results are ready for the work queued here after this call.
   virtual void await(const Work& w) = 0;
   // Keeps `held` (a Work and its outputs, a gathered buffer) alive until the

@@ -7,14 +7,15 @@
 
 #include "chorus/types.h"
 #include "device/device_backend.h"
+#include "reduce/cpu_optimizer.h"
 #include "zero/hyper.h"
 
 namespace chorus::zero {
 
 struct RunArgs {
   float* master;
-  float* state1;  // Adam: exp_avg; SGD: momentum buffer
-  float* state2;  // Adam: exp_avg_sq
+  float* state1;  // Adam, LAMB, Lion: exp_avg; SGD: momentum buffer; Adagrad: the sum of squares
+  float* state2;  // Adam, LAMB: exp_avg_sq
   const void* grad;
   void* low;      // updated parameters in the model dtype, or null
   DataType dtype; // of grad and low
@@ -26,6 +27,13 @@ struct RunArgs {
 SgdCoefficients sgdCoefficients(const GroupHyper& h, float gradScale, int64_t step);
 
 void optimizerRun(OptimKind kind, const GroupHyper& h, const RunArgs& a, float* scratch, size_t scratchElems);
+
+// LAMB over one piece of a parameter: the moments, adding its squared norms to
+// *wsq and *usq; then, with the whole parameter's trust ratio, the update.
+LambCoefficients lambCoefficients(const GroupHyper& h, float gradScale, int64_t step);
+void lambMomentsRun(const GroupHyper& h, const RunArgs& a, float* scratch, size_t scratchElems, double* wsq,
+                    double* usq);
+void lambApplyRun(const GroupHyper& h, const RunArgs& a, float trust);
 
 
 }  // namespace chorus::zero

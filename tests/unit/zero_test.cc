@@ -84,20 +84,18 @@ TEST(DsConfig, InconsistentBatchesNameTheNumbers) {
   }
 }
 
-TEST(DsConfig, UnknownKeysSuggestTheNearest) {
+TEST(DsConfig, KeysAreThePythonTablesValuesAreChecked) {
+  // Which keys exist is chorus.deepspeed's table (tests/python/test_ds_config_keys.py);
+  // here a key the engine does not read is left alone, and a value it reads is checked.
+  auto c = parse(R"({"train_batch_size": 8, "tensorboard": {"enabled": false}, "_comment": "x"})");
+  EXPECT_EQ(c.trainBatchSize, 8);
   try {
-    parse(R"({"train_batch_sise": 8})");
+    parse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2, "overlap_comm": "yes"}})");
     FAIL();
   } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("did you mean 'train_batch_size'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("zero_optimization.overlap_comm"), std::string::npos) << e.what();
   }
-  try {
-    parse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2, "overlap_com": true}})");
-    FAIL();
-  } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("zero_optimization.overlap_com"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("'overlap_comm'"), std::string::npos) << e.what();
-  }
+  EXPECT_THROW(parse(R"({"train_batch_size": 8, "zero_optimization": 2})"), InvalidArgument);
 }
 
 TEST(DsConfig, PrecisionAndRequiredValues) {

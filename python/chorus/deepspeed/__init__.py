@@ -132,4 +132,5 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         engine.lr_scheduler = lr_scheduler(engine.basic_optimizer)  # as DeepSpeed: its torch optimizer
     loader = engine.deepspeed_io(training_data, collate_fn=collate_fn) if training_data is not None else None
     engine.training_dataloader = loader
-    return engine, engine.optimizer, loader, engine.lr_scheduler
+    # No optimizer given or configured: DeepSpeed's initialize returns None in its place.
+    return engine, engine.optimizer if engine._has_optimizer else None, loader, engine.lr_scheduler

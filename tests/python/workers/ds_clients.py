@@ -90,6 +90,7 @@ for step in range(3):
     engine.step()
     ref = torch.nn.functional.mse_loss(plain(x), y)  # mean over every rank's rows = the global batch
     ref.backward()
+    torch.nn.utils.clip_grad_norm_(plain.parameters(), 1.0)  # DeepSpeed 0.19.8's default gradient_clipping
     popt.step()
     popt.zero_grad()
 with deepspeed.zero.GatheredParameters(list(net.parameters())):

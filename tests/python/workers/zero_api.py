@@ -39,7 +39,7 @@ print(f"client AdamW translated: error {close(full_params(engine, tmp, 'client-a
 # An optimizer chorus has no kernel for runs as given on the fp32 partition.
 for stage in (1, 3):
     model = make_model()
-    client = torch.optim.Adagrad(model.parameters(), lr=0.05)
+    client = torch.optim.Adamax(model.parameters(), lr=0.05)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         engine, _, _, _ = deepspeed.initialize(model=model, optimizer=client,
@@ -50,7 +50,7 @@ for stage in (1, 3):
     train(engine, x, y, 4)
     ref_model = make_model()
     master = [p.detach().clone().requires_grad_(True) for p in ref_model.parameters()]
-    ref_opt = torch.optim.Adagrad(master, lr=0.05)
+    ref_opt = torch.optim.Adamax(master, lr=0.05)
     for step in range(4):
         grads = [torch.zeros_like(m) for m in master]
         for r in range(world):
@@ -66,18 +66,24 @@ for stage in (1, 3):
         with torch.no_grad():
             for p, m in zip(ref_model.parameters(), master):
                 p.copy_(m)
-    print(f"stage {stage}: Adagrad as given, error {close(full_params(engine, tmp, f'adagrad-{stage}'), master):.1e}",
+    print(f"stage {stage}: Adamax as given, error {close(full_params(engine, tmp, f'adagrad-{stage}'), master):.1e}",
           flush=True)
 
 # Config errors name the problem.
-for bad, expect in [({"train_batch_size": 8, "zero_optimisation": {}}, "did you mean 'zero_optimization'"),
+# A typo at the top level DeepSpeed ignores: a warning with the nearest key; inside a section it validates, an error.
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    deepspeed.initialize(model=make_model(), config={"train_batch_size": 3, "zero_optimisation": {"stage": 1}})
+assert any("did you mean 'zero_optimization'" in str(w.message) for w in caught), [str(w.message) for w in caught]
+for bad, expect in [({"train_batch_size": 3, "zero_optimization": {"stgae": 1}},
+                     "did you mean 'zero_optimization.stage'"),
                     ({"train_batch_size": 6, "fp16": {"enabled": True}, "bf16": {"enabled": True}},
                      "fp16 and bf16 cannot both be enabled"),
                     ({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2},
                      "10 != 2 * 2 * 3"),
                     ({"optimizer": {"type": "Adam"}}, "train_batch_size or train_micro_batch_size_per_gpu"),
                     ({"train_batch_size": 3, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}}},
-                     "offload_optimizer.device' nvme")]:
+                     "offload_optimizer.device' is switched on")]:
     try:
         deepspeed.initialize(model=make_model(), config=bad)
         raise AssertionError(f"{bad} was accepted")

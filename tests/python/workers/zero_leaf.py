@@ -31,6 +31,7 @@ opt = torch.optim.SGD(plain.parameters(), lr=0.1)
 for x, y in data(world):
     opt.zero_grad()
     F.cross_entropy(plain(x), y).backward()
+    torch.nn.utils.clip_grad_norm_(plain.parameters(), 1.0)  # DeepSpeed 0.19.8's default gradient_clipping
     opt.step()
 
 m = model()

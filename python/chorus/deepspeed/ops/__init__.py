@@ -1,2 +1,2 @@
 """deepspeed.ops"""
-from chorus.deepspeed.ops import adam  # noqa: F401
+from chorus.deepspeed.ops import adagrad, adam, lamb, lion  # noqa: F401

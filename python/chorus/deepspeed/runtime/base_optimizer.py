@@ -1,44 +1,9 @@
 """The optimizer that deepspeed.initialize returns: param_groups that the engine
 reads every step (schedulers and users may edit them); the state lives in C++."""
-import warnings
-
 import torch
 
-_GROUP_KEYS = ("lr", "betas", "eps", "weight_decay", "momentum", "dampening", "nesterov")
-
-
-def translate(client, config_opt, offload):
-    """(kind, groups, client_to_run) for the engine: kind is adam, adamw or sgd when
-    chorus's kernels step it, or None when the client optimizer must run as given."""
-    if client is not None:
-        if config_opt is not None:
-            warnings.warn("deepspeed.initialize: both a client optimizer and an 'optimizer' config section were "
-                          "given; the client optimizer takes precedence, as in DeepSpeed")
-        kind = None
-        from chorus.deepspeed.ops.adam import DeepSpeedCPUAdam, FusedAdam
-        if type(client) in (DeepSpeedCPUAdam, FusedAdam):  # DeepSpeed's own: chorus's kernels are the equivalent
-            return ("adamw" if client.adam_w_mode else "adam"), client.param_groups, None
-        if type(client) is torch.optim.Adam and not any(g.get("amsgrad") for g in client.param_groups):
-            kind = "adam"
-        elif type(client) is torch.optim.AdamW and not any(g.get("amsgrad") for g in client.param_groups):
-            kind = "adamw"
-        elif type(client) is torch.optim.SGD:
-            kind = "sgd"
-        if kind in ("adam", "adamw"):
-            where = "with CPU offload " if offload else ""
-            warnings.warn(f"chorus: stepping the client torch.optim.{type(client).__name__} {where}with chorus's "
-                          "SIMD CPU Adam and the client's hyperparameters (DeepSpeed would refuse a client "
-                          "optimizer with offload unless zero_force_ds_cpu_optimizer is false)")
-        elif kind is None:
-            warnings.warn(f"chorus: {type(client).__name__} cannot be translated to chorus's kernels; it runs as "
-                          "given on the fp32 partition, which is slower than chorus's CPU Adam")
-        return kind, client.param_groups, (client if kind is None else None)
-    if config_opt is None:
-        raise ValueError("deepspeed.initialize: no optimizer; pass optimizer= or add an 'optimizer' section "
-                         "to the config")
-    group = {"lr": config_opt["lr"], "betas": tuple(config_opt["betas"]), "eps": config_opt["eps"],
-             "weight_decay": config_opt["weight_decay"], "momentum": config_opt["momentum"]}
-    return config_opt["type"], [group], None
+_GROUP_KEYS = ("lr", "betas", "eps", "weight_decay", "momentum", "dampening", "nesterov", "lr_decay",
+               "initial_accumulator_value", "max_coeff", "min_coeff", "bias_correction", "eps_inside_sqrt")
 
 
 class ZeroOptimizer:

@@ -4,6 +4,7 @@ import math
 import os
 
 from chorus import _core
+from chorus.deepspeed.runtime import config_keys
 
 
 def _clean(node, path=""):
@@ -20,7 +21,7 @@ def _clean(node, path=""):
         return out
     if isinstance(node, list):
         return [_clean(v, f"{path}[{i}]") for i, v in enumerate(node)]
-    if node == "auto":
+    if node == "auto":  # (the sections DeepSpeed validates take "auto" as their default: config_keys)
         raise ValueError(f"DeepSpeed config: '{path}' is \"auto\", which Transformers' Trainer or Accelerate fill "
                          "in; outside them give it a value")
     if isinstance(node, float) and (math.isinf(node) or math.isnan(node)):
@@ -49,9 +50,9 @@ def load_config(config=None, config_params=None, args=None):
             parsed = json.loads(text)
         except json.JSONDecodeError as e:
             raise ValueError(f"DeepSpeed config '{path}' is not valid JSON: {e}") from None
-        return json.dumps(_clean(parsed))
+        return json.dumps(_clean(config_keys.check(parsed)))
     if isinstance(source, dict):
-        return json.dumps(_clean(source))
+        return json.dumps(_clean(config_keys.check(source)))
     raise ValueError(f"deepspeed.initialize: config must be a dict or a path, not {type(source).__name__}")
 
 

@@ -10,9 +10,12 @@ from chorus import _core
 import chorus.torch as hvd
 from chorus.deepspeed.runtime import config as ds_config
 from chorus.deepspeed.runtime.zero import checkpoint, stage3
+from chorus.deepspeed.runtime.engine_monitor import EngineMonitor
 from chorus.deepspeed.runtime.engine_queries import EngineQueries
-from chorus.deepspeed.runtime.base_optimizer import ZeroOptimizer, translate
+from chorus.deepspeed.runtime.base_optimizer import ZeroOptimizer
+from chorus.deepspeed.runtime.optimizers import translate
 from chorus.deepspeed.runtime import expert_parts, lr_schedules, whole_model
+from chorus.deepspeed.runtime.torch_autocast import comm_round
 from chorus.deepspeed.runtime.utils import is_model_parallel_parameter
 from chorus.deepspeed.runtime.whole_model import write_state
 from chorus.deepspeed.runtime.zero import partition_parameters
@@ -57,7 +60,7 @@ def _full_shape(p):
     return tuple(p.ds_shape) if hasattr(p, "ds_shape") else tuple(p.shape)
 
 
-class DeepSpeedEngine(EngineQueries, torch.nn.Module):
+class DeepSpeedEngine(EngineQueries, EngineMonitor, torch.nn.Module):
     def __init__(self, model, optimizer=None, model_parameters=None, config_text=None, process_set=None,
                  lr_scheduler=None, pipe_set=None, tensor_parallel_size=1, model_parallel_rank=0,
                  tensor_parallel_set=None):
@@ -102,14 +105,31 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
             model.to(self._device)
         if self.dtype != torch.float32:
             model.to(self.dtype)
+        self._autocast = None
+        if (self._raw_config.get("torch_autocast") or {}).get("enabled"):
+            if self.dtype != torch.float32:
+                raise ValueError("DeepSpeed config: 'torch_autocast' keeps the model in fp32 under torch.autocast; "
+                                 "it cannot be enabled together with 'fp16' or 'bf16'")
+            from chorus.deepspeed.runtime.torch_autocast import Autocast
+            self._autocast = Autocast(self._raw_config["torch_autocast"], self._device, cfg["stage"])
+            self._autocast.mark(model)
         if cfg["stage"] < 3 and cfg["offload_param"] == "cpu":
             warnings.warn(f"chorus: offload_param is used by ZeRO stage 3 only; ignored at stage {cfg['stage']}")
 
+        if model_parameters is not None:
+            model_parameters = list(model_parameters)  # (a generator is read more than once)
         (self._params, self._names), experts = expert_parts.split(*self._trainable(model, optimizer,
                                                                                      model_parameters))
         self._shapes = [_full_shape(p) for p in self._params]
         self._index = {id(p): i for i, p in enumerate(self._params)}
-        kind, groups, self._client = translate(optimizer, cfg["optimizer"], cfg["offload_optimizer"] == "cpu")
+        offload = cfg["offload_optimizer"] == "cpu"
+        kind, groups, self._client = translate(optimizer, self._raw_config.get("optimizer"), offload,
+                                               model_parameters if model_parameters is not None else self._params)
+        # No optimizer at all: DeepSpeed builds the engine (forward, backward); step() says why it cannot.
+        self._has_optimizer = groups is not None
+        if groups is None:
+            kind, groups = "sgd", [{"lr": 0.0}]
+        kind, self._client = self._device_kernel(kind, groups, offload)
         self._core_args = (self._group_of(groups), kind or "adam")
         self.optimizer_groups = groups
         self.core = self._make_core()
@@ -136,8 +156,27 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
         self._grad_norm = None
         self._hook_grads()
         self._stage3 = stage3.Stage3Hooks(self) if self.core.stage == 3 else None
+        self._monitor_init()
 
     # --- setup -------------------------------------------------------------------------------
+    def _device_kernel(self, kind, groups, offload):
+        """(kind, client): on a device, chorus's engine has Adam and SGD kernels; Lion,
+        Adagrad (unless offloaded to the CPU kernels) and LAMB step in torch ops over
+        the partition, with the same update."""
+        if self._device.type != "cuda" or kind not in ("lion", "adagrad", "lamb") or \
+                (offload and kind != "lamb"):
+            return kind, self._client
+        from chorus.deepspeed.ops.adagrad import DeepSpeedCPUAdagrad
+        from chorus.deepspeed.ops.lion import DeepSpeedCPULion
+        from chorus.deepspeed.runtime.partition_lamb import PartitionLamb
+        cls, names = {"lion": (DeepSpeedCPULion, ("lr", "betas", "weight_decay")),
+                      "adagrad": (DeepSpeedCPUAdagrad, ("lr", "eps", "weight_decay")),
+                      "lamb": (PartitionLamb, ("lr", "betas", "eps", "weight_decay", "bias_correction",
+                                               "eps_inside_sqrt", "max_coeff", "min_coeff"))}[kind]
+        # One stand-in parameter per group; _bind_client puts the partition's views there.
+        return None, cls([dict({k: g[k] for k in names if k in g}, params=[torch.zeros(1)]) for g in groups],
+                         **{k: groups[0][k] for k in names if k in groups[0]})
+
     def _make_core(self):
         group_of, kind = self._core_args
         text = self._config_text if self._sp == 1 else ds_config.per_rank(self._raw_config, self._cfg)
@@ -271,6 +310,11 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
     def _bind_client(self):
         """An optimizer chorus cannot translate steps fp32 views of the partition: a
         fresh instance of its class, with its hyperparameters, over those views."""
+        from chorus.deepspeed.runtime.partition_lamb import PartitionLamb
+        if isinstance(self._client, PartitionLamb):
+            self._client.bind(self)
+            self.optimizer.param_groups = self._client.param_groups
+            return
         per_group = {}
         for core in [self.core] + [part.core for part in self._expert_parts]:
             master = _view(core.master_view(), torch.float32)
@@ -308,7 +352,7 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
             if g is None:
                 return
             g = g.to_dense() if g.is_sparse else g
-            g = g.contiguous()
+            g = comm_round(p, g).contiguous()
             core.grad_ready(i, g.data_ptr())
             p.grad = None
         return hook
@@ -320,6 +364,7 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
                 return
             if g.is_sparse:
                 g = g.to_dense()
+            g = comm_round(p, g)
             if i in self._defer:  # summed over micro-batches here, handed over by _flush_deferred
                 acc = self._deferred.get(i)
                 self._deferred[i] = g.detach().clone() if acc is None else acc.add_(g)
@@ -356,7 +401,11 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
     def forward(self, *inputs, **kwargs):
         if self.dtype != torch.float32:
             inputs, kwargs = self._cast(inputs), self._cast(kwargs)
-        return self.module(*inputs, **kwargs)
+        with self._timed("forward"):
+            if self._autocast is not None:
+                with self._autocast.context():
+                    return self.module(*inputs, **kwargs)
+            return self.module(*inputs, **kwargs)
 
     def backward(self, loss, retain_graph=False, scale_wrt_gas=True):
         """scale_wrt_gas=False: the caller divided the loss by the accumulation steps already."""
@@ -364,20 +413,31 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
             raise ValueError("model_engine.backward expects the scalar loss tensor")
         factor = self.core.loss_scale / (self.gradient_accumulation_steps() if scale_wrt_gas else 1)
         scaled = loss.float() * factor if factor != 1.0 else loss
-        scaled.backward(retain_graph=retain_graph)
-        self.core.end_backward()
-        for part in self._expert_parts:
-            part.core.end_backward()
-        if self._stage3 is not None:
-            self._stage3.end_backward()
+        with self._timed("backward", "backward_inner"):
+            scaled.backward(retain_graph=retain_graph)
+        with self._timed("backward", "backward_allreduce"):
+            self.core.end_backward()
+            for part in self._expert_parts:
+                part.core.end_backward()
+            if self._stage3 is not None:
+                self._stage3.end_backward()
         return loss
 
     def step(self, lr_kwargs=None):
+        if not self._has_optimizer:
+            raise RuntimeError("model_engine.step(): this engine has no optimizer (none was passed to "
+                               "deepspeed.initialize and the config has no 'optimizer' section); it runs "
+                               "forward and backward only")
         boundary = self.is_gradient_accumulation_boundary()
         self.micro_steps += 1
         self.global_samples += self.train_micro_batch_size_per_gpu() * self._dp_size()
         if not boundary:
             return
+        with self._timed("step"):
+            self._boundary_step(lr_kwargs)
+        self._write_step_events()
+
+    def _boundary_step(self, lr_kwargs):
         if self._expert_parts:
             skipped, norm = self._step_with_experts()
         elif self._client is None:
@@ -449,7 +509,8 @@ class DeepSpeedEngine(EngineQueries, torch.nn.Module):
         sampler = torch.utils.data.distributed.DistributedSampler(dataset, num_replicas=replicas, rank=index,
                                                                   shuffle=shuffle)
         return torch.utils.data.DataLoader(dataset, batch_size=batch_size or self.train_micro_batch_size_per_gpu(),
-                                           sampler=sampler, collate_fn=collate_fn)
+                                           sampler=sampler, collate_fn=collate_fn,
+                                           drop_last=bool(self._raw_config.get("dataloader_drop_last", False)))
 
     # --- memory and checkpoints --------------------------------------------------------------
     def memory_report(self):

@@ -2,13 +2,13 @@
 ZeRO engine steps it with chorus's SIMD CPU Adam on its fp32 partition (as DeepSpeed
 runs its own kernel); used on its own, it is a torch optimizer running that kernel
 on CPU tensors."""
-import torch
+from chorus import _core
+from chorus.deepspeed.ops._flat import FlatOptimizer, on_cpu
 
-from chorus.cpu_adam import CPUAdamState, adam_step
 
-
-class DeepSpeedCPUAdam(torch.optim.Optimizer):
+class DeepSpeedCPUAdam(FlatOptimizer):
     optimizer_id = 0
+    state_names = ("exp_avg", "exp_avg_sq")
 
     def __init__(self, model_params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8, weight_decay=0,
                  amsgrad=False, adamw_mode=True, fp32_optimizer_states=True):
@@ -23,31 +23,10 @@ class DeepSpeedCPUAdam(torch.optim.Optimizer):
         self.opt_id = DeepSpeedCPUAdam.optimizer_id
         DeepSpeedCPUAdam.optimizer_id += 1
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.device.type != "cpu":
-                    raise ValueError(f"DeepSpeedCPUAdam: parameter on {p.device}; it steps CPU tensors")
-                state = self.state[p]
-                if "chorus" not in state:
-                    state["chorus"] = CPUAdamState(p.data.float().contiguous().view(-1)
-                                                   if p.dtype != torch.float32 else p.data.view(-1))
-                    state["step"] = 0
-                cs = state["chorus"]
-                master = p.data.view(-1) if p.dtype == torch.float32 and p.is_contiguous() else None
-                work = master if master is not None else p.data.float().contiguous().view(-1)
-                grad = p.grad.float().contiguous().view(-1)
-                adam_step(work, grad, cs, lr=group["lr"], betas=group["betas"], eps=group["eps"],
-                          weight_decay=group["weight_decay"], adamw=self.adam_w_mode)
-                if master is None:
-                    p.data.copy_(work.view_as(p))
-                state["step"] = cs.step
-                state["exp_avg"], state["exp_avg_sq"] = cs.exp_avg, cs.exp_avg_sq
-        return loss
+    def _update(self, group, state, p, g):
+        if not on_cpu(p):
+            raise ValueError(f"DeepSpeedCPUAdam: parameter on {p.device}; it steps CPU tensors")
+        b1, b2 = group["betas"]
+        _core.cpu_adam_step(p.data_ptr(), g.data_ptr(), state["exp_avg"].data_ptr(), state["exp_avg_sq"].data_ptr(),
+                            p.numel(), float(group["lr"]), float(b1), float(b2), float(group["eps"]),
+                            float(group["weight_decay"]), state["step"], bool(self.adam_w_mode))

@@ -257,6 +257,8 @@ class PipelineEngine:
         for _ in range(self.micro_batches):
             self.engine.step()
         self.agg_train_loss = self._aggregate(state["losses"])
+        self.engine.monitor.write_events([("Train/Samples/train_loss", self.agg_train_loss.mean().item(),
+                                           self.engine.global_samples)])
         return self.agg_train_loss
 
     def eval_batch(self, data_iter, return_logits=False, compute_loss=True, reduce_output="avg"):
@@ -272,6 +274,9 @@ class PipelineEngine:
             self._finish_sends()
         losses = [l for l in state["losses"] if torch.is_tensor(l) and l.numel() == 1]
         loss = self._aggregate(losses) if reduce_output == "avg" else state["losses"]
+        if reduce_output == "avg" and torch.is_tensor(loss):
+            self.engine.monitor.write_events([("Train/Samples/eval_loss", loss.mean().item(),
+                                               self.engine.global_samples)])
         if return_logits:
             return loss, state["logits"] if self.is_last_stage() else None
         return loss

@@ -1,0 +1,114 @@
+"""What chorus does with each section of a DeepSpeed 0.19.8 config: SECTIONS (the
+table docs/deepspeed.md shows) and the features chorus refuses by name when a
+config switches them on, saying why and what to use instead."""
+
+
+def _get(cfg, path, default=None):
+    node = cfg
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def _dtype_name(value):
+    v = str(value).lower().replace("torch.", "")
+    return {"float16": "fp16", "half": "fp16", "bfloat16": "bf16", "float32": "fp32", "float": "fp32"}.get(v, v)
+
+
+def _model_dtype(cfg):
+    if _get(cfg, "fp16.enabled"):
+        return "fp16"
+    if _get(cfg, "bf16.enabled"):
+        return "bf16"
+    return "fp32"
+
+
+# (key, switched on?, why chorus refuses it and what to use instead)
+RULES = [
+    ("zero_optimization.offload_optimizer.device",
+     lambda c: _get(c, "zero_optimization.offload_optimizer.device") == "nvme",
+     "offload to NVMe (ZeRO-Infinity) is not in chorus yet; use \"cpu\""),
+    ("zero_optimization.offload_param.device",
+     lambda c: _get(c, "zero_optimization.offload_param.device") == "nvme",
+     "offload to NVMe (ZeRO-Infinity) is not in chorus yet; use \"cpu\""),
+    ("zero_optimization.offload_optimizer.ratio",
+     lambda c: float(_get(c, "zero_optimization.offload_optimizer.ratio", 1.0)) < 1.0,
+     "chorus offloads the whole optimizer state or none of it; use 1.0"),
+    ("zero_optimization.offload_optimizer.super_offload",
+     lambda c: bool(_get(c, "zero_optimization.offload_optimizer.super_offload")),
+     "SuperOffload (GH200 superchips) is not in chorus; use offload_optimizer.device \"cpu\""),
+    ("zero_optimization.zenflow", lambda c: _get(c, "zero_optimization.zenflow") is not None,
+     "ZenFlow's stall-free offload is not in chorus; remove the section (offload_optimizer \"cpu\" overlaps "
+     "the CPU step with the transfers)"),
+    ("zero_optimization.zero_quantized_weights", lambda c: bool(_get(c, "zero_optimization.zero_quantized_weights")),
+     "ZeRO++'s quantized weights belong to chorus's slow-link work, not built yet; remove the key"),
+    ("zero_optimization.zero_quantized_nontrainable_weights",
+     lambda c: bool(_get(c, "zero_optimization.zero_quantized_nontrainable_weights")),
+     "ZeRO++'s quantized weights belong to chorus's slow-link work, not built yet; remove the key"),
+    ("zero_optimization.zero_quantized_gradients",
+     lambda c: bool(_get(c, "zero_optimization.zero_quantized_gradients")),
+     "ZeRO++'s quantized gradients belong to chorus's slow-link work, not built yet; remove the key"),
+    ("zero_optimization.zero_hpz_partition_size",
+     lambda c: int(_get(c, "zero_optimization.zero_hpz_partition_size", 1) or 1) > 1,
+     "ZeRO++'s secondary partition (hpZ) belongs to chorus's slow-link work, not built yet; chorus's "
+     "hierarchical collectives already keep the allgather within a host first"),
+    ("fp16.fp16_master_weights_and_grads", lambda c: bool(_get(c, "fp16.fp16_master_weights_and_grads")),
+     "chorus keeps fp32 master weights and gradients; remove the key"),
+    ("bf16.bf16_master_weights_and_grads", lambda c: bool(_get(c, "bf16.bf16_master_weights_and_grads")),
+     "chorus keeps fp32 master weights and gradients; remove the key"),
+    ("bf16.bf16_optimizer_states", lambda c: bool(_get(c, "bf16.bf16_optimizer_states")),
+     "chorus keeps the optimizer's states in fp32; remove the key"),
+    ("data_types.grad_accum_dtype",
+     lambda c: _get(c, "data_types.grad_accum_dtype") is not None and
+     _dtype_name(_get(c, "data_types.grad_accum_dtype")) != _model_dtype(c),
+     "chorus accumulates gradients in the model's dtype; remove the key or give the model's dtype"),
+    ("gradient_allreduce_op", lambda c: str(_get(c, "gradient_allreduce_op", "mean")).lower() != "mean",
+     "chorus averages the gradients over the data-parallel ranks; use \"mean\" and scale the loss instead"),
+    ("communication_data_type",
+     lambda c: _get(c, "communication_data_type") is not None and
+     _dtype_name(_get(c, "communication_data_type")) != _model_dtype(c),
+     "chorus reduces gradients in the model's dtype; a different communication dtype is not built yet"),
+    ("compile.deepcompile", lambda c: bool(_get(c, "compile.deepcompile")),
+     "DeepCompile is not in chorus; call torch.compile on the model"),
+    ("flops_profiler.enabled", lambda c: bool(_get(c, "flops_profiler.enabled")),
+     "the flops profiler is not built yet; remove the section"),
+    ("comms_logger", lambda c: "comms_logger" in c,
+     "the communication logger is not built yet (DeepSpeed turns it on by the section's presence); use "
+     "chorus's timeline (CHORUS_TIMELINE=file.json)"),
+    ("data_efficiency.data_sampling.curriculum_learning.enabled",
+     lambda c: bool(_get(c, "data_efficiency.data_sampling.curriculum_learning.enabled")),
+     "curriculum learning is not built yet; remove the section"),
+    ("data_efficiency.data_sampling.dynamic_batching.enabled",
+     lambda c: bool(_get(c, "data_efficiency.data_sampling.dynamic_batching.enabled")),
+     "dynamic batching is not built yet; remove the section"),
+    ("data_efficiency.data_routing.random_ltd.enabled",
+     lambda c: bool(_get(c, "data_efficiency.data_routing.random_ltd.enabled")),
+     "random-LTD is not built yet; remove the section"),
+    ("autotuning.model_info.profile", lambda c: bool(_get(c, "autotuning.model_info.profile")),
+     "the autotuner's model-profiling run is not built yet; remove the key"),
+    ("checkpoint.load_universal", lambda c: bool(_get(c, "checkpoint.load_universal")),
+     "DeepSpeed's universal checkpoints are not read yet; chorus's own checkpoints load at any data-parallel "
+     "size and ZeRO stage"),
+    ("checkpoint.use_node_local_storage", lambda c: bool(_get(c, "checkpoint.use_node_local_storage")),
+     "node-local checkpoint storage is not built yet; give save_checkpoint a shared folder"),
+    ("datastates_ckpt", lambda c: "datastates_ckpt" in c and c["datastates_ckpt"] is not False,
+     "the DataStates checkpoint engine is not in chorus; remove the key"),
+    ("hybrid_engine.enabled", lambda c: bool(_get(c, "hybrid_engine.enabled")),
+     "the RLHF hybrid engine (DeepSpeed-Inference kernels in training) is not in chorus; remove the section"),
+    ("tensor_parallel.autotp_size", lambda c: int(_get(c, "tensor_parallel.autotp_size", 0) or 0) > 0,
+     "AutoTP is not in chorus; build the model from chorus.parallel's layers and pass mpu="),
+    ("expert_parallel.enabled", lambda c: bool(_get(c, "expert_parallel.enabled")),
+     "AutoEP is not in chorus; build the experts with deepspeed.moe.layer.MoE"),
+    ("weight_quantization", lambda c: "weight_quantization" in c,
+     "weight quantization at zero.Init is not in chorus; remove the section"),
+    ("managed_gradient_accumulation", lambda c: _get(c, "managed_gradient_accumulation", True) is False,
+     "chorus's engine always manages the accumulation steps; remove the key"),
+]
+
+
+def refuse_unsupported(cfg):
+    for key, on, why in RULES:
+        if on(cfg):
+            raise ValueError(f"DeepSpeed config: '{key}' is switched on, and chorus refuses it: {why}")
