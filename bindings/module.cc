@@ -187,6 +187,13 @@ PYBIND11_MODULE(_core, m) {
   m.def("is_initialized", [] { return rt().isInitialized(); });
   m.def("mpi_built", [] { return mpiBuilt(); });
   m.def("cuda_built", [] { return cudaBuilt(); });
+  // The op log (DeepSpeed's comms logger): (op, bytes, seconds, set size, process set) per tensor.
+  m.def("set_op_log", [](bool on) { rt().setOpLog(on); });
+  m.def("take_op_log", [] {
+    std::vector<std::tuple<std::string, int64_t, double, int, int32_t>> out;
+    for (auto& r : rt().takeOpLog()) out.emplace_back(std::move(r.op), r.bytes, r.seconds, r.setSize, r.processSet);
+    return out;
+  });
   m.def("process_set_stats", [](int32_t id) {
     const ProcessSetStats s = rt().stats(id);
     py::dict d;

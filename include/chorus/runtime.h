@@ -95,6 +95,17 @@ struct ProcessSetStats {
   std::vector<OpStat> ops;    // by op and path, in that order
 };
 
+// One tensor's collective, as the op log records it: the op ("allreduce", ...),
+// the tensor's bytes, the seconds from the start of the collective that carried
+// it (fused with others, or in chunks) to its end, and the process set's size.
+struct OpRecord {
+  std::string op;
+  int64_t bytes = 0;
+  double seconds = 0;
+  int setSize = 1;
+  int32_t processSet = 0;
+};
+
 class RuntimeImpl;
 
 // Whether this build has the MPI backend (jobs under mpirun, MPI communicators).
@@ -200,6 +211,11 @@ class Runtime {
   void recv(const Tensor& tensor, int src, const SendRecvOptions& opts = {});
 
   ProcessSetStats stats(int32_t processSet = kGlobalProcessSetId) const;
+
+  // The op log: while on, every collective this rank runs on any process set is
+  // recorded per tensor; takeOpLog() returns the records so far and clears them.
+  void setOpLog(bool on);
+  std::vector<OpRecord> takeOpLog();
 
   // Horovod's timeline (CHORUS_TIMELINE starts one at init): rank 0 writes a
   // Chrome trace of every tensor's negotiation and execution to path as the job

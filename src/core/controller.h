@@ -40,6 +40,7 @@ class Controller {
   ~Controller();
 
   void start();
+  void setOpLog(std::shared_ptr<OpLog> log) { executor_.setOpLog(std::move(log)); }
   // Enqueues atomically: all entries or none. Throws InvalidArgument on a
   // duplicate name in flight, or the stored error if the set has failed.
   // wake = false: the caller waits at once and drives the cycle itself.

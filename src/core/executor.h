@@ -2,7 +2,9 @@
 // Runs an ordered list of responses on a communicator: packs compatible
 // allreduces into the fusion buffer, allocates outputs, completes entries.
 #include <atomic>
+#include <chrono>
 #include <climits>
+#include <memory>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -12,6 +14,7 @@
 #include "comm/communicator.h"
 #include "core/entry.h"
 #include "core/executor_device.h"
+#include "core/op_log.h"
 #include "core/timeline.h"
 
 namespace chorus {
@@ -40,6 +43,9 @@ class Executor {
   // Allreduces over this many bytes run one chunk per call of execute, so that a
   // higher-priority op negotiated in between goes first; 0: every op runs whole.
   void setChunkBytes(int64_t bytes) { chunkBytes_ = bytes; }
+  // Where this executor records each tensor's collective while the log is on.
+  void setOpLog(std::shared_ptr<OpLog> log) { opLog_ = std::move(log); }
+  void recordOp(const Response& r, double seconds);
   int64_t chunkBytes() const { return chunkBytes_; }
 
   // Takes the matching entries out of `entries` and completes them. A rank with
@@ -87,6 +93,7 @@ class Executor {
     std::vector<size_t> ends;  // element offset where each tensor's span ends
     std::vector<char> zeros;   // a joined rank's part
     size_t total = 0, done = 0, finished = 0;  // elements; tensors completed
+    std::chrono::steady_clock::time_point started;
     int32_t priority() const { return group[finished].priority; }
   };
   // Runs ops from `src` (sorted by priority) until *spent reaches budget;
@@ -146,6 +153,7 @@ class Executor {
   std::atomic<bool> busy_{false};
   std::atomic<int64_t> batches_{0};
   std::atomic<int64_t> tensors_{0};
+  std::shared_ptr<OpLog> opLog_;
   mutable std::mutex tallyMu_;
   // A handful of (op, path) rows, found by a scan: nothing is allocated per collective.
   std::vector<std::pair<OpType, OpStat>> tallies_;

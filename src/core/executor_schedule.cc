@@ -33,8 +33,9 @@ class OpSpans {
     for (size_t i = 0; t_ && i < n_; ++i) t_->opEnd(rs_[i]->name);
     size_t bytes = 0;
     for (size_t i = 0; i < n_; ++i) bytes += rs_[i]->bytes();
-    ex_.tally(rs_[0]->type, transport_, n_, bytes,
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    ex_.tally(rs_[0]->type, transport_, n_, bytes, seconds);
+    for (size_t i = 0; i < n_; ++i) ex_.recordOp(*rs_[i], seconds);
   }
 
  private:
@@ -251,6 +252,11 @@ void Executor::tally(OpType type, const char* path, size_t tensors, size_t bytes
   t.seconds += seconds;
 }
 
+void Executor::recordOp(const Response& r, double seconds) {
+  if (!opLog_ || !opLog_->on()) return;
+  opLog_->add(OpRecord{opTypeName(r.type), static_cast<int64_t>(r.bytes()), seconds, comm_.size(), setId_});
+}
+
 std::vector<OpStat> Executor::opStats() const {
   std::vector<std::pair<OpType, OpStat>> rows;
   {
@@ -275,6 +281,7 @@ void Executor::startChunked(const Response* group, size_t n, EntryTable& entries
   }
   chunked_.emplace_back();
   Chunked& c = chunked_.back();
+  c.started = std::chrono::steady_clock::now();
   c.group.assign(group, group + n);
   std::vector<const Response*> ptrs;
   for (const Response& r : c.group) ptrs.push_back(&r);
@@ -326,6 +333,8 @@ void Executor::runChunk(EntryTable& entries, size_t* spent) {
   while (c.finished < c.group.size() && c.ends[c.finished] <= to) {
     const std::string& name = c.group[c.finished].name;
     if (timeline_ && timeline_->active()) timeline_->opEnd(name);
+    recordOp(c.group[c.finished],
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - c.started).count());
     auto it = entries.find(name);
     if (it != entries.end()) finishEntry(entries, it, release_);
     ++c.finished;

@@ -186,6 +186,7 @@ void RuntimeImpl::init(Config cfg) {
     checkStaticSetsAgree(*global);
     auto gc = std::make_shared<Controller>(kGlobalProcessSetId, all, rank, std::move(global), config,
                                            std::move(control), names_, timeline);
+    gc->setOpLog(opLog);
     sets.add(globalSet, gc);
     started.push_back(gc);
     nextSetId_ = 1;
@@ -265,8 +266,10 @@ std::shared_ptr<Controller> RuntimeImpl::makeController(const ProcessSet& ps) {
   auto control = makeControl(ps);
   auto comm = makeDataComm(ps);
   if (!comm) return nullptr;
-  return std::make_shared<Controller>(ps.id(), ps.ranks(), rank, std::move(comm), config, std::move(control),
-                                      names_, timeline);
+  auto c = std::make_shared<Controller>(ps.id(), ps.ranks(), rank, std::move(comm), config, std::move(control),
+                                        names_, timeline);
+  c->setOpLog(opLog);
+  return c;
 }
 
 void RuntimeImpl::bootstrapFromMpi(Config& cfg) {
@@ -566,6 +569,8 @@ ProcessSetStats Runtime::stats(int32_t processSet) const {
   return impl_->sets.controllerFor(processSet, impl_->rank)->stats();
 }
 void Runtime::synchronize() { impl_->synchronize(); }
+void Runtime::setOpLog(bool on) { impl_->opLog->set(on); }
+std::vector<OpRecord> Runtime::takeOpLog() { return impl_->opLog->take(); }
 std::shared_ptr<void> Runtime::waitingElsewhere(int32_t processSet) {
   std::shared_ptr<CycleDriver> driver = impl_->sets.controllerFor(processSet, impl_->rank)->driver();
   driver->park();

@@ -14,6 +14,7 @@
 #include "core/entry.h"
 #include "core/name_registry.h"
 #include "core/process_set_table.h"
+#include "core/op_log.h"
 #include "core/timeline.h"
 #include "base/net_address.h"
 
@@ -58,6 +59,7 @@ class RuntimeImpl {
   ProcessSetTable sets;
   // Written on rank 0 only; shared by this rank's controllers.
   std::shared_ptr<Timeline> timeline = std::make_shared<Timeline>();
+  std::shared_ptr<OpLog> opLog = std::make_shared<OpLog>();  // shared by this rank's controllers
   const Bootstrap* mpiWorld() const { return mpi_.get(); }
   // Point-to-point, for the whole job; waiters drive it through p2pDriver.
   std::unique_ptr<PointToPoint> p2p;

@@ -115,3 +115,14 @@ def have(module):
 
 __all__ = ["BUILD", "PYTHON", "WORKERS", "chorusrun", "single", "losses", "run", "env", "have", "shutil", "overlay",
            "deepspeed_env", "real_deepspeed", "same_weights"]
+
+
+def under_both(n, script, tmp_path, *args):
+    """script on n ranks under the real DeepSpeed and under chorus, each given its own
+    folder (tmp_path/deepspeed, tmp_path/chorus) first; returns the folders and outputs."""
+    folders, outs = {}, {}
+    for who, start in (("deepspeed", real_deepspeed), ("chorus", chorusrun)):
+        folders[who] = tmp_path / who
+        folders[who].mkdir()
+        outs[who] = start(n, script, folders[who], *args)
+    return folders, outs

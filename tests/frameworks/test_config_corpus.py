@@ -11,8 +11,6 @@ import re
 from conftest import chorusrun, real_deepspeed
 
 GAPS = {
-    "flops_profiler": "the flops profiler is not built yet (refused by name)",
-    "comms_logger": "the communication logger is not built yet (refused by name)",
     "communication_data_type fp32 with bf16": "reducing in another dtype than the model's is not built yet",
     "bf16": "DeepSpeed's bf16 optimizer without ZeRO gives other losses than its own ZeRO stages (3e-3 apart "
             "at step 2); chorus gives the ZeRO stages' losses",

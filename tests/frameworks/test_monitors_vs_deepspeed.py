@@ -9,7 +9,7 @@ import json
 import os
 import struct
 
-from conftest import PYTHON, chorusrun, real_deepspeed, run
+from conftest import PYTHON, chorusrun, run, under_both
 
 TIMED = ("forward", "backward", "backward_inner", "backward_allreduce", "step")
 EVENTS = {"Train/Samples/lr"} | {f"Train/Samples/elapsed_time_ms_{t}" for t in TIMED}
@@ -63,11 +63,8 @@ def read_wandb(folder):
 
 
 def test_monitors_write_what_deepspeed_writes(tmp_path):
-    ds, ch = tmp_path / "deepspeed", tmp_path / "chorus"
-    ds.mkdir()
-    ch.mkdir()
-    real_deepspeed(1, "monitors.py", ds)
-    chorusrun(1, "monitors.py", ch)
+    folders, _ = under_both(1, "monitors.py", tmp_path)
+    ds, ch = folders["deepspeed"], folders["chorus"]
     want_csv, got_csv = read_csv(ds), read_csv(ch)
     assert sorted(got_csv) == sorted(want_csv) == sorted(e.replace("/", "_") + ".csv" for e in EVENTS)
     for name, (header, rows) in want_csv.items():

@@ -2,6 +2,8 @@
 on torch.distributed, which init_distributed starts beside chorus's runtime (on the
 MASTER_ADDR/MASTER_PORT every chorus launcher leaves it); before that, or when a
 program never starts torch.distributed, the queries and collectives go to chorus."""
+import functools
+import inspect
 import os
 from datetime import timedelta
 
@@ -9,6 +11,9 @@ import torch
 import torch.distributed as _dist
 
 import chorus.torch as _hvd
+from chorus.deepspeed.comm.comms_logging import CommsLogger
+
+comms_logger = CommsLogger()
 
 ReduceOp = _dist.ReduceOp
 default_pg_timeout = timedelta(minutes=30)
@@ -87,6 +92,40 @@ def _torch(group=None):
     return _dist.is_initialized() and not isinstance(group, _hvd.ProcessSet)
 
 
+def _msg_bytes(name, bound):
+    """The message size DeepSpeed's logger counts for one call: each rank's part."""
+    args = bound.arguments
+    for key in ({"all_gather_into_tensor": "tensor", "reduce_scatter_tensor": "output_tensor"}.get(name, ""),
+                "tensor", "output_tensor", "output"):
+        if torch.is_tensor(args.get(key)):
+            return args[key].numel() * args[key].element_size()
+    return 0
+
+
+def _logged(default_name):
+    """DeepSpeed's prof/log_name/debug arguments; a call that goes to torch.distributed is
+    timed here (chorus's own collectives are in its op log)."""
+    def wrap(fn):
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def call(*args, prof=False, log_name=None, debug=None, **kwargs):
+            name = log_name or default_name
+            if not comms_logger.enabled:
+                return fn(*args, **kwargs)
+            bound = signature.bind(*args, **kwargs)
+            group = bound.arguments.get("group")
+            if not _torch(group) or not (prof or comms_logger.profiles(name)):
+                result = fn(*args, **kwargs)
+                if comms_logger.verbose:  # each op's line as it completes
+                    comms_logger.drain()
+                return result
+            with comms_logger.timed(name, _msg_bytes(default_name, bound), get_world_size(group)):
+                return fn(*args, **kwargs)
+        return call
+    return wrap
+
+
 def _set(group):
     return group if isinstance(group, _hvd.ProcessSet) else _hvd.global_process_set
 
@@ -121,6 +160,7 @@ def get_global_rank(group=None, group_rank=0):
     return _dist.get_global_rank(group, group_rank) if _torch(group) and group is not None else group_rank
 
 
+@_logged("barrier")
 def barrier(group=None, async_op=False, device_ids=None):
     if _torch(group):
         return _dist.barrier(group=group, async_op=async_op)
@@ -131,6 +171,7 @@ def new_group(ranks):
     return _dist.new_group(ranks)
 
 
+@_logged("all_reduce")
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
     if _torch(group):
         return _dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
@@ -144,6 +185,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
 inference_all_reduce = all_reduce
 
 
+@_logged("broadcast")
 def broadcast(tensor, src, group=None, async_op=False):
     if _torch(group):
         return _dist.broadcast(tensor, src, group=group, async_op=async_op)
@@ -151,6 +193,7 @@ def broadcast(tensor, src, group=None, async_op=False):
     return None
 
 
+@_logged("all_gather")
 def all_gather(tensor_list, tensor, group=None, async_op=False):
     if _torch(group):
         return _dist.all_gather(tensor_list, tensor, group=group, async_op=async_op)
@@ -160,6 +203,7 @@ def all_gather(tensor_list, tensor, group=None, async_op=False):
     return None
 
 
+@_logged("all_gather_into_tensor")
 def all_gather_into_tensor(output_tensor, tensor, group=None, async_op=False):
     if _torch(group):
         return _dist.all_gather_into_tensor(output_tensor, tensor, group=group, async_op=async_op)
@@ -170,6 +214,7 @@ def all_gather_into_tensor(output_tensor, tensor, group=None, async_op=False):
 allgather_fn = all_gather_into_tensor
 
 
+@_logged("reduce_scatter_tensor")
 def reduce_scatter_tensor(output_tensor, tensor, op=ReduceOp.SUM, group=None, async_op=False):
     if _torch(group):
         return _dist.reduce_scatter_tensor(output_tensor, tensor, op=op, group=group, async_op=async_op)
@@ -178,6 +223,7 @@ def reduce_scatter_tensor(output_tensor, tensor, op=ReduceOp.SUM, group=None, as
     return None
 
 
+@_logged("reduce")
 def reduce(tensor, dst, op=ReduceOp.SUM, group=None, async_op=False):
     if _torch(group):
         return _dist.reduce(tensor, dst, op=op, group=group, async_op=async_op)
@@ -187,6 +233,7 @@ def reduce(tensor, dst, op=ReduceOp.SUM, group=None, async_op=False):
     return None
 
 
+@_logged("all_to_all_single")
 def all_to_all_single(output, tensor, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False):
     if _torch(group):
         return _dist.all_to_all_single(output, tensor, output_split_sizes, input_split_sizes, group=group,
@@ -196,10 +243,12 @@ def all_to_all_single(output, tensor, output_split_sizes=None, input_split_sizes
     return None
 
 
+@_logged("send")
 def send(tensor, dst, group=None, tag=0):
     return _dist.send(tensor, dst, group=group, tag=tag)
 
 
+@_logged("recv")
 def recv(tensor, src=None, group=None, tag=0):
     return _dist.recv(tensor, src=src, group=group, tag=tag)
 
@@ -213,8 +262,42 @@ def destroy_process_group(group=None):
         _dist.destroy_process_group(group)
 
 
-def log_summary(show_straggler=False):
-    """DeepSpeed prints its comms log here; chorus's statistics are in chorus.torch.stats()."""
+def configure(deepspeed_config=None, enabled=None, prof_all=None, prof_ops=None, verbose=None, debug=None):
+    """The communication logger: from a config (its comms_logger section switches it on),
+    then the arguments given, as DeepSpeed's configure."""
+    if deepspeed_config is not None:
+        raw = deepspeed_config if isinstance(deepspeed_config, dict) else getattr(deepspeed_config, "_param_dict", {})
+        comms_logger.configure(raw.get("comms_logger"))
+    for key, value in (("enabled", enabled), ("prof_all", prof_all), ("prof_ops", prof_ops), ("verbose", verbose),
+                       ("debug", debug)):
+        if value is not None:
+            setattr(comms_logger, key, value)
+    comms_logger._listen()
+
+
+def start_profiling_comms():
+    comms_logger.start_profiling_comms()
+
+
+def stop_profiling_comms():
+    comms_logger.stop_profiling_comms()
+
+
+def start_profiling_op(op_name_list):
+    comms_logger.start_profiling_op(op_name_list)
+
+
+def stop_profiling_op(op_name_list):
+    comms_logger.stop_profiling_op(op_name_list)
+
+
+def log_summary(show_straggler=False, return_dict=False):
+    """The communication log's summary, printed on rank 0 (every rank returns it with
+    return_dict); collective, as DeepSpeed's."""
+    barrier()
+    result = comms_logger.log_all(print_log=get_rank() == 0, show_straggler=show_straggler, return_dict=return_dict)
+    barrier()
+    return result
 
 
 class _Mesh:

@@ -72,11 +72,6 @@ RULES = [
      "chorus reduces gradients in the model's dtype; a different communication dtype is not built yet"),
     ("compile.deepcompile", lambda c: bool(_get(c, "compile.deepcompile")),
      "DeepCompile is not in chorus; call torch.compile on the model"),
-    ("flops_profiler.enabled", lambda c: bool(_get(c, "flops_profiler.enabled")),
-     "the flops profiler is not built yet; remove the section"),
-    ("comms_logger", lambda c: "comms_logger" in c,
-     "the communication logger is not built yet (DeepSpeed turns it on by the section's presence); use "
-     "chorus's timeline (CHORUS_TIMELINE=file.json)"),
     ("data_efficiency.data_sampling.curriculum_learning.enabled",
      lambda c: bool(_get(c, "data_efficiency.data_sampling.curriculum_learning.enabled")),
      "curriculum learning is not built yet; remove the section"),

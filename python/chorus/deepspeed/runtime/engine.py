@@ -401,7 +401,7 @@ class DeepSpeedEngine(EngineQueries, EngineMonitor, torch.nn.Module):
     def forward(self, *inputs, **kwargs):
         if self.dtype != torch.float32:
             inputs, kwargs = self._cast(inputs), self._cast(kwargs)
-        with self._timed("forward"):
+        with self._timed("forward"), self._profiled_forward():
             if self._autocast is not None:
                 with self._autocast.context():
                     return self.module(*inputs, **kwargs)
@@ -429,13 +429,13 @@ class DeepSpeedEngine(EngineQueries, EngineMonitor, torch.nn.Module):
                                "deepspeed.initialize and the config has no 'optimizer' section); it runs "
                                "forward and backward only")
         boundary = self.is_gradient_accumulation_boundary()
+        profiling = self._profiling()
         self.micro_steps += 1
         self.global_samples += self.train_micro_batch_size_per_gpu() * self._dp_size()
-        if not boundary:
-            return
-        with self._timed("step"):
-            self._boundary_step(lr_kwargs)
-        self._write_step_events()
+        if boundary:
+            with self._timed("step"):
+                self._boundary_step(lr_kwargs)
+        self._after_step(boundary, profiling)
 
     def _boundary_step(self, lr_kwargs):
         if self._expert_parts:

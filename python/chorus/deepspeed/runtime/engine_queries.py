@@ -130,7 +130,9 @@ class EngineQueries:
         return self._raw_config.get("steps_per_print", 10)
 
     def wall_clock_breakdown(self):
-        return bool(self._raw_config.get("wall_clock_breakdown", False))
+        # (the flops profiler turns it on, as in DeepSpeed)
+        return bool(self._raw_config.get("wall_clock_breakdown", False)) or \
+            bool((self._raw_config.get("flops_profiler") or {}).get("enabled", False))
 
     def postscale_gradients(self):
         return not self._raw_config.get("prescale_gradients", False)
