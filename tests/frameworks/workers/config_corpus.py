@@ -108,7 +108,9 @@ CORPUS = {
                                             "output_file": os.path.join(SCRATCH, "flops.txt")}),
     "comms_logger": with_(comms_logger={"enabled": True, "verbose": False, "prof_all": True, "debug": False}),
     "communication_data_type fp32 with bf16": with_(bf16={"enabled": True}, communication_data_type="fp32"),
+    "engine.compile() zero 2": with_(zero_optimization=zero(2), compile={"deepcompile": False}),
 }
+COMPILED = {"engine.compile() zero 2"}  # these call engine.compile() (torch.compile) before training
 
 
 def model():
@@ -117,9 +119,12 @@ def model():
                                torch.nn.Linear(32, 4))
 
 
-def train(cfg):
+def train(cfg, compile_=False):
     import deepspeed
     engine, _, _, _ = deepspeed.initialize(model=model(), model_parameters=None, config=cfg)
+    if compile_:
+        engine.compile()
+        assert engine.is_compiled and engine.module._compiled_call_impl is not None
     dtype = torch.bfloat16 if (cfg.get("bf16") or cfg.get("bfloat16") or {}).get("enabled") else \
         torch.float16 if (cfg.get("fp16") or {}).get("enabled") else torch.float32
     gen = torch.Generator().manual_seed(1)
@@ -141,7 +146,7 @@ def main():
     results = {}
     for name, cfg in CORPUS.items():
         try:
-            results[name] = {"losses": train(cfg)}
+            results[name] = {"losses": train(cfg, name in COMPILED)}
         except BaseException as e:  # noqa: B036  (DeepSpeed's autotuner exits; record, go on)
             results[name] = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
     with open(out, "w") as f:

@@ -475,6 +475,29 @@ class DeepSpeedEngine(EngineQueries, EngineMonitor, torch.nn.Module):
         """Gradients live in the engine and are cleared at each step."""
 
     @property
+    def is_compiled(self):
+        return getattr(self, "_is_compiled", False)
+
+    def compile(self, backend=None, compile_kwargs=None, schedule=None, compiled_autograd_enabled=False):
+        """torch.compile of the module in place (its parameters stay the engine's), as
+        DeepSpeed's engine.compile without DeepCompile."""
+        if not hasattr(torch.nn.Module, "compile"):
+            raise RuntimeError(f"compile is not supported in your version of PyTorch ({torch.__version__}; "
+                               "nn.Module.compile needs 2.2 or later)")
+        if schedule is not None:
+            raise ValueError("engine.compile(schedule=...): schedules are DeepCompile's, which chorus does not have")
+        if compiled_autograd_enabled:
+            raise ValueError("engine.compile(compiled_autograd_enabled=True): chorus's gradient hooks hand each "
+                             "gradient to its ZeRO engine as autograd makes it, which compiled autograd would trace")
+        if self.is_compiled:
+            return
+        kwargs = dict(compile_kwargs or {})
+        kwargs["backend"] = backend or kwargs.get("backend", "inductor")
+        self.module.compile(**kwargs)
+        self._is_compiled = True
+        self._compile_kwargs = kwargs
+
+    @property
     def loss_scale(self):
         return self.core.loss_scale
 

@@ -217,7 +217,6 @@ UNSUPPORTED = {
     "get_pld_theta": "progressive layer drop",
     "load_moe_state_dict": "mixture of experts",
     "get_sequence_parallel_group": "sequence parallelism",
-    "compile": "compiling the engine with torch.compile",
     "offload_states": "offloading states on demand (use the offload_* config sections)",
     "reload_states": "offloading states on demand (use the offload_* config sections)",
     "empty_partition_cache": "ZeRO-3's partition cache",
