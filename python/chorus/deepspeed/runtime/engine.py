@@ -159,18 +159,22 @@ class DeepSpeedEngine(EngineQueries, EngineMonitor, torch.nn.Module):
         self._monitor_init()
 
     # --- setup -------------------------------------------------------------------------------
+    def _torch_ops_for(self, kind, offload):
+        """Whether kind steps in torch ops over the partition: on a device, where chorus's
+        engine has Adam and SGD kernels only, for Lion and Adagrad (unless offloaded to
+        the CPU kernels) and LAMB."""
+        return self._device.type == "cuda" and kind in ("lion", "adagrad", "lamb") and \
+            not (offload and kind != "lamb")
+
     def _device_kernel(self, kind, groups, offload):
-        """(kind, client): on a device, chorus's engine has Adam and SGD kernels; Lion,
-        Adagrad (unless offloaded to the CPU kernels) and LAMB step in torch ops over
-        the partition, with the same update."""
-        if self._device.type != "cuda" or kind not in ("lion", "adagrad", "lamb") or \
-                (offload and kind != "lamb"):
+        """(kind, client): the client that steps kind in torch ops where _torch_ops_for says so."""
+        if not self._torch_ops_for(kind, offload):
             return kind, self._client
-        from chorus.deepspeed.ops.adagrad import DeepSpeedCPUAdagrad
         from chorus.deepspeed.ops.lion import DeepSpeedCPULion
         from chorus.deepspeed.runtime.partition_lamb import PartitionLamb
         cls, names = {"lion": (DeepSpeedCPULion, ("lr", "betas", "weight_decay")),
-                      "adagrad": (DeepSpeedCPUAdagrad, ("lr", "eps", "weight_decay")),
+                      "adagrad": (torch.optim.Adagrad, ("lr", "lr_decay", "weight_decay",
+                                                        "initial_accumulator_value", "eps")),
                       "lamb": (PartitionLamb, ("lr", "betas", "eps", "weight_decay", "bias_correction",
                                                "eps_inside_sqrt", "max_coeff", "min_coeff"))}[kind]
         # One stand-in parameter per group; _bind_client puts the partition's views there.

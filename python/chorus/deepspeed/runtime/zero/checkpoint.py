@@ -12,6 +12,7 @@ import torch
 from chorus import _core
 import chorus.torch as hvd
 from chorus.deepspeed.runtime import expert_parts
+from chorus.deepspeed.runtime.zero import client_state as client_optim
 from chorus.deepspeed.runtime.utils import partition_dim
 
 MODEL_STATES = "model_states.chorus"
@@ -78,6 +79,7 @@ def save(engine, save_dir, tag, client_state, save_latest, exclude_frozen_parame
         os.makedirs(path, exist_ok=True)
         if engine.core.writes_shard:
             engine.core.save_shard(os.path.join(path, shard_name(ps.rank(), mp)), identity)
+        client_optim.save(engine, path, identity)
         expert_parts.save(engine, path, identity)
         if ps.rank() == 0:
             _save_model_states(engine, path, client_state, exclude_frozen_parameters, identity)
@@ -195,9 +197,22 @@ def load(engine, load_dir, tag, load_lr_scheduler_states):
             raise
     elif error is not None:
         raise error
+    client = error = None
+    try:
+        client = client_optim.read(engine, path, meta.get("save", ""))
+    except (ValueError, OSError, RuntimeError) as e:
+        error = e
+    if engine._client is not None:  # every rank learns of one's failure before the shards' collectives
+        try:
+            _agree(engine.process_set, error, "reading the client optimizer's state", verb="load_checkpoint")
+        except RuntimeError:
+            if error is not None:
+                raise error from None
+            raise
     engine.core.load_shards([os.path.join(path, shard_name(r, mp)) for r in range(meta["shards"])],
                             meta.get("save", ""))
     expert_parts.load(engine, path, meta.get("experts", {}), meta.get("save", ""))
+    client_optim.apply(engine, client)
     for n, b in _buffers(engine.module):
         raw = blobs.get("buffer:" + n)
         if raw is None:
