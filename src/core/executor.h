@@ -46,6 +46,7 @@ class Executor {
   // Where this executor records each tensor's collective while the log is on.
   void setOpLog(std::shared_ptr<OpLog> log) { opLog_ = std::move(log); }
   void recordOp(const Response& r, double seconds);
+  OpLog* listeningLog() const { return opLog_ && opLog_->on() ? opLog_.get() : nullptr; }
   int64_t chunkBytes() const { return chunkBytes_; }
 
   // Takes the matching entries out of `entries` and completes them. A rank with

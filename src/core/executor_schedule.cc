@@ -3,6 +3,7 @@
 // priority that became ready meanwhile does not wait for all of a large one.
 #include <algorithm>
 #include <chrono>
+#include <exception>
 #include <iterator>
 
 #include "core/executor.h"
@@ -25,9 +26,10 @@ void startSpans(Timeline* t, size_t n, const At& at, const char* transport, int3
 class OpSpans {
  public:
   OpSpans(Executor& ex, Timeline* t, const Response* const* rs, size_t n, const char* transport, int32_t set)
-      : ex_(ex), t_(t && t->active() ? t : nullptr), rs_(rs), n_(n), transport_(transport),
-        start_(std::chrono::steady_clock::now()) {
+      : ex_(ex), t_(t && t->active() ? t : nullptr), log_(ex.listeningLog()), rs_(rs), n_(n),
+        transport_(transport), start_(std::chrono::steady_clock::now()) {
     if (t_) startSpans(t_, n_, [&](size_t i) -> const Response& { return *rs_[i]; }, transport, set);
+    if (log_) log_->begin();
   }
   ~OpSpans() {
     for (size_t i = 0; t_ && i < n_; ++i) t_->opEnd(rs_[i]->name);
@@ -35,12 +37,16 @@ class OpSpans {
     for (size_t i = 0; i < n_; ++i) bytes += rs_[i]->bytes();
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
     ex_.tally(rs_[0]->type, transport_, n_, bytes, seconds);
-    for (size_t i = 0; i < n_; ++i) ex_.recordOp(*rs_[i], seconds);
+    if (!log_) return;
+    if (std::uncaught_exceptions() == 0)  // (a failed op is not a completed one)
+      for (size_t i = 0; i < n_; ++i) ex_.recordOp(*rs_[i], seconds);
+    log_->end();
   }
 
  private:
   Executor& ex_;
   Timeline* t_;
+  OpLog* log_;  // the op log, when it listened as the collective began
   const Response* const* rs_;
   size_t n_;
   const char* transport_;  // a transport's static name

@@ -3,7 +3,9 @@
 // (Runtime::setOpLog): DeepSpeed's comms logger is built on it. Shared by the
 // rank's executors; appends take a lock only while the log is on.
 #include <atomic>
+#include <chrono>
 #include <mutex>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -19,12 +21,20 @@ class OpLog {
     std::lock_guard<std::mutex> lock(mu_);
     records_.push_back(std::move(r));
   }
+  // A collective's record lands just after its tensors complete: take() waits (a
+  // little, since another set's op may be in flight for long) for those under way.
+  void begin() { open_.fetch_add(1, std::memory_order_acq_rel); }
+  void end() { open_.fetch_sub(1, std::memory_order_acq_rel); }
   std::vector<OpRecord> take() {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+    while (open_.load(std::memory_order_acquire) > 0 && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
     std::lock_guard<std::mutex> lock(mu_);
     return std::exchange(records_, {});
   }
 
  private:
+  std::atomic<int> open_{0};
   std::atomic<bool> on_{false};
   std::mutex mu_;
   std::vector<OpRecord> records_;

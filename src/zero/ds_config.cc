@@ -161,6 +161,7 @@ DsConfig DsConfig::parse(const std::string& text, int world) {
   if (j.contains("bf16")) {
     requireObject(j["bf16"], "bf16");
     c.bf16 = get<bool>(j["bf16"], "enabled", "bf16", false);
+    c.bf16CheckOverflow = get<bool>(j["bf16"], "check_grad_overflow", "bf16", true);
   }
   if (c.fp16.enabled && c.bf16) throw InvalidArgument("DeepSpeed config: fp16 and bf16 cannot both be enabled");
 

@@ -38,6 +38,7 @@ struct DsConfig {
     LossScalerConfig scaler;
   } fp16;
   bool bf16 = false;
+  bool bf16CheckOverflow = true;  // bf16.check_grad_overflow: skip a step whose gradients are not finite
 
   struct Zero {
     int stage = 0;

@@ -409,8 +409,12 @@ StepResult Engine::prepareStep(float* gradScale, const double* totalSumSquares) 
   const double clip = spec_.config.gradientClipping;
   // Always: DeepSpeed's get_global_grad_norm() reports it whether or not it clips.
   const double sumsq = totalSumSquares ? *totalSumSquares : gradSumSquares();
-  // An overflow on any rank shows in the summed norm, so every rank skips together.
-  const bool overflow = fp16 && !std::isfinite(sumsq);
+  // A non-finite norm on any rank shows in the summed norm, so every rank skips together.
+  // DeepSpeed 0.19.8 skips such a step under fp16, with bf16 (at ZeRO stages unless
+  // bf16.check_grad_overflow is false) and at fp32 ZeRO stages; its plain fp32 optimizer does not.
+  const bool bf16 = spec_.config.bf16;
+  const bool checks = fp16 || (bf16 ? (stage_ == 0 || spec_.config.bf16CheckOverflow) : stage_ > 0);
+  const bool overflow = checks && !std::isfinite(sumsq);
   res.skipped = scaler_.update(overflow);
   if (res.skipped) {
     zeroGrads();

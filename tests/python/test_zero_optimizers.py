@@ -13,3 +13,8 @@ def test_torch_ops_path_equals_the_kernels(ranks):
 def test_a_torch_optimizers_state_survives_a_checkpoint(ranks, tmp_path):
     out = ok(ranks(2, "zero_client_state.py", str(tmp_path)))
     assert out.count("client state ok") == 2, out
+
+
+def test_non_finite_steps_are_skipped_as_deepspeed_skips_them(ranks):
+    out = ok(ranks(2, "zero_nonfinite.py"))
+    assert out.count("non-finite steps ok") == 2, out

@@ -9,6 +9,8 @@ import statistics
 import time
 from datetime import datetime
 
+import torch
+
 from chorus import _core
 
 # chorus's op names as DeepSpeed's comm API names them.
@@ -115,6 +117,8 @@ class CommsLogger:
                 self.t0 = time.perf_counter()
 
             def __exit__(self, *exc):
+                if torch.cuda.is_available() and torch.cuda.is_initialized():
+                    torch.cuda.synchronize()  # (as DeepSpeed's logger: the op's time, not its launch's)
                 if exc[0] is None and logger.profiles(name):
                     logger.append(name, name, (time.perf_counter() - self.t0) * 1e3, size, n)
         return _Timed()

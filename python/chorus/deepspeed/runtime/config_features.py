@@ -1,6 +1,6 @@
-"""What chorus does with each section of a DeepSpeed 0.19.8 config: SECTIONS (the
-table docs/deepspeed.md shows) and the features chorus refuses by name when a
-config switches them on, saying why and what to use instead."""
+"""The features of a DeepSpeed 0.19.8 config that chorus refuses by name when the config
+switches them on, each saying why and what to use instead (docs/deepspeed.md's table
+says what chorus does with every section)."""
 
 
 def _get(cfg, path, default=None):

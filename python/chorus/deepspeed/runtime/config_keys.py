@@ -3,8 +3,8 @@ table (config_table.py): other spellings mapped to the one chorus reads, keys
 DeepSpeed removed refused with its reason, a typo inside a section DeepSpeed
 validates refused, an unknown key elsewhere a warning with the nearest key
 (DeepSpeed ignores those), and every feature chorus does not have refused by
-name when the config switches it on. SECTIONS says, per top-level section,
-what chorus does with it (docs/deepspeed.md's table is made from it)."""
+name when the config switches it on (config_features.py; docs/deepspeed.md's
+table says what chorus does with each section)."""
 import difflib
 import warnings
 

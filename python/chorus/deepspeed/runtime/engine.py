@@ -167,18 +167,16 @@ class DeepSpeedEngine(EngineQueries, EngineMonitor, torch.nn.Module):
             not (offload and kind != "lamb")
 
     def _device_kernel(self, kind, groups, offload):
-        """(kind, client): the client that steps kind in torch ops where _torch_ops_for says so."""
+        """(kind, client): the client that steps kind in torch ops where _torch_ops_for says so
+        (the engine keeps kind: its state buffers hold the moments)."""
         if not self._torch_ops_for(kind, offload):
             return kind, self._client
-        from chorus.deepspeed.ops.lion import DeepSpeedCPULion
-        from chorus.deepspeed.runtime.partition_lamb import PartitionLamb
-        cls, names = {"lion": (DeepSpeedCPULion, ("lr", "betas", "weight_decay")),
-                      "adagrad": (torch.optim.Adagrad, ("lr", "lr_decay", "weight_decay",
-                                                        "initial_accumulator_value", "eps")),
-                      "lamb": (PartitionLamb, ("lr", "betas", "eps", "weight_decay", "bias_correction",
-                                               "eps_inside_sqrt", "max_coeff", "min_coeff"))}[kind]
-        # One stand-in parameter per group; _bind_client puts the partition's views there.
-        return None, cls([dict({k: g[k] for k in names if k in g}, params=[torch.zeros(1)]) for g in groups],
+        import inspect
+        from chorus.deepspeed.runtime.partition_optimizers import CLASSES
+        cls = CLASSES[kind]
+        names = [n for n in inspect.signature(cls.__init__).parameters if n not in ("self", "params")]
+        # One stand-in parameter per group; bind() points the optimizer at the partition.
+        return kind, cls([dict({k: g[k] for k in names if k in g}, params=[torch.zeros(1)]) for g in groups],
                          **{k: groups[0][k] for k in names if k in groups[0]})
 
     def _make_core(self):
@@ -314,8 +312,8 @@ class DeepSpeedEngine(EngineQueries, EngineMonitor, torch.nn.Module):
     def _bind_client(self):
         """An optimizer chorus cannot translate steps fp32 views of the partition: a
         fresh instance of its class, with its hyperparameters, over those views."""
-        from chorus.deepspeed.runtime.partition_lamb import PartitionLamb
-        if isinstance(self._client, PartitionLamb):
+        from chorus.deepspeed.runtime.partition_optimizers import _PartitionOptimizer
+        if isinstance(self._client, _PartitionOptimizer):
             self._client.bind(self)
             self.optimizer.param_groups = self._client.param_groups
             return

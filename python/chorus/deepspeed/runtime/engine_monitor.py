@@ -14,6 +14,8 @@ import statistics
 import sys
 import time
 
+import torch
+
 import chorus.torch as hvd
 from chorus.deepspeed.monitor.monitor import MonitorMaster
 
@@ -64,10 +66,13 @@ class EngineMonitor:
         if not self._timing:
             yield
             return
+        sync = torch.cuda.synchronize if self._device.type == "cuda" else (lambda: None)
+        sync()  # (a device's work is asynchronous: the time is the work's, not its launch's)
         start = time.perf_counter()
         try:
             yield
         finally:
+            sync()
             ms = (time.perf_counter() - start) * 1e3
             for name in names:
                 self._wall[name] += ms
@@ -77,7 +82,7 @@ class EngineMonitor:
         """Monitor events at an optimizer step, the flops profile of a profiled micro-step,
         then the timing events, and the timers start again at the next step."""
         from chorus.deepspeed.comm import comms_logger
-        if comms_logger.enabled and comms_logger.verbose:
+        if comms_logger.enabled:  # (the op log's records into the summary's counts, step by step)
             comms_logger.drain()
         if boundary and self.monitor.enabled:
             events = [("Train/Samples/lr", self.get_lr()[0], self.global_samples)]

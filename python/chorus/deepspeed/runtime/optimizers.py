@@ -58,7 +58,7 @@ def from_config(section, offload, model_params):
         adam_w_mode = params.pop("adam_w_mode", True)
         params.pop("torch_adam", None)  # torch's Adam or DeepSpeed's fused one: the same update
         params.pop("fp32_optimizer_states", None)  # chorus's optimizer states are always fp32
-        allowed = ("lr", "betas", "eps", "weight_decay", "bias_correction", "amsgrad", "adamw_mode", "foreach",
+        allowed = ("lr", "betas", "eps", "weight_decay", "bias_correction", "amsgrad", "foreach",
                    "fused", "capturable", "differentiable", "maximize", "set_grad_none")
         _check_params(name, params, allowed)
         if params.get("bias_correction") is False:

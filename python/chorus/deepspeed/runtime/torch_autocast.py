@@ -1,7 +1,8 @@
 """DeepSpeed's torch_autocast mode: the model and its master weights stay fp32, the
 forward runs under torch.autocast in the configured dtype, and the gradients of the
-parameters of the "lower precision safe" modules (Linear and Conv by default) go to
-the reduction in that dtype (DeepSpeed's comm_dtype), the others in fp32."""
+parameters of the "lower precision safe" modules (Linear and Conv by default) are
+rounded to that dtype before the reduction (DeepSpeed's comm_dtype; chorus's reduction
+then sums in fp32), the others stay fp32."""
 import importlib
 
 import torch
@@ -44,7 +45,7 @@ class Autocast:
     def mark(self, model):
         """DeepSpeed's comm_dtype on the safe modules' own parameters."""
         for module in model.modules():
-            if isinstance(module, self.safe) and type(module) in self.safe:
+            if type(module) in self.safe:  # (exact classes, as DeepSpeed's)
                 for p in module.parameters(recurse=False):
                     p.comm_dtype = self.dtype
 

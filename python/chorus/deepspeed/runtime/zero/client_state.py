@@ -16,9 +16,9 @@ def _name(rank, mp):
 
 
 def _client(engine):
-    from chorus.deepspeed.runtime.partition_lamb import PartitionLamb
+    from chorus.deepspeed.runtime.partition_optimizers import _PartitionOptimizer
     client = engine._client
-    return None if client is None or isinstance(client, PartitionLamb) else client  # (its moments are the engine's)
+    return None if client is None or isinstance(client, _PartitionOptimizer) else client  # (moments: the engine's)
 
 
 def _layout(engine):
@@ -49,9 +49,12 @@ def save(engine, path, identity):
 def read(engine, path, identity):
     """This rank's saved state, checked (None when the engine runs chorus's own kernels)."""
     client = _client(engine)
-    if client is None:
-        return None
     file = os.path.join(path, _name(engine.process_set.rank(), engine._mp_rank))
+    if client is None:
+        if os.path.exists(file):
+            raise ValueError(f"load_checkpoint: {file} holds the state of a torch optimizer the engine ran as "
+                             "given; this engine runs chorus's own kernels instead, which would start without it")
+        return None
     kind = type(client).__name__
     if not os.path.exists(file):
         raise ValueError(f"load_checkpoint: {file} is missing: the checkpoint holds no state of the {kind} "
