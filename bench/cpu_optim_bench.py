@@ -2,7 +2,9 @@
 torch's foreach versions on the same parameters, in one run: torch.optim.Adagrad
 (foreach=True) and a Lion written with torch._foreach ops (torch has no Lion).
 
-    PYTHONPATH=build/python /usr/bin/python3 bench/cpu_optim_bench.py --params 64M --json optim.json
+    PYTHONPATH=build/python build/venv-torch2/bin/python bench/cpu_optim_bench.py --params 64M --json optim.json
+
+(torch 2: torch 1.13 has no _foreach_sign.)
 
 Rows: optimizer, impl, threads, params_per_sec, the ratio to torch foreach, and the
 fraction of the memory floor (each reads p, g, state and writes p, state: 20 bytes

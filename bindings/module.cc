@@ -353,8 +353,9 @@ PYBIND11_MODULE(_core, m) {
   });
   m.def("cpu_adam_step",
         [](uintptr_t params, uintptr_t grads, uintptr_t expAvg, uintptr_t expAvgSq, size_t n, float lr, float beta1,
-           float beta2, float eps, float weightDecay, int64_t step, bool adamw, uintptr_t low, int lowDtype) {
-          AdamHyper h{lr, beta1, beta2, eps, weightDecay, adamw, step};
+           float beta2, float eps, float weightDecay, int64_t step, bool adamw, uintptr_t low, int lowDtype,
+           bool biasCorrection) {
+          AdamHyper h{lr, beta1, beta2, eps, weightDecay, adamw, step, 1.0f, biasCorrection};
           py::gil_scoped_release release;
           cpuAdamStep(h, reinterpret_cast<float*>(params), reinterpret_cast<const float*>(grads),
                             reinterpret_cast<float*>(expAvg), reinterpret_cast<float*>(expAvgSq), n,
@@ -362,7 +363,8 @@ PYBIND11_MODULE(_core, m) {
         },
         py::arg("params"), py::arg("grads"), py::arg("exp_avg"), py::arg("exp_avg_sq"), py::arg("n"), py::arg("lr"),
         py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"), py::arg("step"),
-        py::arg("adamw"), py::arg("low") = 0, py::arg("low_dtype") = static_cast<int>(DataType::kBFloat16));
+        py::arg("adamw"), py::arg("low") = 0, py::arg("low_dtype") = static_cast<int>(DataType::kBFloat16),
+        py::arg("bias_correction") = true);
   m.def("adam_simd_level", [] { return std::string(adamSimdLevel()); });
   // Lion, Adagrad and LAMB on one flat fp32 tensor in place (chorus.deepspeed.ops' CPU optimizers).
   m.def("cpu_lion_step", [](uintptr_t p, uintptr_t g, uintptr_t expAvg, size_t n, float lr, float beta1, float beta2,

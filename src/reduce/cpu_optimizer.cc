@@ -73,8 +73,12 @@ AdamCoefficients adamCoefficients(const AdamHyper& h) {
   c.beta1 = h.beta1;
   c.beta2 = h.beta2;
   c.eps = h.eps;
-  c.stepSize = h.lr / (1.0f - static_cast<float>(std::pow(static_cast<double>(h.beta1), h.step)));
-  c.invBias2Sqrt = 1.0f / std::sqrt(1.0f - static_cast<float>(std::pow(static_cast<double>(h.beta2), h.step)));
+  c.stepSize = h.lr;
+  c.invBias2Sqrt = 1.0f;
+  if (h.biasCorrection) {
+    c.stepSize = h.lr / (1.0f - static_cast<float>(std::pow(static_cast<double>(h.beta1), h.step)));
+    c.invBias2Sqrt = 1.0f / std::sqrt(1.0f - static_cast<float>(std::pow(static_cast<double>(h.beta2), h.step)));
+  }
   c.decay = h.adamw ? 1.0f - h.lr * h.weightDecay : 1.0f;
   c.l2 = h.adamw ? 0.0f : h.weightDecay;
   c.gradScale = h.gradScale;

@@ -36,6 +36,7 @@ struct AdamHyper {
   bool adamw = false;  // decoupled weight decay (AdamW) instead of L2 (Adam)
   int64_t step = 1;    // 1 for the first update (bias correction)
   float gradScale = 1.0f;  // gradients are multiplied by it first (loss-scale and clipping)
+  bool biasCorrection = true;  // false: DeepSpeed's Adam with bias_correction off (raw moments)
 };
 
 // The step's coefficients (the device kernels apply the same ones).

@@ -16,7 +16,8 @@ struct GroupHyper {
   bool nesterov = false;
   float lrDecay = 0.0f, initialAccumulator = 0.0f;  // Adagrad (torch's)
   float maxCoeff = 10.0f, minCoeff = 0.01f;         // LAMB's trust ratio bounds
-  bool biasCorrection = true, epsInsideSqrt = false;  // LAMB
+  bool biasCorrection = true;  // Adam, LAMB
+  bool epsInsideSqrt = false;  // LAMB
 };
 
 }  // namespace chorus::zero

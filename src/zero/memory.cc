@@ -184,7 +184,8 @@ class DeviceMemory final : public Memory {
     if (kind == OptimKind::kSgd) {
       b_->sgd(sgdCoefficients(h, a.gradScale, a.step), a.dtype, lowDtype, &t, 1, stream_);
     } else {
-      AdamHyper ah{h.lr, h.beta1, h.beta2, h.eps, h.weightDecay, kind == OptimKind::kAdamW, a.step, a.gradScale};
+      AdamHyper ah{h.lr, h.beta1, h.beta2, h.eps, h.weightDecay, kind == OptimKind::kAdamW, a.step, a.gradScale,
+                   h.biasCorrection};
       b_->adam(adamCoefficients(ah), a.dtype, lowDtype, &t, 1, stream_);
     }
     if (a.low && !lowIs16 && static_cast<void*>(a.low) != static_cast<void*>(a.master))

@@ -40,7 +40,8 @@ void chunks(const RunArgs& a, float* scratch, size_t scratchElems, bool writes, 
 }  // namespace
 
 void optimizerRun(OptimKind kind, const GroupHyper& h, const RunArgs& a, float* scratch, size_t scratchElems) {
-  AdamHyper ah{h.lr, h.beta1, h.beta2, h.eps, h.weightDecay, kind == OptimKind::kAdamW, a.step, a.gradScale};
+  AdamHyper ah{h.lr, h.beta1, h.beta2, h.eps, h.weightDecay, kind == OptimKind::kAdamW, a.step, a.gradScale,
+               h.biasCorrection};
   // torch's Adagrad starts its sums at initial_accumulator_value; its lr decays with the steps.
   if (kind == OptimKind::kAdagrad && a.step == 1 && h.initialAccumulator != 0.0f)
     std::fill(a.state1, a.state1 + a.n, h.initialAccumulator);

@@ -61,15 +61,13 @@ def from_config(section, offload, model_params):
         allowed = ("lr", "betas", "eps", "weight_decay", "bias_correction", "amsgrad", "foreach",
                    "fused", "capturable", "differentiable", "maximize", "set_grad_none")
         _check_params(name, params, allowed)
-        if params.get("bias_correction") is False:
-            raise _config_error("'optimizer.params.bias_correction' false: chorus's Adam always corrects the "
-                                "bias, as torch's Adam does; leave it true")
         if params.get("amsgrad") or params.get("maximize"):  # torch's Adam runs them, as DeepSpeed's torch_adam
             cls = torch.optim.AdamW if (low == "adamw" or adam_w_mode) else torch.optim.Adam
             kept = ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize")
             return None, None, cls(model_params, **{k: v for k, v in params.items() if k in kept})
         kind = "adamw" if (low == "adamw" or adam_w_mode) else "adam"
-        return kind, [_group(params, {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0})], None
+        return kind, [_group(params, {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0,
+                                      "bias_correction": True})], None
     if low == "lion":
         params.pop("fp32_optimizer_states", None)
         _check_params(name, params, ("lr", "betas", "weight_decay", "set_grad_none"))

@@ -14,8 +14,6 @@ class DeepSpeedCPUAdam(FlatOptimizer):
                  amsgrad=False, adamw_mode=True, fp32_optimizer_states=True):
         if amsgrad:
             raise ValueError("DeepSpeedCPUAdam: amsgrad is not supported (as in DeepSpeed)")
-        if not bias_correction:
-            raise ValueError("DeepSpeedCPUAdam: chorus's CPU Adam always applies bias correction")
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, bias_correction=bias_correction,
                         amsgrad=amsgrad)
         super().__init__(model_params, defaults)
@@ -29,4 +27,5 @@ class DeepSpeedCPUAdam(FlatOptimizer):
         b1, b2 = group["betas"]
         _core.cpu_adam_step(p.data_ptr(), g.data_ptr(), state["exp_avg"].data_ptr(), state["exp_avg_sq"].data_ptr(),
                             p.numel(), float(group["lr"]), float(b1), float(b2), float(group["eps"]),
-                            float(group["weight_decay"]), state["step"], bool(self.adam_w_mode))
+                            float(group["weight_decay"]), state["step"], bool(self.adam_w_mode),
+                            bias_correction=bool(group.get("bias_correction", True)))
