@@ -12,6 +12,7 @@ from chorus.deepspeed.runtime import config as ds_config
 from chorus.deepspeed.runtime.zero import checkpoint, stage3
 from chorus.deepspeed.runtime.engine_monitor import EngineMonitor
 from chorus.deepspeed.runtime.engine_queries import EngineQueries
+from chorus.deepspeed.runtime.engine_random_ltd import EngineRandomLTD
 from chorus.deepspeed.runtime.base_optimizer import ZeroOptimizer
 from chorus.deepspeed.runtime.optimizers import translate
 from chorus.deepspeed.runtime import expert_parts, lr_schedules, whole_model
@@ -60,7 +61,7 @@ def _full_shape(p):
     return tuple(p.ds_shape) if hasattr(p, "ds_shape") else tuple(p.shape)
 
 
-class DeepSpeedEngine(EngineQueries, EngineMonitor, torch.nn.Module):
+class DeepSpeedEngine(EngineQueries, EngineMonitor, EngineRandomLTD, torch.nn.Module):
     def __init__(self, model, optimizer=None, model_parameters=None, config_text=None, process_set=None,
                  lr_scheduler=None, pipe_set=None, tensor_parallel_size=1, model_parallel_rank=0,
                  tensor_parallel_set=None):
@@ -157,6 +158,7 @@ class DeepSpeedEngine(EngineQueries, EngineMonitor, torch.nn.Module):
         self._hook_grads()
         self._stage3 = stage3.Stage3Hooks(self) if self.core.stage == 3 else None
         self._monitor_init()
+        self._random_ltd_init()
 
     # --- setup -------------------------------------------------------------------------------
     def _torch_ops_for(self, kind, offload):
@@ -403,6 +405,7 @@ class DeepSpeedEngine(EngineQueries, EngineMonitor, torch.nn.Module):
     def forward(self, *inputs, **kwargs):
         if self.dtype != torch.float32:
             inputs, kwargs = self._cast(inputs), self._cast(kwargs)
+        self._random_ltd_forward()
         with self._timed("forward"), self._profiled_forward():
             if self._autocast is not None:
                 with self._autocast.context():
@@ -569,7 +572,11 @@ class DeepSpeedEngine(EngineQueries, EngineMonitor, torch.nn.Module):
                 for i in own:
                     whole[id(self._params[i])] = self._params[i].detach().clone()
                 self._stage3.release(m)
-        return {k: whole[id(v)] if id(v) in whole else v.detach().clone() for k, v in state.items()}
+        out = {k: whole[id(v)] if id(v) in whole else v.detach().clone() for k, v in state.items()}
+        if self.random_ltd_enabled():  # the plain model's names, as DeepSpeed's
+            from chorus.deepspeed.runtime.data_pipeline.data_routing import remove_random_ltd_state_dict
+            out = dict(remove_random_ltd_state_dict(out))
+        return out
 
     def whole_16bit_state(self, exclude_frozen_parameters=False):
         """The plain model's weights in their training dtype: ZeRO-3's gathered, every

@@ -160,7 +160,7 @@ class EngineQueries:
         return False
 
     def data_efficiency_enabled(self):
-        return False
+        return bool((self._raw_config.get("data_efficiency") or {}).get("enabled", False))
 
     def pld_enabled(self):
         return False

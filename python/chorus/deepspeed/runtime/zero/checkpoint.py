@@ -119,6 +119,7 @@ def _save_model_states(engine, path, client_state, exclude_frozen_parameters, id
         "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None and
         hasattr(engine.lr_scheduler, "state_dict") else None,
         "experts": expert_parts.describe(engine),
+        "random_ltd": engine.random_ltd_scheduler.state_dict() if engine.random_ltd_scheduler is not None else None,
         "buffers": [[n, str(b.dtype).replace("torch.", ""), list(b.shape)] for n, b in _buffers(engine.module)],
     }
     blobs = {"client_state": pickle.dumps(client_state)}
@@ -230,6 +231,8 @@ def load(engine, load_dir, tag, load_lr_scheduler_states):
     engine.skipped_steps = meta["skipped_steps"]
     for g, saved in zip(engine.optimizer.param_groups, meta["param_groups"]):
         g.update({k: tuple(v) if k == "betas" else v for k, v in saved.items()})
+    if engine.random_ltd_scheduler is not None and meta.get("random_ltd") is not None:
+        engine.random_ltd_scheduler.load_state_dict(meta["random_ltd"])
     if load_lr_scheduler_states and engine.lr_scheduler is not None and meta["lr_scheduler"] is not None:
         engine.lr_scheduler.load_state_dict(meta["lr_scheduler"])
     return path, pickle.loads(blobs["client_state"])
