@@ -61,18 +61,38 @@ def _agree(ps, error, what, across=None, verb="save_checkpoint"):
         raise RuntimeError(f"{verb}: {what} failed on {where}{why}") from error
 
 
+def _validate_tag(engine, tag):
+    """checkpoint.tag_validation (Warn by default, Ignore, Fail), as DeepSpeed's: every rank's
+    tag must be the same, since each writes into the folder its tag names."""
+    mode = str((engine._raw_config.get("checkpoint") or {}).get("tag_validation", "Warn")).upper()
+    if mode not in ("WARN", "IGNORE", "FAIL"):
+        raise ValueError(f"DeepSpeed config: 'checkpoint.tag_validation' {mode!r} is not Warn, Ignore or Fail")
+    # Every rank sees every tag, so a bad one is an error on all of them, not a wait.
+    tags = hvd.allgather_object(tag, process_set=engine.process_set, name="ckpt.tags")
+    bad = sorted({t for t in tags if "/" in t or t in ("", ".", "..")})
+    if bad:
+        raise ValueError(f"save_checkpoint: tag(s) {bad} are not valid folder names")
+    if mode == "IGNORE" or len(set(tags)) == 1:
+        return
+    msg = (f"save_checkpoint: the checkpoint tag differs across the ranks ({sorted(set(tags))}); each rank writes "
+           "into the folder its tag names, and a tag with a rank in it cannot be restored at another size")
+    if mode == "FAIL":
+        raise ValueError(msg)
+    import warnings
+    warnings.warn(msg)
+
+
 def save(engine, save_dir, tag, client_state, save_latest, exclude_frozen_parameters=False):
     tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
-    if "/" in tag or tag in ("", ".", ".."):
-        raise ValueError(f"save_checkpoint: tag '{tag}' is not a valid folder name")
+    _validate_tag(engine, tag)
     path = os.path.join(save_dir, tag)
     ps, mp = engine.process_set, engine._mp_rank
     # This save's identity, in every file of it: a load refuses files of different saves.
     save_id = hvd.broadcast_object(os.urandom(8).hex() if ps.rank() == 0 else None, root_rank=ps.ranks[0]
-                                   if ps.ranks else 0, process_set=ps, name=f"ckpt.id.{tag}")
+                                   if ps.ranks else 0, process_set=ps, name="ckpt.id")
     if mp is not None:  # one identity for every slice (whole experts' shards span the slices)
         save_id = hvd.broadcast_object(save_id, root_rank=engine._pipe_set.ranks[0], process_set=engine._pipe_set,
-                                       name=f"ckpt.id.slices.{tag}")
+                                       name="ckpt.id.slices")  # (not the tag: ranks may differ in it)
     identity = json.dumps({"tag": tag, "step": engine.global_steps, "save_id": save_id}, sort_keys=True)
     error = None
     try:
