@@ -162,9 +162,18 @@ DsConfig DsConfig::parse(const std::string& text, int world) {
     requireObject(j["bf16"], "bf16");
     c.bf16 = get<bool>(j["bf16"], "enabled", "bf16", false);
     c.bf16CheckOverflow = get<bool>(j["bf16"], "check_grad_overflow", "bf16", true);
+    c.bf16MasterWeights = get<bool>(j["bf16"], "bf16_master_weights_and_grads", "bf16", false);
+    c.bf16OptimizerStates = get<bool>(j["bf16"], "bf16_optimizer_states", "bf16", false);
+    if (c.bf16OptimizerStates && !c.bf16MasterWeights)
+      throw InvalidArgument("DeepSpeed config: 'bf16.bf16_optimizer_states' needs bf16.bf16_master_weights_and_grads");
   }
   if (c.fp16.enabled && c.bf16) throw InvalidArgument("DeepSpeed config: fp16 and bf16 cannot both be enabled");
 
+  if (c.bf16MasterWeights) {
+    const json* z = j.contains("zero_optimization") ? &j["zero_optimization"] : nullptr;
+    if (!z || !z->is_object() || get<int>(*z, "stage", "zero_optimization", 0) == 0)
+      throw InvalidArgument("DeepSpeed config: 'bf16.bf16_master_weights_and_grads' needs a ZeRO stage (1, 2 or 3)");
+  }
   if (j.contains("zero_optimization")) {
     const json& z = j["zero_optimization"];
     const std::string zp = "zero_optimization";

@@ -39,6 +39,9 @@ struct DsConfig {
   } fp16;
   bool bf16 = false;
   bool bf16CheckOverflow = true;  // bf16.check_grad_overflow: skip a step whose gradients are not finite
+  // bf16.bf16_master_weights_and_grads / bf16_optimizer_states (ZeRO stages): the master
+  // weights (and the optimizer's states) keep bf16's precision between steps.
+  bool bf16MasterWeights = false, bf16OptimizerStates = false;
 
   struct Zero {
     int stage = 0;

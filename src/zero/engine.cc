@@ -468,6 +468,7 @@ StepResult Engine::stepWith(const std::vector<GroupHyper>& groups, const double*
   if (res.skipped) return res;
   if (spec_.optimizer == OptimKind::kLamb) {
     lambStep(groups, gradScale);
+    keepBf16Precision();
     publishParams();
     zeroGrads();
     return res;
@@ -486,9 +487,26 @@ StepResult Engine::stepWith(const std::vector<GroupHyper>& groups, const double*
               optSteps_};
     mem_->optimizer(spec_.optimizer, groups[run.group], a);
   }
+  keepBf16Precision();
   publishParams();
   zeroGrads();
   return res;
+}
+
+void Engine::keepBf16Precision() {
+  const DsConfig& c = spec_.config;
+  if (!c.bf16 || !c.bf16MasterWeights) return;
+  const size_t part = plan_->partitionElems();
+  if (bf16Scratch_.size() < part * 2) bf16Scratch_ = mem_->scratch(part * 2);
+  auto round = [&](float* p) {  // through bf16 and back: what a bf16 buffer would hold
+    mem_->fromFloat(bf16Scratch_.bytes(), p, DataType::kBFloat16, part);
+    mem_->toFloat(p, bf16Scratch_.bytes(), DataType::kBFloat16, part);
+  };
+  if (!masterIsParams_) round(masterPtr());
+  if (c.bf16OptimizerStates) {
+    round(state1_.as<float>());
+    if (state2_.size()) round(state2_.as<float>());
+  }
 }
 
 RunArgs Engine::pieceArgs(const Piece& p, float gradScale) {
@@ -544,6 +562,7 @@ StepResult Engine::stepExternalWith(const double* totalSumSquares) {
 }
 
 void Engine::publishExternal() {
+  keepBf16Precision();
   if (!masterIsParams_)
     for (size_t u = 0; u < plan_->units().size(); ++u)
       mem_->fromFloat(paramSlice(u), master_.as<float>() + plan_->units()[u].partOffset, spec_.dtype,

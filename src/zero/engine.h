@@ -179,6 +179,7 @@ class Engine {
   StepResult stepExternalWith(const double* totalSumSquares);
   RunArgs pieceArgs(const Piece& p, float gradScale);
   void lambStep(const std::vector<GroupHyper>& groups, float gradScale);
+  void keepBf16Precision();  // bf16 master weights (and states): rounded to bf16 after each step
   int acquireBucket(size_t u);
   void launchUnit(size_t u);
   void completeOldest();
@@ -200,7 +201,8 @@ class Engine {
   std::vector<size_t> unitBase_;  // stages 0-2: element offset of each unit's flat buffer
   std::unique_ptr<Memory> mem_;  // where the buffers below live
   Buffer params_, paramPart_, grads_, gradPart_, master_, state1_, state2_, externalGrad_;
-  Buffer agIn_[2];  // publishParams: this rank's slice, two units in flight
+  Buffer agIn_[2];
+  Buffer bf16Scratch_;  // keepBf16Precision's bf16 copy  // publishParams: this rank's slice, two units in flight
   bool masterIsParams_ = false;
   LossScaler scaler_;
   int64_t optSteps_ = 0;

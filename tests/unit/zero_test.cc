@@ -96,6 +96,15 @@ TEST(DsConfig, KeysAreThePythonTablesValuesAreChecked) {
     EXPECT_NE(std::string(e.what()).find("zero_optimization.overlap_comm"), std::string::npos) << e.what();
   }
   EXPECT_THROW(parse(R"({"train_batch_size": 8, "zero_optimization": 2})"), InvalidArgument);
+  // bf16 master weights need a ZeRO stage; bf16 optimizer states need bf16 master weights (as DeepSpeed).
+  const char* master = R"({"train_batch_size": 8, "bf16": {"enabled": true, "bf16_master_weights_and_grads": true})";
+  EXPECT_THROW(parse(std::string(master) + "}"), InvalidArgument);
+  auto m = parse(std::string(master) + R"(, "zero_optimization": {"stage": 1}})");
+  EXPECT_TRUE(m.bf16MasterWeights);
+  EXPECT_FALSE(m.bf16OptimizerStates);
+  EXPECT_THROW(parse(R"({"train_batch_size": 8, "bf16": {"enabled": true, "bf16_optimizer_states": true},
+                        "zero_optimization": {"stage": 1}})"),
+               InvalidArgument);
 }
 
 TEST(DsConfig, PrecisionAndRequiredValues) {

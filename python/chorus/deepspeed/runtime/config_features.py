@@ -56,10 +56,6 @@ RULES = [
      "hierarchical collectives already keep the allgather within a host first"),
     ("fp16.fp16_master_weights_and_grads", lambda c: bool(_get(c, "fp16.fp16_master_weights_and_grads")),
      "chorus keeps fp32 master weights and gradients; remove the key"),
-    ("bf16.bf16_master_weights_and_grads", lambda c: bool(_get(c, "bf16.bf16_master_weights_and_grads")),
-     "chorus keeps fp32 master weights and gradients; remove the key"),
-    ("bf16.bf16_optimizer_states", lambda c: bool(_get(c, "bf16.bf16_optimizer_states")),
-     "chorus keeps the optimizer's states in fp32; remove the key"),
     ("data_types.grad_accum_dtype",
      lambda c: _get(c, "data_types.grad_accum_dtype") is not None and
      _dtype_name(_get(c, "data_types.grad_accum_dtype")) != _model_dtype(c),

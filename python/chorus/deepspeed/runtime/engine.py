@@ -108,9 +108,6 @@ class DeepSpeedEngine(EngineQueries, EngineMonitor, EngineRandomLTD, torch.nn.Mo
             model.to(self.dtype)
         self._autocast = None
         if (self._raw_config.get("torch_autocast") or {}).get("enabled"):
-            if self.dtype != torch.float32:
-                raise ValueError("DeepSpeed config: 'torch_autocast' keeps the model in fp32 under torch.autocast; "
-                                 "it cannot be enabled together with 'fp16' or 'bf16'")
             from chorus.deepspeed.runtime.torch_autocast import Autocast
             self._autocast = Autocast(self._raw_config["torch_autocast"], self._device, cfg["stage"])
             self._autocast.mark(model)
