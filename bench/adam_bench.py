@@ -38,6 +38,13 @@ def memory_bandwidth(n):
     return 12 * n / t
 
 
+def write_json(rows, path):
+    """The rows as JSON, written to a temporary name and renamed (never half a file)."""
+    with open(path + ".tmp", "w") as f:
+        json.dump(rows, f, indent=2)
+    os.replace(path + ".tmp", path)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--params", default="64M")
@@ -79,10 +86,7 @@ def main():
             print(f"  {impl:>14} {threads:>7} {rate / 1e9:>9.3f} {rate * 28 / 1e9:>6.1f} {row['ratio_vs_foreach']:>10.2f} "
                   f"{row['floor_fraction']:>10.2f}")
     if args.json:
-        tmp = args.json + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(rows, f, indent=2)
-        os.replace(tmp, args.json)
+        write_json(rows, args.json)
 
 
 if __name__ == "__main__":

@@ -11,12 +11,11 @@ fraction of the memory floor (each reads p, g, state and writes p, state: 20 byt
 per fp32 parameter).
 """
 import argparse
-import json
 import os
 
 import torch
 
-from adam_bench import memory_bandwidth, parse_count, timed
+from adam_bench import memory_bandwidth, parse_count, timed, write_json
 from chorus.deepspeed.ops.adagrad import DeepSpeedCPUAdagrad
 from chorus.deepspeed.ops.lion import DeepSpeedCPULion
 
@@ -79,9 +78,7 @@ def main():
                 print(f"  {name:>9} {impl:>14} {threads:>7} {rate / 1e9:>9.3f} {row['ratio_vs_foreach']:>10.2f} "
                       f"{row['floor_fraction']:>10.2f}")
     if args.json:
-        with open(args.json + ".tmp", "w") as f:
-            json.dump(rows, f, indent=2)
-        os.replace(args.json + ".tmp", args.json)
+        write_json(rows, args.json)
 
 
 if __name__ == "__main__":

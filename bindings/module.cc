@@ -189,11 +189,16 @@ PYBIND11_MODULE(_core, m) {
   m.def("cuda_built", [] { return cudaBuilt(); });
   // The op log (DeepSpeed's comms logger): (op, bytes, seconds, set size, process set) per tensor.
   m.def("set_op_log", [](bool on) { rt().setOpLog(on); });
-  m.def("take_op_log", [] {
+  m.def("take_op_log", [](bool settle) {
     std::vector<std::tuple<std::string, int64_t, double, int, int32_t>> out;
-    for (auto& r : rt().takeOpLog()) out.emplace_back(std::move(r.op), r.bytes, r.seconds, r.setSize, r.processSet);
+    std::vector<OpRecord> records;
+    {
+      py::gil_scoped_release release;
+      records = rt().takeOpLog(settle);
+    }
+    for (auto& r : records) out.emplace_back(std::move(r.op), r.bytes, r.seconds, r.setSize, r.processSet);
     return out;
-  });
+  }, py::arg("settle") = true);
   m.def("process_set_stats", [](int32_t id) {
     const ProcessSetStats s = rt().stats(id);
     py::dict d;

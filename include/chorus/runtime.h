@@ -213,9 +213,10 @@ class Runtime {
   ProcessSetStats stats(int32_t processSet = kGlobalProcessSetId) const;
 
   // The op log: while on, every collective this rank runs on any process set is
-  // recorded per tensor; takeOpLog() returns the records so far and clears them.
+  // recorded per tensor; takeOpLog() returns the records so far and clears them
+  // (settle: first waits briefly for the records of collectives just completing).
   void setOpLog(bool on);
-  std::vector<OpRecord> takeOpLog();
+  std::vector<OpRecord> takeOpLog(bool settle = true);
 
   // Horovod's timeline (CHORUS_TIMELINE starts one at init): rank 0 writes a
   // Chrome trace of every tensor's negotiation and execution to path as the job

@@ -21,12 +21,13 @@ class OpLog {
     std::lock_guard<std::mutex> lock(mu_);
     records_.push_back(std::move(r));
   }
-  // A collective's record lands just after its tensors complete: take() waits (a
-  // little, since another set's op may be in flight for long) for those under way.
+  // A collective's record lands just after its tensors complete: take(settle) waits
+  // (a little, since another set's op may be in flight for long) for those under way;
+  // take(false), for a caller that drains often, does not.
   void begin() { open_.fetch_add(1, std::memory_order_acq_rel); }
   void end() { open_.fetch_sub(1, std::memory_order_acq_rel); }
-  std::vector<OpRecord> take() {
-    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+  std::vector<OpRecord> take(bool settle = true) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(settle ? 200 : 0);
     while (open_.load(std::memory_order_acquire) > 0 && std::chrono::steady_clock::now() < until)
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     std::lock_guard<std::mutex> lock(mu_);

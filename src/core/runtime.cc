@@ -570,7 +570,7 @@ ProcessSetStats Runtime::stats(int32_t processSet) const {
 }
 void Runtime::synchronize() { impl_->synchronize(); }
 void Runtime::setOpLog(bool on) { impl_->opLog->set(on); }
-std::vector<OpRecord> Runtime::takeOpLog() { return impl_->opLog->take(); }
+std::vector<OpRecord> Runtime::takeOpLog(bool settle) { return impl_->opLog->take(settle); }
 std::shared_ptr<void> Runtime::waitingElsewhere(int32_t processSet) {
   std::shared_ptr<CycleDriver> driver = impl_->sets.controllerFor(processSet, impl_->rank)->driver();
   driver->park();

@@ -97,11 +97,12 @@ class CommsLogger:
                 print(f"comm op: {record_name} | time (ms): {latency:.2f} | msg size: {convert_size(msg_size)} | "
                       f"algbw (Gbps): {algbw:.2f} | busbw (Gbps): {busbw:.2f}", flush=True)
 
-    def drain(self):
-        """chorus's op log since the last drain, into the records."""
+    def drain(self, settle=True):
+        """chorus's op log since the last drain, into the records (settle: after the records of
+        collectives just completing; the per-step drains do not wait for them)."""
         if not self.enabled or not _core.is_initialized():
             return
-        for op, nbytes, seconds, n, _ in _core.take_op_log():
+        for op, nbytes, seconds, n, _ in _core.take_op_log(settle):
             name = _NAMES.get(op)
             if name is None or not self.profiles(name):
                 continue

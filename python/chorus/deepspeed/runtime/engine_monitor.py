@@ -83,7 +83,7 @@ class EngineMonitor:
         then the timing events, and the timers start again at the next step."""
         from chorus.deepspeed.comm import comms_logger
         if comms_logger.enabled:  # (the op log's records into the summary's counts, step by step)
-            comms_logger.drain()
+            comms_logger.drain(settle=False)
         if boundary and self.monitor.enabled:
             events = [("Train/Samples/lr", self.get_lr()[0], self.global_samples)]
             if self.fp16_enabled():

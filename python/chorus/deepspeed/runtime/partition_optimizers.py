@@ -9,6 +9,7 @@ import math
 import torch
 
 import chorus.torch as hvd
+from chorus.deepspeed.ops.adagrad import adagrad_update
 from chorus.deepspeed.ops.lamb import lamb_moments, lamb_step_size, lamb_trust
 from chorus.deepspeed.ops.lion import lion_update
 
@@ -64,11 +65,7 @@ class PartitionAdagrad(_PartitionOptimizer):
             p, s, grad = master[off:off + n], sums[off:off + n], grads[off:off + n]
             if step == 1 and g["initial_accumulator_value"]:
                 s.fill_(g["initial_accumulator_value"])
-            if g["weight_decay"]:
-                grad = grad.add(p, alpha=g["weight_decay"])
-            s.addcmul_(grad, grad)
-            lr = g["lr"] / (1 + (step - 1) * g["lr_decay"])
-            p.addcdiv_(grad, s.sqrt().add_(g["eps"]), value=-lr)
+            adagrad_update(p, grad, s, g["lr"] / (1 + (step - 1) * g["lr_decay"]), g["eps"], g["weight_decay"])
 
 
 class PartitionLamb(_PartitionOptimizer):

@@ -5,6 +5,13 @@ from chorus import _core
 from chorus.deepspeed.ops._flat import FlatOptimizer, on_cpu
 
 
+def adagrad_update(p, g, sums, lr, eps, weight_decay):
+    """DeepSpeed's (and torch's) Adagrad in torch ops: g' = g + wd p; sums += g'^2; p -= lr g' / (sqrt(sums) + eps)."""
+    g = g.add(p, alpha=weight_decay) if weight_decay else g
+    sums.addcmul_(g, g)
+    p.addcdiv_(g, sums.sqrt().add_(eps), value=-lr)
+
+
 class DeepSpeedCPUAdagrad(FlatOptimizer):
     optimizer_id = 0
     state_names = ("exp_avg_sq",)
@@ -23,9 +30,7 @@ class DeepSpeedCPUAdagrad(FlatOptimizer):
         if on_cpu(p):
             _core.cpu_adagrad_step(p.data_ptr(), g.data_ptr(), s.data_ptr(), p.numel(), lr, eps, wd)
             return
-        g = g.add(p, alpha=wd) if wd else g
-        s.addcmul_(g, g)
-        p.addcdiv_(g, s.sqrt().add_(eps), value=-lr)
+        adagrad_update(p, g, s, lr, eps, wd)
 
 
-__all__ = ["DeepSpeedCPUAdagrad"]
+__all__ = ["DeepSpeedCPUAdagrad", "adagrad_update"]
