@@ -1,6 +1,7 @@
 #include "zero/ds_config.h"
 
 #include <algorithm>
+#include <cctype>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <vector>
@@ -166,6 +167,14 @@ DsConfig DsConfig::parse(const std::string& text, int world) {
     c.bf16OptimizerStates = get<bool>(j["bf16"], "bf16_optimizer_states", "bf16", false);
     if (c.bf16OptimizerStates && !c.bf16MasterWeights)
       throw InvalidArgument("DeepSpeed config: 'bf16.bf16_optimizer_states' needs bf16.bf16_master_weights_and_grads");
+  }
+  if (j.contains("communication_data_type") && !j["communication_data_type"].is_null()) {
+    std::string v = get<std::string>(j, "communication_data_type", "", "");
+    std::transform(v.begin(), v.end(), v.begin(), [](unsigned char ch) { return std::tolower(ch); });
+    if (v != "fp32" && v != "fp16" && v != "bf16")
+      throw InvalidArgument("DeepSpeed config: 'communication_data_type' " + v +
+                            " is not one of fp16, bf16, fp32 (as DeepSpeed's)");
+    c.communicationDataType = v;
   }
   if (c.fp16.enabled && c.bf16) throw InvalidArgument("DeepSpeed config: fp16 and bf16 cannot both be enabled");
 

@@ -59,6 +59,11 @@ struct DsConfig {
 
   bool forceDsCpuOptimizer = true;
 
+  // communication_data_type: the dtype gradients are reduced in ("" = the model's).
+  // fp32, fp16 or bf16; the Python layer substitutes seq_parallel_communication_data_type
+  // under sequence parallelism, as DeepSpeed's engine does.
+  std::string communicationDataType;
+
   // json: the text of a config (a file's contents or a dict dumped by Python).
   // worldSize: the data-parallel size that the batch sizes divide among.
   static DsConfig parse(const std::string& json, int worldSize);

@@ -53,6 +53,11 @@ Engine::Engine(Runtime& rt, EngineSpec spec)
                           std::to_string(spec_.normWeights.size()) + " for " + std::to_string(spec_.numels.size()) +
                           " parameters at stage " + std::to_string(stage_) + ")");
   for (int g : spec_.groupOf) numGroups_ = std::max(numGroups_, static_cast<size_t>(g) + 1);
+  commDtype_ = spec_.dtype;
+  const std::string& comm = spec_.config.communicationDataType;
+  if (comm == "fp32") commDtype_ = DataType::kFloat32;
+  if (comm == "fp16") commDtype_ = DataType::kFloat16;
+  if (comm == "bf16") commDtype_ = DataType::kBFloat16;
   mem_ = spec_.device ? deviceMemory(spec_.device, spec_.ordinal, spec_.stream, spec_.offloadChunkElems)
                       : hostMemory();
 
@@ -314,7 +319,15 @@ void Engine::launchUnit(size_t u) {
   o.name = name("rs", u);
   o.priority = unitPriority(u);
   o.op = ReduceOp::kAverage;
-  b.work = std::make_unique<Work>(rt_.reducescatterAsync(tensor(b.data.bytes(), plan_->units()[u].flatElems()), on(o)));
+  const size_t n = plan_->units()[u].flatElems();
+  Tensor in = tensor(b.data.bytes(), n);
+  if (recast()) {
+    if (b.comm.size() < plan_->maxUnitFlatElems() * commEsize())
+      b.comm = mem_->collective(plan_->maxUnitFlatElems() * commEsize());
+    convert(b.comm.bytes(), commDtype_, b.data.bytes(), spec_.dtype, n);
+    in = tensor(b.comm.bytes(), n, commDtype_);
+  }
+  b.work = std::make_unique<Work>(rt_.reducescatterAsync(in, on(o)));
   unitLaunched_[u] = true;
   inFlight_.push_back(k);
 }
@@ -329,7 +342,14 @@ void Engine::completeOldest() {
   std::unique_ptr<Work> work = std::move(b.work);
   work->wait();
   mem_->await(*work);
-  mem_->accumulate(spec_.dtype, gradSlice(u), work->output(0).data, plan_->units()[u].slice);
+  const size_t slice = plan_->units()[u].slice;
+  const void* reduced = work->output(0).data;
+  if (recast()) {
+    if (recvScratch_.size() < slice * esize()) recvScratch_ = mem_->scratch(plan_->maxUnitFlatElems() * esize());
+    convert(recvScratch_.bytes(), spec_.dtype, reduced, commDtype_, slice);
+    reduced = recvScratch_.bytes();
+  }
+  mem_->accumulate(spec_.dtype, gradSlice(u), reduced, slice);
   mem_->retire(std::shared_ptr<Work>(std::move(work)));  // (its output is read until then)
 }
 
@@ -353,6 +373,12 @@ void Engine::reduceAtBoundary() {
   for (size_t u : order) {
     const Unit& unit = plan_->units()[u];
     Tensor t = tensor(unitGrads(u), unit.flatElems());
+    if (recast()) {
+      if (!commGrads_.size()) commGrads_ = mem_->collective(grads_.size() / esize() * commEsize());
+      char* c = commGrads_.bytes() + unitBase_[u] * commEsize();
+      convert(c, commDtype_, unitGrads(u), spec_.dtype, unit.flatElems());
+      t = tensor(c, unit.flatElems(), commDtype_);
+    }
     if (stage_ == 0) {
       AllreduceOptions o;
       o.name = name("ar", u);
@@ -370,7 +396,12 @@ void Engine::reduceAtBoundary() {
   for (auto& [u, w] : works) {
     w.wait();
     mem_->await(w);
-    if (stage_ == 1) mem_->copy(gradSlice(u), w.output(0).data, plan_->units()[u].slice * esize());
+    const size_t n = stage_ == 0 ? plan_->units()[u].flatElems() : plan_->units()[u].slice;
+    char* dst = stage_ == 0 ? unitGrads(u) : gradSlice(u);
+    if (recast())
+      convert(dst, spec_.dtype, w.output(0).data, commDtype_, n);
+    else if (stage_ == 1)
+      mem_->copy(dst, w.output(0).data, n * esize());
     mem_->retire(std::make_shared<Work>(std::move(w)));  // (its output is read until then)
   }
 }
@@ -491,6 +522,18 @@ StepResult Engine::stepWith(const std::vector<GroupHyper>& groups, const double*
   publishParams();
   zeroGrads();
   return res;
+}
+
+void Engine::convert(void* dst, DataType to, const void* src, DataType from, size_t n) {
+  if (from == DataType::kFloat32) {
+    mem_->fromFloat(dst, static_cast<const float*>(src), to, n);
+  } else if (to == DataType::kFloat32) {
+    mem_->toFloat(static_cast<float*>(dst), src, from, n);
+  } else {  // bf16 <-> fp16: through fp32
+    if (convScratch_.size() < n * 4) convScratch_ = mem_->scratch(n * 4);
+    mem_->toFloat(convScratch_.as<float>(), src, from, n);
+    mem_->fromFloat(dst, convScratch_.as<float>(), to, n);
+  }
 }
 
 void Engine::keepBf16Precision() {

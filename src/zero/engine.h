@@ -165,9 +165,15 @@ class Engine {
   void reduceAtBoundary();
   void zeroGrads();
   std::string hostFloats(const float* p, size_t n) const;  // a copy in host memory
-  Tensor tensor(void* p, size_t n) const {
-    return Tensor{p, spec_.dtype, {static_cast<int64_t>(n)}, mem_->device()};
+  Tensor tensor(void* p, size_t n) const { return tensor(p, n, spec_.dtype); }
+  Tensor tensor(void* p, size_t n, DataType dtype) const {
+    return Tensor{p, dtype, {static_cast<int64_t>(n)}, mem_->device()};
   }
+  // communication_data_type: gradients go to the reduction in commDtype_; recast_
+  // when it is not the model's (each reduction then converts in and back out).
+  bool recast() const { return commDtype_ != spec_.dtype; }
+  size_t commEsize() const { return dtypeSize(commDtype_); }
+  void convert(void* dst, DataType to, const void* src, DataType from, size_t n);
   template <typename O>
   O on(O o) const {  // an op's options with the engine's set and stream
     o.processSet = spec_.processSet;
@@ -202,6 +208,10 @@ class Engine {
   std::unique_ptr<Memory> mem_;  // where the buffers below live
   Buffer params_, paramPart_, grads_, gradPart_, master_, state1_, state2_, externalGrad_;
   Buffer agIn_[2];
+  DataType commDtype_;
+  Buffer commGrads_;  // stages 0-1 with recast(): every unit's gradients in commDtype_
+  Buffer convScratch_;  // convert()'s fp32 step between two 16-bit dtypes
+  Buffer recvScratch_;  // stages 2-3 with recast(): a reduced slice back in the model's dtype
   Buffer bf16Scratch_;  // keepBf16Precision's bf16 copy  // publishParams: this rank's slice, two units in flight
   bool masterIsParams_ = false;
   LossScaler scaler_;
@@ -218,6 +228,7 @@ class Engine {
     size_t unit = SIZE_MAX;
     size_t missing = 0;
     std::unique_ptr<Work> work;
+    Buffer comm;  // with recast(): data in commDtype_, what the reduce-scatter reads
   };
   std::vector<Bucket> pool_;
   std::vector<int> unitBucket_;        // bucket of each unit being filled, -1 if none

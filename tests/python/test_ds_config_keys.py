@@ -63,7 +63,7 @@ def test_each_refusal_names_its_key_and_only_when_on(key, on, _):
     values = {"zero_optimization.offload_optimizer.device": "nvme", "zero_optimization.offload_param.device": "nvme",
               "zero_optimization.offload_optimizer.ratio": 0.5, "zero_optimization.zero_hpz_partition_size": 2,
               "data_types.grad_accum_dtype": "fp32", "gradient_allreduce_op": "sum",
-              "communication_data_type": "fp16", "tensor_parallel.autotp_size": 2,
+              "tensor_parallel.autotp_size": 2,
               "managed_gradient_accumulation": False}
     cfg = nested([(key, values.get(key, {} if key in PRESENCE else True))])
     if key == "data_types.grad_accum_dtype":

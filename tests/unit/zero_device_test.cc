@@ -41,6 +41,7 @@ struct Choice {
   OptimKind optimizer;
   bool pin = true;  // offload_optimizer's pin_memory
   bool offloadParam = false;
+  std::string comm;  // communication_data_type ("": the model's)
 };
 
 std::string configOf(const Choice& c) {
@@ -51,6 +52,7 @@ std::string configOf(const Choice& c) {
   j += "}";
   if (c.dtype == DataType::kFloat16) j += R"(, "fp16": {"enabled": true, "initial_scale_power": 4})";
   if (c.dtype == DataType::kBFloat16) j += R"(, "bf16": {"enabled": true})";
+  if (!c.comm.empty()) j += R"(, "communication_data_type": ")" + c.comm + "\"";
   return j + "}";
 }
 
@@ -155,7 +157,7 @@ std::string nameOf(const ::testing::TestParamInfo<Choice>& info) {
   const Choice& c = info.param;
   return "stage" + std::to_string(c.stage) + "_" + dtypeName(c.dtype) + (c.offload ? "_offload" : "") +
          (c.optimizer == OptimKind::kSgd ? "_sgd" : c.optimizer == OptimKind::kAdamW ? "_adamw" : "_adam") +
-         (c.offload && !c.pin ? "_pageable" : "") + (c.offloadParam ? "_offload_param" : "");
+         (c.offload && !c.pin ? "_pageable" : "") + (c.offloadParam ? "_offload_param" : "") + (c.comm.empty() ? "" : "_comm_" + c.comm);
 }
 
 std::vector<Choice> choices() {
@@ -170,6 +172,12 @@ std::vector<Choice> choices() {
   for (bool opt : {false, true})
     for (DataType t : {DataType::kFloat32, DataType::kFloat16})
       out.push_back({3, t, opt, OptimKind::kAdam, true, true});
+  // Reduced in another dtype: converted on the device, there and back (bf16 <-> fp16 through fp32).
+  for (int stage : {0, 1, 2, 3}) {
+    out.push_back({stage, DataType::kFloat32, false, OptimKind::kAdam, true, false, "bf16"});
+    out.push_back({stage, DataType::kBFloat16, false, OptimKind::kAdam, true, false, "fp16"});
+    out.push_back({stage, DataType::kFloat16, false, OptimKind::kAdam, true, false, "fp32"});
+  }
   return out;
 }
 

@@ -117,6 +117,14 @@ TEST(DsConfig, PrecisionAndRequiredValues) {
     EXPECT_NE(std::string(e.what()).find("optimizer.type"), std::string::npos) << e.what();
   }
   EXPECT_THROW(parse(R"({})"), InvalidArgument);  // no batch size at all
+  EXPECT_EQ(parse(R"({"train_batch_size": 8})").communicationDataType, "");
+  EXPECT_EQ(parse(R"({"train_batch_size": 8, "communication_data_type": "BF16"})").communicationDataType, "bf16");
+  try {
+    parse(R"({"train_batch_size": 8, "communication_data_type": "int8"})");
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("'communication_data_type' int8"), std::string::npos) << e.what();
+  }
   auto c = parse(R"({"train_batch_size": 8, "fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 12,
                      "hysteresis": 3}, "optimizer": {"type": "AdamW", "params": {"lr": 0.001, "betas": [0.8, 0.99],
                      "weight_decay": 0.1}}, "zero_optimization": {"stage": 3,

@@ -118,6 +118,9 @@ CORPUS = {
                                             "output_file": os.path.join(SCRATCH, "flops.txt")}),
     "comms_logger": with_(comms_logger={"enabled": True, "verbose": False, "prof_all": True, "debug": False}),
     "communication_data_type fp32 with bf16": with_(bf16={"enabled": True}, communication_data_type="fp32"),
+    "communication_data_type fp32 with bf16 zero 1": with_(bf16={"enabled": True}, communication_data_type="fp32",
+                                                           zero_optimization=zero(1)),
+    "communication_data_type bf16 with fp32 zero 2": with_(communication_data_type="bf16", zero_optimization=zero(2)),
     "engine.compile() zero 2": with_(zero_optimization=zero(2), compile={"deepcompile": False}),
 }
 COMPILED = {"engine.compile() zero 2"}  # these call engine.compile() (torch.compile) before training

@@ -112,16 +112,23 @@ def main():
         with open(out, "w") as f:
             json.dump({"losses": lamb_reference()}, f)
         return
+    record(out, ((f"{name} stage {stage} {dtype}{' offload' if offload else ''}",
+                  lambda rank, c=config(name, stage, dtype, offload): {"losses": train(c, rank)})
+                 for name, stage, dtype, offload in cases(names)))
+
+
+def record(out, runs):
+    """Runs each (key, fn(rank) -> result dict) on every rank; rank 0 writes OUT.json with
+    each key's result, or the error it raised (the reference's refusals are recorded, not fatal)."""
     import deepspeed
     from deepspeed import comm as dist
     deepspeed.init_distributed()
     rank = dist.get_rank()
     results = {}
-    for name, stage, dtype, offload in cases(names):
-        key = f"{name} stage {stage} {dtype}{' offload' if offload else ''}"
+    for key, fn in runs:
         try:
-            results[key] = {"losses": train(config(name, stage, dtype, offload), rank)}
-        except Exception as e:  # the reference's refusals are recorded, not fatal
+            results[key] = fn(rank)
+        except Exception as e:
             results[key] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
         dist.barrier()
     if rank == 0:

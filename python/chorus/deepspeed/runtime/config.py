@@ -71,3 +71,12 @@ def per_rank(raw, cfg):
     raw["train_micro_batch_size_per_gpu"] = cfg["train_micro_batch_size_per_gpu"]
     raw["gradient_accumulation_steps"] = cfg["gradient_accumulation_steps"]
     return json.dumps(raw)
+
+
+def seq_parallel_comm_dtype(raw):
+    """seq_parallel_communication_data_type (default fp32), checked as DeepSpeed checks it."""
+    value = raw.get("seq_parallel_communication_data_type", "fp32")
+    if value is None or str(value).lower() not in ("fp32", "fp16", "bf16"):
+        raise ValueError(f"DeepSpeed config: 'seq_parallel_communication_data_type' {value!r} is not one of "
+                         "fp16, bf16, fp32 (as DeepSpeed's)")
+    return str(value).lower()

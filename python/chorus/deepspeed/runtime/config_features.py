@@ -62,10 +62,6 @@ RULES = [
      "chorus accumulates gradients in the model's dtype; remove the key or give the model's dtype"),
     ("gradient_allreduce_op", lambda c: str(_get(c, "gradient_allreduce_op", "mean")).lower() != "mean",
      "chorus averages the gradients over the data-parallel ranks; use \"mean\" and scale the loss instead"),
-    ("communication_data_type",
-     lambda c: _get(c, "communication_data_type") is not None and
-     _dtype_name(_get(c, "communication_data_type")) != _model_dtype(c),
-     "chorus reduces gradients in the model's dtype; a different communication dtype is not built yet"),
     ("compile.deepcompile", lambda c: bool(_get(c, "compile.deepcompile")),
      "DeepCompile is not in chorus; call torch.compile on the model"),
     ("data_efficiency.data_sampling.curriculum_learning.enabled",

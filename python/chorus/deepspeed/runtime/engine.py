@@ -91,9 +91,12 @@ class DeepSpeedEngine(EngineQueries, EngineMonitor, EngineRandomLTD, torch.nn.Mo
         from chorus.deepspeed.utils import groups as ds_groups
         self._sp = ds_groups._get_sequence_parallel_world_size() \
             if self.process_set.size() == hvd.size() and pipe_set is None else 1
+        self._raw_config = json.loads(config_text)
+        if self._sp > 1:  # DeepSpeed's engine reduces in seq_parallel_communication_data_type then
+            self._raw_config["communication_data_type"] = ds_config.seq_parallel_comm_dtype(self._raw_config)
+            self._config_text = config_text = json.dumps(self._raw_config)
         cfg = ds_config.parse(config_text, self._dp_size())
         self._cfg = cfg
-        self._raw_config = json.loads(config_text)
         self._boundary_override = None
         self._step_applied = False
         self._client_optimizer = optimizer

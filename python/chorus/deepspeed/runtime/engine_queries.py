@@ -1,5 +1,7 @@
 """The parts of DeepSpeed's engine API that read or change settings, and the names
 chorus does not carry yet (each raises an error that says so, never AttributeError)."""
+import torch
+
 import chorus.torch as hvd
 
 
@@ -140,8 +142,19 @@ class EngineQueries:
     def gradient_predivide_factor(self):
         return self._raw_config.get("gradient_predivide_factor", 1.0)
 
+    @property
     def communication_data_type(self):
-        return self.dtype
+        """The dtype the gradients are reduced in (under sequence parallelism the config's
+        seq_parallel_communication_data_type, as DeepSpeed's engine sets it)."""
+        given = self._raw_config.get("communication_data_type")
+        if given is None:
+            return self.dtype
+        return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[str(given).lower()]
+
+    @communication_data_type.setter
+    def communication_data_type(self, value):
+        raise ValueError("engine.communication_data_type: chorus's engine reduces in the dtype it was built with; "
+                         "give 'communication_data_type' in the config instead")
 
     def optimizer_name(self):
         opt = self._cfg["optimizer"]
