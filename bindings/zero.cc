@@ -259,6 +259,24 @@ void bindZero(py::module_& m) {
         }
         return py::make_tuple(r.skipped, r.gradNorm, r.lossScale);
       }, py::arg("total_sum_squares") = std::nullopt)
+      .def("prepare_external", [](Engine& e) {
+        py::gil_scoped_release release;
+        e.prepareExternal();
+      })
+      .def("finish_external", [](Engine& e, std::optional<double> total) {
+        zero::StepResult r;
+        {
+          py::gil_scoped_release release;
+          r = total ? e.finishExternal(*total) : e.finishExternal();
+        }
+        return py::make_tuple(r.skipped, r.gradNorm, r.lossScale);
+      }, py::arg("total_sum_squares") = std::nullopt)
+      // Each piece rank r holds: (parameter, offset in the parameter, partition offset, count).
+      .def("pieces_of", [](const Engine& e, int r) {
+        std::vector<std::tuple<size_t, size_t, size_t, size_t>> out;
+        for (const auto& p : e.piecesOf(r)) out.emplace_back(p.param, p.paramOffset, p.partOffset, p.count);
+        return out;
+      })
       .def("grad_sum_squares", [](Engine& e) {
         py::gil_scoped_release release;
         return e.gradSumSquares();

@@ -406,14 +406,16 @@ void Engine::reduceAtBoundary() {
   }
 }
 
-double Engine::gradSumSquares() {
+void Engine::finishReductions() {
   if (stage_ < 2) {
     reduceAtBoundary();
   } else if (!inFlight_.empty() || std::find(unitLaunched_.begin(), unitLaunched_.end(), true) != unitLaunched_.end() ||
              std::find_if(unitBucket_.begin(), unitBucket_.end(), [](int b) { return b >= 0; }) != unitBucket_.end()) {
     endBackward();  // the caller did not: finish this backward's buckets
   }
-  double sumsq = localSumSquares();
+}
+
+double Engine::setSumSquares(double sumsq) {
   if (stage_ > 0) {
     AllreduceOptions o;
     o.name = name("norm", 0);
@@ -430,16 +432,23 @@ double Engine::gradSumSquares() {
     Tensor t{&sumsq, DataType::kFloat64, {1}};
     rt_.allreduce(t, t, o);
   }
-  return sumsq * spec_.gradFactor * spec_.gradFactor;
+  return sumsq;
+}
+
+double Engine::gradSumSquares() {
+  finishReductions();
+  return setSumSquares(localSumSquares()) * spec_.gradFactor * spec_.gradFactor;
 }
 
 StepResult Engine::prepareStep(float* gradScale, const double* totalSumSquares) {
+  return decide(totalSumSquares ? *totalSumSquares : gradSumSquares(), false, gradScale);
+}
+
+StepResult Engine::decide(double sumsq, bool unscaled, float* gradScale) {
   StepResult res;
   res.lossScale = scaler_.scale();
   const bool fp16 = spec_.config.fp16.enabled;
   const double clip = spec_.config.gradientClipping;
-  // Always: DeepSpeed's get_global_grad_norm() reports it whether or not it clips.
-  const double sumsq = totalSumSquares ? *totalSumSquares : gradSumSquares();
   // A non-finite norm on any rank shows in the summed norm, so every rank skips together.
   // DeepSpeed 0.19.8 skips such a step under fp16, with bf16 (at ZeRO stages unless
   // bf16.check_grad_overflow is false) and at fp32 ZeRO stages; its plain fp32 optimizer does not.
@@ -451,8 +460,9 @@ StepResult Engine::prepareStep(float* gradScale, const double* totalSumSquares) 
     zeroGrads();
     return res;
   }
-  res.gradNorm = std::sqrt(sumsq) / res.lossScale;
-  *gradScale = static_cast<float>(spec_.gradFactor / res.lossScale);
+  // Always: DeepSpeed's get_global_grad_norm() reports it whether or not it clips.
+  res.gradNorm = unscaled ? std::sqrt(sumsq) : std::sqrt(sumsq) / res.lossScale;
+  *gradScale = unscaled ? 1.0f : static_cast<float>(spec_.gradFactor / res.lossScale);
   if (clip > 0.0 && res.gradNorm > clip) *gradScale *= static_cast<float>(clip / (res.gradNorm + 1e-6));
   ++optSteps_;
   return res;
@@ -601,6 +611,44 @@ StepResult Engine::stepExternalWith(const double* totalSumSquares) {
     mem_->scale(dst, unit.slice, gradScale);
   }
   mem_->sync();  // (the caller's optimizer reads them next)
+  return res;
+}
+
+void Engine::prepareExternal() {
+  finishReductions();
+  float* grads = externalGrad();
+  const float unscale = static_cast<float>(spec_.gradFactor / scaler_.scale());
+  for (size_t u = 0; u < plan_->units().size(); ++u) {
+    const Unit& unit = plan_->units()[u];
+    mem_->toFloat(grads + unit.partOffset, gradSlice(u), spec_.dtype, unit.slice);
+    mem_->scale(grads + unit.partOffset, unit.slice, unscale);
+  }
+  mem_->sync();  // (the caller reads them next)
+}
+
+double Engine::externalSumSquares() {
+  const float* g = externalGrad();
+  if (spec_.normWeights.empty()) {
+    mem_->normBegin();
+    mem_->normAdd(g, DataType::kFloat32, plan_->partitionElems());
+    return mem_->normEnd();
+  }
+  double sumsq = 0.0;
+  for (const auto& p : pieces_)
+    sumsq += spec_.normWeights[p.param] * mem_->sumSquares(g + p.partOffset, DataType::kFloat32, p.count);
+  return sumsq;
+}
+
+StepResult Engine::finishExternal() { return finishExternalWith(nullptr); }
+
+StepResult Engine::finishExternal(double totalSumSquares) { return finishExternalWith(&totalSumSquares); }
+
+StepResult Engine::finishExternalWith(const double* totalSumSquares) {
+  float clipScale = 1.0f;
+  StepResult res = decide(totalSumSquares ? *totalSumSquares : setSumSquares(externalSumSquares()), true, &clipScale);
+  if (res.skipped) return res;
+  if (clipScale != 1.0f) mem_->scale(externalGrad(), plan_->partitionElems(), clipScale);
+  mem_->sync();
   return res;
 }
 

@@ -109,7 +109,19 @@ class Engine {
   double gradSumSquares();
   StepResult step(const std::vector<GroupHyper>& groups, double totalSumSquares);
   StepResult stepExternal(double totalSumSquares);
+  // The same in two halves, for an optimizer that changes the gradients before they are
+  // measured (Muon orthogonalizes them; DeepSpeed's ZeRO clips the result):
+  // prepareExternal() finishes the reductions and leaves the unscaled fp32 gradients in
+  // externalGrad(); the caller may rewrite them; finishExternal() takes the norm over
+  // them as they are now, skips or clips them in place, and counts the step.
+  void prepareExternal();
+  StepResult finishExternal();
+  StepResult finishExternal(double totalSumSquares);
   void publishExternal();
+  // The pieces of parameters rank r of the set holds (stage 0: the whole model, every rank).
+  std::vector<Piece> piecesOf(int r) const { return plan_->pieces(stage_ == 0 ? 0 : r); }
+  // The sum of squares of externalGrad() over this rank's pieces, weighted as the norm is.
+  double externalSumSquares();
   float* master() const { return masterPtr(); }
   // The optimizer's state k (0, 1) over the partition, fp32; null where the optimizer has none.
   float* optimizerState(int k) const {
@@ -181,6 +193,11 @@ class Engine {
     return o;
   }
   StepResult prepareStep(float* gradScale, const double* totalSumSquares);
+  void finishReductions();
+  double setSumSquares(double local);  // summed over the set (stages 1-3) and the pipeline's stages
+  // Skip (non-finite, as DeepSpeed skips) or not, the norm, and gradScale's clip factor.
+  StepResult decide(double sumsq, bool unscaled, float* gradScale);
+  StepResult finishExternalWith(const double* totalSumSquares);
   StepResult stepWith(const std::vector<GroupHyper>& groups, const double* totalSumSquares);
   StepResult stepExternalWith(const double* totalSumSquares);
   RunArgs pieceArgs(const Piece& p, float gradScale);

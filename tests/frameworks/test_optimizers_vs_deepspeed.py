@@ -6,7 +6,12 @@ Where DeepSpeed trains a case on this CPU, chorus's losses equal its own. DeepSp
 FusedLion and FusedLamb are GPU kernels ("not implemented on CPU backend"), and its bf16
 optimizer breaks torch's Adagrad at stage 0 (KeyError 'sum'): there chorus still trains,
 and Lion is held to DeepSpeed's CPU Lion run of the same dtype (the update does not depend
-on the ZeRO stage), LAMB to a float64 reference of FusedLamb's update."""
+on the ZeRO stage), LAMB to a float64 reference of FusedLamb's update.
+
+Muon (its default Newton-Schulz, "gram", which runs in fp32 on this CPU, and "standard",
+in bf16) at stages 0-2 equals DeepSpeed's; DeepSpeed refuses it at stage 3 ("Muon and
+reduce scatter cannot be used together"), where chorus's, which orthogonalizes each
+matrix's whole gradient as at stages 1-2, is held to DeepSpeed's stage 2."""
 import json
 
 from conftest import WORKERS, chorusrun, real_deepspeed, single
@@ -50,3 +55,27 @@ def test_optimizers_equal_deepspeeds(tmp_path):
             bad.append((key, worst))
     assert not bad, f"{len(bad)} cases differ: {bad}"
     assert len(got) == 3 * 14
+
+
+MUON_TOL = 3e-3  # bf16 models, and "standard"'s bf16 iteration: DeepSpeed's own stages differ by 1e-4
+
+
+def test_muon_equals_deepspeeds(tmp_path):
+    real_deepspeed(2, "optimizer_matrix.py", tmp_path / "deepspeed.json", "Muon", "Muon-standard")
+    chorusrun(2, "optimizer_matrix.py", tmp_path / "chorus.json", "Muon", "Muon-standard")
+    want = json.loads((tmp_path / "deepspeed.json").read_text())["results"]
+    got = json.loads((tmp_path / "chorus.json").read_text())["results"]
+    assert len(got) == len(want) == 2 * 14
+    bad = []
+    for key, result in got.items():
+        assert "losses" in result, (key, result)
+        if " stage 3 " in key:
+            assert "reduce scatter" in want[key]["error"], want[key]
+            key_ref = key.replace("stage 3", "stage 2")
+        else:
+            key_ref = key
+        tol = FP32_TOL if key.startswith("Muon stage") and "fp32" in key else MUON_TOL
+        ok, worst = close(result["losses"], want[key_ref]["losses"], tol)
+        if not ok:
+            bad.append((key, worst))
+    assert not bad, f"{len(bad)} cases differ: {bad}"

@@ -18,3 +18,8 @@ def test_a_torch_optimizers_state_survives_a_checkpoint(ranks, tmp_path):
 def test_non_finite_steps_are_skipped_as_deepspeed_skips_them(ranks):
     out = ok(ranks(2, "zero_nonfinite.py"))
     assert out.count("non-finite steps ok") == 2, out
+
+
+def test_muon_orthogonalizes_keeps_its_momentum_in_checkpoints_and_skips_cleanly(ranks, tmp_path):
+    out = ok(ranks(2, "zero_muon.py", str(tmp_path)))
+    assert out.count("muon ok") == 2, out

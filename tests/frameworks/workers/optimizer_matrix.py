@@ -24,6 +24,9 @@ PARAMS = {
     "Adagrad": {"lr": 0.05, "weight_decay": 0.001},
     "Lamb": {"lr": 5e-3, "weight_decay": 0.01},
     "Adam": {"lr": 5e-3, "weight_decay": 0.01},
+    # Muon on the weight matrices (the default Newton-Schulz, "gram", and "standard"), AdamW on the biases
+    "Muon": {"lr": 0.02, "momentum": 0.9, "weight_decay": 0.01, "adam_lr": 3e-3},
+    "Muon-standard": {"lr": 0.02, "momentum": 0.9, "weight_decay": 0.01, "adam_lr": 3e-3, "ns_method": "standard"},
 }
 
 
@@ -40,7 +43,7 @@ def config(name, stage, dtype, offload):
     if offload:
         zero["offload_optimizer"] = {"device": "cpu"}
     cfg = {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1, "steps_per_print": 10 ** 6,
-           "optimizer": {"type": name, "params": PARAMS[name]}, "zero_optimization": zero,
+           "optimizer": {"type": name.split("-")[0], "params": PARAMS[name]}, "zero_optimization": zero,
            "zero_allow_untested_optimizer": True, "gradient_clipping": 1.0}
     if dtype == "bf16":
         cfg["bf16"] = {"enabled": True}

@@ -16,6 +16,7 @@ from chorus.deepspeed.runtime.engine_random_ltd import EngineRandomLTD
 from chorus.deepspeed.runtime.base_optimizer import ZeroOptimizer
 from chorus.deepspeed.runtime.optimizers import translate
 from chorus.deepspeed.runtime import expert_parts, lr_schedules, whole_model
+from chorus.deepspeed.runtime import muon
 from chorus.deepspeed.runtime.torch_autocast import comm_round
 from chorus.deepspeed.runtime.utils import is_model_parallel_parameter
 from chorus.deepspeed.runtime.whole_model import write_state
@@ -124,13 +125,22 @@ class DeepSpeedEngine(EngineQueries, EngineMonitor, EngineRandomLTD, torch.nn.Mo
         self._shapes = [_full_shape(p) for p in self._params]
         self._index = {id(p): i for i, p in enumerate(self._params)}
         offload = cfg["offload_optimizer"] == "cpu"
+        if optimizer is None and str((self._raw_config.get("optimizer") or {}).get("type", "")).lower() == "muon":
+            muon.mark(model)
         kind, groups, self._client = translate(optimizer, self._raw_config.get("optimizer"), offload,
                                                model_parameters if model_parameters is not None else self._params)
         # No optimizer at all: DeepSpeed builds the engine (forward, backward); step() says why it cannot.
         self._has_optimizer = groups is not None
         if groups is None:
             kind, groups = "sgd", [{"lr": 0.0}]
-        kind, self._client = self._device_kernel(kind, groups, offload)
+        if kind == "muon":
+            if experts:
+                raise ValueError("DeepSpeed config: optimizer Muon with MoE layers is not in chorus yet; use AdamW")
+            params = (self._raw_config.get("optimizer") or {}).get("params") or {}
+            self._client = muon.PartitionMuon(groups, self._shapes, self.dtype, params.get("adam_w_mode", True))
+            kind = "adamw"  # (the engine's two state buffers hold the auxiliary AdamW's moments)
+        else:
+            kind, self._client = self._device_kernel(kind, groups, offload)
         self._core_args = (self._group_of(groups), kind or "adam")
         self.optimizer_groups = groups
         self.core = self._make_core()
@@ -448,7 +458,13 @@ class DeepSpeedEngine(EngineQueries, EngineMonitor, EngineRandomLTD, torch.nn.Mo
         elif self._client is None:
             skipped, norm, _ = self.core.step(self.optimizer.hypers())
         else:
-            skipped, norm, _ = self.core.step_external()
+            before_norm = getattr(self._client, "before_norm", None)
+            if before_norm is not None:  # (Muon: the norm and the clip are over what it makes of the gradients)
+                self.core.prepare_external()
+                before_norm()
+                skipped, norm, _ = self.core.finish_external()
+            else:
+                skipped, norm, _ = self.core.step_external()
             if not skipped:
                 self._client.step()
                 self.core.publish_external()

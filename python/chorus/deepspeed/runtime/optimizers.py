@@ -2,7 +2,7 @@
 chooses it: from the client's optimizer or the config's `optimizer` section.
 
 The result is (kind, groups, client): kind names a kernel of chorus's ZeRO engine
-(adam, adamw, sgd, lion, adagrad, lamb), which steps the fp32 partition itself;
+(adam, adamw, sgd, lion, adagrad, lamb), which steps the fp32 partition itself, or muon;
 or kind is None and client is a torch optimizer the engine runs as given over
 fp32 views of its partition (any torch.optim class DeepSpeed would build)."""
 import inspect
@@ -102,8 +102,12 @@ def from_config(section, offload, model_params):
         cls = {"muadam": mup.MuAdam, "muadamw": mup.MuAdamW, "musgd": mup.MuSGD}[low]
         return None, None, cls(model_params, **params)
     if low == "muon":
-        raise _config_error("'optimizer.type' Muon: chorus's ZeRO engine does not run Muon yet (its "
-                            "orthogonalized update needs each matrix's whole gradient); use AdamW or Lion")
+        from chorus.deepspeed.runtime import muon
+        _check_params(name, params, muon.CONFIG_PARAMS)
+        if params.get("per_head_muon"):
+            raise _config_error("'optimizer.params.per_head_muon': per-head Muon is not in chorus yet; remove it "
+                                "(each matrix is orthogonalized whole)")
+        return "muon", muon.param_groups(model_params, params), None
     cls = _torch_class(name)
     if cls is torch.optim.SGD:
         _check_params(name, params, ("lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize",

@@ -18,7 +18,9 @@ def _name(rank, mp):
 def _client(engine):
     from chorus.deepspeed.runtime.partition_optimizers import _PartitionOptimizer
     client = engine._client
-    return None if client is None or isinstance(client, _PartitionOptimizer) else client  # (moments: the engine's)
+    if client is None or (isinstance(client, _PartitionOptimizer) and not getattr(client, "own_state", False)):
+        return None  # (moments: the engine's)
+    return client
 
 
 def _layout(engine):
