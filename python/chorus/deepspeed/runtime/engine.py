@@ -13,6 +13,7 @@ from chorus.deepspeed.runtime.zero import checkpoint, stage3
 from chorus.deepspeed.runtime.engine_monitor import EngineMonitor
 from chorus.deepspeed.runtime.engine_queries import EngineQueries
 from chorus.deepspeed.runtime.engine_random_ltd import EngineRandomLTD
+from chorus.deepspeed.runtime.engine_curriculum import EngineCurriculum
 from chorus.deepspeed.runtime.base_optimizer import ZeroOptimizer
 from chorus.deepspeed.runtime.optimizers import translate
 from chorus.deepspeed.runtime import expert_parts, lr_schedules, whole_model
@@ -62,7 +63,7 @@ def _full_shape(p):
     return tuple(p.ds_shape) if hasattr(p, "ds_shape") else tuple(p.shape)
 
 
-class DeepSpeedEngine(EngineQueries, EngineMonitor, EngineRandomLTD, torch.nn.Module):
+class DeepSpeedEngine(EngineQueries, EngineMonitor, EngineRandomLTD, EngineCurriculum, torch.nn.Module):
     def __init__(self, model, optimizer=None, model_parameters=None, config_text=None, process_set=None,
                  lr_scheduler=None, pipe_set=None, tensor_parallel_size=1, model_parallel_rank=0,
                  tensor_parallel_set=None):
@@ -550,6 +551,8 @@ class DeepSpeedEngine(EngineQueries, EngineMonitor, EngineRandomLTD, torch.nn.Mo
         if self._sp > 1:  # a sequence-parallel set's ranks read the same samples (each its slice of them)
             from chorus.deepspeed.utils import groups as ds_groups
             replicas, index = self._dp_size(), ds_groups._get_data_parallel_rank()
+        if self.curriculum_learning_enabled():
+            return self._curriculum_io(dataset, batch_size, collate_fn, replicas, index)
         sampler = torch.utils.data.distributed.DistributedSampler(dataset, num_replicas=replicas, rank=index,
                                                                   shuffle=shuffle)
         return torch.utils.data.DataLoader(dataset, batch_size=batch_size or self.train_micro_batch_size_per_gpu(),

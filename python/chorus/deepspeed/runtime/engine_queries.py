@@ -165,11 +165,8 @@ class EngineQueries:
         sched = self._cfg["scheduler"]
         return sched["type"] if sched is not None else None
 
-    # Config sections chorus refuses at initialize(), so these are off whenever an engine exists.
+    # Config sections: what they switch on (those chorus refuses at initialize() are off in any engine).
     def sparse_gradients_enabled(self):
-        return False
-
-    def curriculum_learning_enabled(self):
         return False
 
     def data_efficiency_enabled(self):
@@ -182,13 +179,13 @@ class EngineQueries:
         return False
 
     def flops_profiler_enabled(self):
-        return False
+        return bool((self._raw_config.get("flops_profiler") or {}).get("enabled", False))
 
     def elasticity_enabled(self):
         return False
 
     def memory_breakdown(self):
-        return False
+        return bool(self._raw_config.get("memory_breakdown", False))
 
     def sparse_attention(self):
         return None

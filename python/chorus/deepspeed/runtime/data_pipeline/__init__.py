@@ -1,1 +1,1 @@
-"""deepspeed.runtime.data_pipeline: data efficiency (random layerwise token dropping)."""
+"""deepspeed.runtime.data_pipeline: data efficiency (curriculum learning, random layerwise token dropping)."""

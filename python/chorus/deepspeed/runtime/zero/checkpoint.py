@@ -140,6 +140,7 @@ def _save_model_states(engine, path, client_state, exclude_frozen_parameters, id
         hasattr(engine.lr_scheduler, "state_dict") else None,
         "experts": expert_parts.describe(engine),
         "random_ltd": engine.random_ltd_scheduler.state_dict() if engine.random_ltd_scheduler is not None else None,
+        "data_sampler": engine._curriculum_sampler().state_dict() if engine._curriculum_sampler() else None,
         "buffers": [[n, str(b.dtype).replace("torch.", ""), list(b.shape)] for n, b in _buffers(engine.module)],
     }
     blobs = {"client_state": pickle.dumps(client_state)}
@@ -253,6 +254,8 @@ def load(engine, load_dir, tag, load_lr_scheduler_states):
         g.update({k: tuple(v) if k == "betas" else v for k, v in saved.items()})
     if engine.random_ltd_scheduler is not None and meta.get("random_ltd") is not None:
         engine.random_ltd_scheduler.load_state_dict(meta["random_ltd"])
+    if engine._curriculum_sampler() is not None and meta.get("data_sampler") is not None:
+        engine._curriculum_sampler().load_state_dict(meta["data_sampler"])
     if load_lr_scheduler_states and engine.lr_scheduler is not None and meta["lr_scheduler"] is not None:
         engine.lr_scheduler.load_state_dict(meta["lr_scheduler"])
     return path, pickle.loads(blobs["client_state"])
