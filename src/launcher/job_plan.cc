@@ -49,6 +49,9 @@ std::vector<HostSlots> selectHosts(const LaunchOptions& o) {
   return hosts;
 }
 
+
+}  // namespace
+
 // --python, else the interpreter behind the `chorusrun` console script
 // (CHORUS_PYTHON), else the one chorus was built with, else python3.
 std::string pythonForScripts(const LaunchOptions& o) {
@@ -60,8 +63,6 @@ std::string pythonForScripts(const LaunchOptions& o) {
 #endif
   return "python3";
 }
-
-}  // namespace
 
 // DeepSpeed's launcher runs a script with the current Python: "train.py" is
 // "python -u train.py" (--no_python: run as it is; --module: python -m).

@@ -54,6 +54,9 @@ std::map<std::string, std::string> torchEnvironment(const LaunchOptions& o, cons
                                                     net::HeldPort* held);
 // Where the store listens (see docs/launching.md); remote: the hosts other than this one.
 std::string storeAddress(const LaunchOptions& o, const std::vector<std::string>& remote);
+// --python, else the interpreter behind the `chorusrun` console script
+// (CHORUS_PYTHON), else the one chorus was built with, else python3.
+std::string pythonForScripts(const LaunchOptions& o);
 std::string selfPath();    // this chorusrun, which remote hosts run as the rank agent
 std::string currentDir();  // where remote ranks start
 

@@ -6,7 +6,9 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <thread>
 
@@ -45,6 +47,26 @@ bool invokedAs(const char* arg0, std::initializer_list<const char*> names) {
 
 }  // namespace
 
+// --autotuning: the autotuner (Python) runs each experiment as this chorusrun, with
+// the same options but --autotuning, and the script's config argument replaced.
+int runAutotuner(const chorus::launcher::LaunchOptions& o, const std::string& mode, std::vector<std::string> args) {
+  for (size_t i = 1; i + 1 < args.size(); ++i)
+    if (args[i] == "--autotuning") {
+      args.erase(args.begin() + static_cast<std::ptrdiff_t>(i), args.begin() + static_cast<std::ptrdiff_t>(i + 2));
+      break;
+    }
+  std::vector<std::string> cmd = {chorus::launcher::pythonForScripts(o), "-m", "chorus.deepspeed.autotuning", mode,
+                                  "--chorusrun", chorus::launcher::selfPath(), "--"};
+  cmd.insert(cmd.end(), args.begin() + 1, args.end());
+  std::vector<char*> cargs;
+  for (auto& a : cmd) cargs.push_back(a.data());
+  cargs.push_back(nullptr);
+  std::fflush(stdout);
+  execvp(cargs[0], cargs.data());
+  std::fprintf(stderr, "chorusrun: cannot start the autotuner with %s: %s\n", cmd[0].c_str(), std::strerror(errno));
+  return 2;
+}
+
 int main(int argc, char** argv) {
   // Internal modes, run on remote hosts over ssh (not options for users).
   if (argc >= 3 && std::string(argv[1]) == "--rank-agent")
@@ -64,7 +86,7 @@ int main(int argc, char** argv) {
       "--blacklist-after-failures",
       "--elastic-timeout", "--autotune-log-file", "--autotune-warmup-samples", "--autotune-steps-per-sample",
       "--autotune-bayes-opt-max-samples", "--autotune-gaussian-process-noise", "--python", "--enable_each_rank_log",
-      "--log-level", "--timeline-filename"};
+      "--log-level", "--timeline-filename", "--autotuning"};
   for (size_t i = 1; i < args.size(); ++i) {
     if (args[i] == "--" || args[i].empty() || args[i][0] != '-') break;  // the command starts here
     const bool hasValue = std::find(takesValue.begin(), takesValue.end(), args[i]) != takesValue.end();
@@ -127,6 +149,12 @@ int main(int argc, char** argv) {
   app.add_flag("--module", o.module, "run the command as a Python module (python -m)")->group(ds);
   app.add_flag("--no_local_rank", o.noLocalRank, "started as deepspeed: do not pass --local_rank=N")->group(ds);
   app.add_option("--enable_each_rank_log", o.eachRankLog, "each rank's output to DIR/<time>_rank<N>.log")
+      ->group(ds);
+  std::string autotuning;
+  app.add_option("--autotuning", autotuning,
+                 "tune: run the DeepSpeed script's experiments (ZeRO stages, micro-batch sizes) and write the best "
+                 "config; run: then train with it")
+      ->check(CLI::IsMember({"tune", "run"}))
       ->group(ds);
   chorus::launcher::ElasticOptions el;
   std::vector<double> cooldown;
@@ -225,6 +253,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (gloo && o.useMpi) throw std::invalid_argument("give --gloo or --mpi, not both");
+    if (!autotuning.empty()) return runAutotuner(o, autotuning, args);
     o.command = app.remaining();
     if (!o.command.empty() && o.command[0] == "--") o.command.erase(o.command.begin());
     if (!el.discoveryScript.empty() || app.count("--min-np") || app.count("--max-np")) {

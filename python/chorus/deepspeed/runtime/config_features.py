@@ -67,8 +67,6 @@ RULES = [
     ("data_efficiency.data_sampling.dynamic_batching.enabled",
      lambda c: bool(_get(c, "data_efficiency.data_sampling.dynamic_batching.enabled")),
      "dynamic batching is not built yet; remove the section"),
-    ("autotuning.model_info.profile", lambda c: bool(_get(c, "autotuning.model_info.profile")),
-     "the autotuner's model-profiling run is not built yet; remove the key"),
     ("checkpoint.load_universal", lambda c: bool(_get(c, "checkpoint.load_universal")),
      "DeepSpeed's universal checkpoints are not read yet; chorus's own checkpoints load at any data-parallel "
      "size and ZeRO stage"),

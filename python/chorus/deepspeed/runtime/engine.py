@@ -437,6 +437,8 @@ class DeepSpeedEngine(EngineQueries, EngineMonitor, EngineRandomLTD, EngineCurri
                 part.core.end_backward()
             if self._stage3 is not None:
                 self._stage3.end_backward()
+        if self._model_info is not None:
+            self._model_info_exit()
         return loss
 
     def step(self, lr_kwargs=None):

@@ -35,6 +35,13 @@ class EngineMonitor:
         else:  # the autotuner's profile: at its first profiled step, no printout
             self._fp.update(enabled=True, detailed=False, profile_step=int(self._tune.get("start_profile_step", 3)))
         self._records = {name: [] for name in _TIMERS}
+        self._model_info = None
+        if self._tune is not None and (self._tune.get("model_info") or {}).get("profile"):
+            trainable = sum(int(torch.Size(s).numel()) for s in self._shapes)
+            frozen = sum(p.numel() for p in self.module.parameters() if not p.requires_grad)
+            tp = getattr(self, "_tp", 1)
+            self._model_info = {"num_params": (trainable + frozen) * tp, "trainable_num_params": trainable * tp,
+                                "activation_mem_per_gpu": 0}
         self.flops = 0
         self.flops_profiler = None
         if self._fp.get("enabled"):
@@ -56,10 +63,39 @@ class EngineMonitor:
         if profiling:
             self.flops_profiler.start_profile()
         try:
-            yield
+            if self._model_info is not None:  # the autotuner's model profile: what the forward keeps for backward
+                with self._activation_bytes():
+                    yield
+            else:
+                yield
         finally:
             if profiling:
                 self.flops_profiler.stop_profile()
+
+    @contextlib.contextmanager
+    def _activation_bytes(self):
+        params = {p.data_ptr() for p in self.module.parameters()}
+        seen = set()
+
+        def pack(t):
+            key = (t.data_ptr(), t.numel(), t.dtype)
+            if t.data_ptr() not in params and key not in seen:
+                seen.add(key)
+                self._model_info["activation_mem_per_gpu"] += t.numel() * t.element_size()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            yield
+
+    def _model_info_exit(self):
+        """After the first backward of a model-profile run: the model's sizes to model_info_path, and the end."""
+        if not hvd.is_initialized() or hvd.rank() == 0:
+            path = self._tune.get("model_info_path") or os.path.join(os.getcwd(), "autotuning_model_info.json")
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            with open(path + ".tmp", "w") as f:
+                json.dump(self._model_info, f)
+            os.replace(path + ".tmp", path)
+        sys.exit(0)
 
     @contextlib.contextmanager
     def _timed(self, *names):

@@ -1,0 +1,2 @@
+"""deepspeed.autotuning: the autotuner chorusrun --autotuning runs."""
+from chorus.deepspeed.autotuning.autotuner import Autotuner  # noqa: F401

@@ -1,0 +1,5 @@
+import sys
+
+from chorus.deepspeed.autotuning.autotuner import main
+
+sys.exit(main())
