@@ -53,6 +53,11 @@ def test_checkpoint_resume_same_world_and_damaged_shards(ranks, zero_env):
     assert "truncate shard refused" in out and "flip shard refused" in out
 
 
+def test_node_local_checkpoint_loads_only_where_it_was_saved(ranks, tmp_path):
+    out = ok(ranks(2, "zero_node_local.py", str(tmp_path)))
+    assert out.count("node-local refusal ok") == 2, out
+
+
 @pytest.mark.parametrize("before,after", [(2, 3), (3, 2)])
 def test_checkpoint_moves_to_another_world_size(ranks, zero_env, before, after):
     ok(ranks(before, "zero_checkpoint.py", "save", env=zero_env))

@@ -70,8 +70,6 @@ RULES = [
     ("checkpoint.load_universal", lambda c: bool(_get(c, "checkpoint.load_universal")),
      "DeepSpeed's universal checkpoints are not read yet; chorus's own checkpoints load at any data-parallel "
      "size and ZeRO stage"),
-    ("checkpoint.use_node_local_storage", lambda c: bool(_get(c, "checkpoint.use_node_local_storage")),
-     "node-local checkpoint storage is not built yet; give save_checkpoint a shared folder"),
     ("datastates_ckpt", lambda c: "datastates_ckpt" in c and c["datastates_ckpt"] is not False,
      "the DataStates checkpoint engine is not in chorus; remove the key"),
     ("hybrid_engine.enabled", lambda c: bool(_get(c, "hybrid_engine.enabled")),

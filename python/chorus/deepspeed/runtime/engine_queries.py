@@ -184,6 +184,12 @@ class EngineQueries:
     def elasticity_enabled(self):
         return False
 
+    def use_node_local_storage(self):
+        return bool((self._raw_config.get("checkpoint") or {}).get("use_node_local_storage", False))
+
+    def load_universal_checkpoint(self):
+        return bool((self._raw_config.get("checkpoint") or {}).get("load_universal", False))
+
     def memory_breakdown(self):
         return bool(self._raw_config.get("memory_breakdown", False))
 

@@ -94,23 +94,32 @@ def save(engine, save_dir, tag, client_state, save_latest, exclude_frozen_parame
         save_id = hvd.broadcast_object(save_id, root_rank=engine._pipe_set.ranks[0], process_set=engine._pipe_set,
                                        name="ckpt.id.slices")  # (not the tag: ranks may differ in it)
     identity = json.dumps({"tag": tag, "step": engine.global_steps, "save_id": save_id}, sort_keys=True)
+    # checkpoint.use_node_local_storage: save_dir is each node's own disk, so the first rank
+    # of each node also writes what rank 0 writes (the model states, stage 0's one shard, latest).
+    writer = ps.rank() == 0 or (_node_local(engine) and hvd.local_rank() == 0)
     error = None
     try:
         os.makedirs(path, exist_ok=True)
         if engine.core.writes_shard:
             engine.core.save_shard(os.path.join(path, shard_name(ps.rank(), mp)), identity)
+        elif writer:  # (stage 0's replica)
+            engine.core.save_shard(os.path.join(path, shard_name(0, mp)), identity)
         client_optim.save(engine, path, identity)
         expert_parts.save(engine, path, identity)
-        if ps.rank() == 0:
+        if writer:
             _save_model_states(engine, path, client_state, exclude_frozen_parameters, identity)
     except Exception as e:  # noqa: BLE001 (any failure must reach every rank, not leave them waiting)
         error = e
     _agree(ps, error, "writing the checkpoint", engine._pipe_set if mp is not None else None)
-    if save_latest and ps.rank() == 0 and not mp:  # one writer: slice 0's
+    if save_latest and writer and not mp:  # one writer (per node with node-local storage): slice 0's
         _core.write_file_atomic(os.path.join(save_dir, "latest"), tag.encode())
         _write_consolidation_script(save_dir)
     hvd.barrier(process_set=ps)
     return True
+
+
+def _node_local(engine):
+    return bool((engine._raw_config.get("checkpoint") or {}).get("use_node_local_storage", False))
 
 
 def _write_consolidation_script(save_dir):
@@ -231,8 +240,16 @@ def load(engine, load_dir, tag, load_lr_scheduler_states):
             if error is not None:
                 raise error from None
             raise
-    engine.core.load_shards([os.path.join(path, shard_name(r, mp)) for r in range(meta["shards"])],
-                            meta.get("save", ""))
+    shards = range(meta["shards"])
+    if _node_local(engine):  # each rank reads its own shard only: the others are on other nodes' disks
+        ps = engine.process_set
+        if meta["stage"] != engine.core.stage or meta["world"] != ps.size():
+            raise ValueError(f"load_checkpoint: {path} is a node-local checkpoint (checkpoint.use_node_local_storage) "
+                             f"of {meta['world']} ranks at ZeRO stage {meta['stage']}; this engine has "
+                             f"{ps.size()} at stage {engine.core.stage}, and each rank reads only its own shard. Load "
+                             "it at that size and stage, or save it to shared storage")
+        shards = [ps.rank() if engine.core.stage > 0 else 0]
+    engine.core.load_shards([os.path.join(path, shard_name(r, mp)) for r in shards], meta.get("save", ""))
     expert_parts.load(engine, path, meta.get("experts", {}), meta.get("save", ""))
     client_optim.apply(engine, client)
     for n, b in _buffers(engine.module):
