@@ -209,7 +209,7 @@ void bindZero(py::module_& m) {
       .def_property_readonly("world", &Engine::world)
       .def_property_readonly("rank", &Engine::rank)
       .def_property_readonly("loss_scale", &Engine::lossScale)
-      .def_property_readonly("optimizer_steps", &Engine::optimizerSteps)
+      .def_property("optimizer_steps", &Engine::optimizerSteps, &Engine::setOptimizerSteps)
       .def_property_readonly("placement", &Engine::placement)
       .def_property_readonly("live_bytes", &Engine::liveBytes)
       .def_property_readonly("writes_shard", &Engine::writesShard)

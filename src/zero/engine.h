@@ -135,6 +135,8 @@ class Engine {
   const std::vector<Piece>& pieces() const { return pieces_; }
   double lossScale() const { return scaler_.scale(); }
   int64_t optimizerSteps() const { return optSteps_; }
+  // A checkpoint of another format (DeepSpeed's) restores the count its optimizer state was at.
+  void setOptimizerSteps(int64_t steps) { optSteps_ = steps; }
 
   // Stage 3: gathering parameters before use and releasing them after.
   void gatherAsync(const std::vector<size_t>& params);

@@ -214,6 +214,10 @@ def load(engine, load_dir, tag, load_lr_scheduler_states):
     if not os.path.isdir(path):
         raise ValueError(f"load_checkpoint: checkpoint folder '{path}' does not exist")
     mp = engine._mp_rank
+    from chorus.deepspeed.checkpoint.deepspeed_format import is_deepspeed_checkpoint
+    if not os.path.exists(os.path.join(path, model_states_name(mp))) and is_deepspeed_checkpoint(path):
+        from chorus.deepspeed.runtime.zero import ds_checkpoint
+        return ds_checkpoint.load(engine, path, load_lr_scheduler_states)
     error = meta = blobs = None
     try:
         meta, blobs = _read_checked(engine, path, mp)

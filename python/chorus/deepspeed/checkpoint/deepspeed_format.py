@@ -1,0 +1,164 @@
+"""DeepSpeed 0.19.8's checkpoint folder (TAG/), read into whole tensors: each trainable
+parameter's fp32 master value and, where the optimizer is Adam's, its two moments, with
+the step count, the 16-bit module and buffers, and the engine's counters.
+
+ZeRO 1-2 (zero_pp_rank_R_mp_rank_00_optim_states.pt, bf16_ prefixed under bf16): each
+group's flat fp32 partition and moments, rank after rank, the group's parameters end to
+end in param_shapes' order, padding at the end. ZeRO 3 (also zero_pp_rank_R_..._model_
+states.pt): every parameter split evenly over the ranks (the last slice padded), each
+rank's slices end to end. Without ZeRO: the model states hold the module and the
+optimizer (its torch state per parameter, or, under bf16/fp16, DeepSpeed's flat fp32
+groups). Files are read through ds_pickle (nothing in them runs); a missing, extra or
+truncated rank's file is named."""
+import glob
+import math
+import os
+import re
+
+import torch
+
+from chorus.deepspeed.checkpoint.ds_pickle import load
+
+MODEL_STATES = "mp_rank_00_model_states.pt"
+STAGE3_MODEL_STATES = "zero_pp_rank_0_mp_rank_00_model_states.pt"
+ENGINE_KEYS = {"module", "buffer_names", "optimizer", "param_shapes", "frozen_param_shapes", "shared_params",
+               "frozen_param_fragments", "lr_scheduler", "data_sampler", "random_ltd", "sparse_tensor_module_names",
+               "skipped_steps", "global_steps", "global_samples", "dp_world_size", "mp_world_size", "ds_config",
+               "ds_version", "checkpoint_parallel_dimensions"}
+
+
+def is_deepspeed_checkpoint(path):
+    return os.path.isfile(os.path.join(path, MODEL_STATES)) or os.path.isfile(os.path.join(path, STAGE3_MODEL_STATES))
+
+
+class DeepSpeedCheckpoint:
+    """names/shapes (the trainable parameters, in order), fp32 {name: tensor}, moments
+    {name: (exp_avg, exp_avg_sq)} or None, step, param_groups (the optimizer's settings as
+    saved: lr, betas, eps, weight_decay), module (16-bit values and buffers),
+    model_states (the rest of the engine's dict), stage, world."""
+
+    def __init__(self, path):
+        self.path = path
+        stage3 = not os.path.isfile(os.path.join(path, MODEL_STATES))
+        self.model_states = load(os.path.join(path, STAGE3_MODEL_STATES if stage3 else MODEL_STATES))
+        ms = self.model_states
+        if ms.get("mp_world_size", 1) != 1:
+            raise ValueError(f"load_checkpoint: {path} is a DeepSpeed checkpoint at tensor-parallel size "
+                             f"{ms.get('mp_world_size')}; chorus reads DeepSpeed's data-parallel checkpoints only")
+        self.world = int(ms.get("dp_world_size", 1))
+        self.module = ms.get("module") or {}
+        self.stage = int(((ms.get("ds_config") or {}).get("zero_optimization") or {}).get("stage", 3 if stage3 else 0))
+        self.moments, self.step, self.param_groups = None, 0, []
+        if self.stage == 0:
+            self._read_unpartitioned()
+        else:
+            self._read_partitioned()
+
+    # --- layouts ------------------------------------------------------------------------------
+    def _names_from_shapes(self):
+        groups = self.model_states.get("param_shapes")
+        if not groups:
+            raise ValueError(f"load_checkpoint: {self.path}: the model states carry no param_shapes")
+        return [[(n, tuple(s)) for n, s in g.items()] for g in groups]
+
+    def _rank_files(self):
+        files = {}
+        for f in glob.glob(os.path.join(self.path, "*zero_pp_rank_*_mp_rank_00_optim_states.pt")):
+            m = re.search(r"zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt$", f)
+            files[int(m.group(1))] = f
+        missing = [r for r in range(self.world) if r not in files]
+        if missing or len(files) != self.world:
+            raise ValueError(f"load_checkpoint: {self.path} was saved by {self.world} data-parallel ranks, but holds "
+                             f"optimizer states of ranks {sorted(files)} (missing: {missing})")
+        return [load(files[r])["optimizer_state_dict"] for r in range(self.world)]
+
+    def _read_partitioned(self):
+        groups = self._names_from_shapes()
+        states = self._rank_files()
+        self.fp32, moments = {}, {}
+        if self.stage in (1, 2):
+            for g, params in enumerate(groups):
+                flat = torch.cat([s["single_partition_of_fp32_groups"][g].float() for s in states])
+                opt = [s["base_optimizer_state"]["state"].get(g, {}) for s in states]
+                m, v = self._moments(opt)
+                paddings = (states[0].get("param_alignment_paddings") or [None] * len(groups))[g]
+                self._walk(params, flat, m, v, moments, paddings)
+                self.step = self._step(opt[0], self.step)
+            self.param_groups = states[0]["base_optimizer_state"].get("param_groups") or []
+        else:
+            flats = [torch.cat([t.float() for t in s["fp32_flat_groups"]]) for s in states]
+            opts = [s["optimizer_state_dict"]["state"] for s in states]
+            per_rank = [self._moments([o[k] for k in sorted(o)]) for o in opts]
+            offset = 0
+            for name, shape in [p for g in groups for p in g]:
+                numel = math.prod(shape)
+                part = math.ceil(numel / self.world)
+                pieces = [flats[r][offset:offset + part] for r in range(self.world)]
+                self.fp32[name] = torch.cat(pieces)[:numel].view(shape).clone()
+                if all(m is not None for m, _ in per_rank):
+                    moments[name] = tuple(torch.cat([per_rank[r][k][offset:offset + part] for r in range(self.world)])
+                                          [:numel].view(shape).clone() for k in (0, 1))
+                offset += part
+            if opts[0]:
+                self.step = self._step(opts[0][sorted(opts[0])[0]], 0)
+            self.param_groups = states[0]["optimizer_state_dict"].get("param_groups") or []
+        self.names = [n for g in groups for n, _ in g]
+        self.shapes = [s for g in groups for _, s in g]
+        self.moments = moments if len(moments) == len(self.names) else None
+
+    def _read_unpartitioned(self):
+        opt = self.model_states.get("optimizer") or {}
+        buffers = set(self.model_states.get("buffer_names") or [])
+        frozen = set((self.model_states.get("frozen_param_shapes") or {}).keys())
+        names = [n for n in self.module if n not in buffers and n not in frozen]
+        self.names, self.shapes = names, [tuple(self.module[n].shape) for n in names]
+        self.fp32, moments = {}, {}
+        if "fp32_groups_flat" in opt:  # DeepSpeed's 16-bit optimizer: flat fp32 groups, params in order
+            flat = torch.cat([t.float() for t in opt["fp32_groups_flat"]])
+            inner = (opt.get("optimizer_state_dict") or {}).get("state") or {}
+            m, v = self._moments([inner[k] for k in sorted(inner)]) if inner else (None, None)
+            self._walk(list(zip(names, self.shapes)), flat, m, v, moments)
+            if inner:
+                self.step = self._step(inner[sorted(inner)[0]], 0)
+            self.param_groups = (opt.get("optimizer_state_dict") or {}).get("param_groups") or []
+        else:  # a torch optimizer over the module's fp32 parameters
+            state = opt.get("state") or {}
+            for i, n in enumerate(names):
+                self.fp32[n] = self.module[n].float().clone()
+                if i in state and "exp_avg" in state[i]:
+                    moments[n] = (state[i]["exp_avg"].float().clone(), state[i]["exp_avg_sq"].float().clone())
+            if state:
+                self.step = self._step(state[min(state)], 0)
+            if self.step == 0 and moments:  # (DeepSpeed's CPU FusedAdam saves step 0 after stepping)
+                self.step = int(self.model_states.get("global_steps", 0)) - int(self.model_states.get("skipped_steps", 0))
+            self.param_groups = opt.get("param_groups") or []
+        self.moments = moments if len(moments) == len(self.names) else None
+
+    # --- helpers ------------------------------------------------------------------------------
+    @staticmethod
+    def _moments(states):
+        if not states or any("exp_avg" not in s or "exp_avg_sq" not in s for s in states):
+            return None, None
+        return (torch.cat([s["exp_avg"].float().reshape(-1) for s in states]),
+                torch.cat([s["exp_avg_sq"].float().reshape(-1) for s in states]))
+
+    @staticmethod
+    def _step(state, default):
+        step = state.get("step", default) if isinstance(state, dict) else default
+        return int(step.item() if torch.is_tensor(step) else step)
+
+    def _walk(self, params, flat, m, v, moments, paddings=None):
+        """Each parameter's values from a flat group (with DeepSpeed's alignment padding after each, if any)."""
+        offset = 0
+        for k, (name, shape) in enumerate(params):
+            numel = math.prod(shape)
+            if offset + numel > flat.numel():
+                raise ValueError(f"load_checkpoint: {self.path}: the fp32 partitions hold {flat.numel()} values, "
+                                 f"fewer than the parameters need ({name} ends at {offset + numel})")
+            self.fp32[name] = flat[offset:offset + numel].view(shape).clone()
+            if m is not None:
+                moments[name] = (m[offset:offset + numel].view(shape).clone(), v[offset:offset + numel].view(shape).clone())
+            offset += numel + (int(paddings[k]) if paddings else 0)
+
+    def client_state(self):
+        return {k: v for k, v in self.model_states.items() if k not in ENGINE_KEYS}

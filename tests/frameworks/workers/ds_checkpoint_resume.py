@@ -1,0 +1,86 @@
+"""DeepSpeed's checkpoints resumed, under whatever `import deepspeed` is:
+
+    ds_checkpoint_resume.py save FOLDER     (the real DeepSpeed: for each case, train 3 steps, save
+                                             FOLDER/CASE, train 3 more; then a fresh engine loads the
+                                             save and trains those 3 steps again)
+    ds_checkpoint_resume.py load FOLDER OUT (chorus, at any number of ranks: load FOLDER/CASE, train
+                                             the same 3 steps)
+Each step trains on the same global batch of 8 samples, split evenly over the ranks; the
+loss reported is the mean over the ranks (so the global batch's). Cases: ZeRO stages 0-3,
+fp32 and bf16, AdamW with a WarmupLR schedule, the client state {"epoch": 5}."""
+import json
+import sys
+
+import torch
+
+import deepspeed
+
+CASES = [(stage, dtype) for stage in (0, 1, 2, 3) for dtype in ("fp32", "bf16")]
+
+
+def config(stage, dtype, world):
+    cfg = {"train_micro_batch_size_per_gpu": 8 // world, "gradient_accumulation_steps": 1, "steps_per_print": 10 ** 6,
+           "optimizer": {"type": "AdamW", "params": {"lr": 0.02, "weight_decay": 0.01}},
+           "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.02,
+                                                        "warmup_num_steps": 10}},
+           "zero_optimization": {"stage": stage}, "gradient_clipping": 1.0}
+    if dtype == "bf16":
+        cfg["bf16"] = {"enabled": True}
+    return cfg
+
+
+def engine_for(stage, dtype, world):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    engine, _, _, _ = deepspeed.initialize(model=model, config=config(stage, dtype, world))
+    return engine
+
+
+def steps(engine, first, count, rank, world, dtype):
+    out = []
+    for step in range(first, first + count):
+        g = torch.Generator().manual_seed(100 + step)
+        x, y = torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)
+        share = slice(rank * 8 // world, (rank + 1) * 8 // world)
+        loss = torch.nn.functional.cross_entropy(
+            engine(x[share].to(torch.bfloat16 if dtype == "bf16" else torch.float32)).float(), y[share])
+        engine.backward(loss)
+        engine.step()
+        mean = loss.detach().clone()
+        deepspeed.comm.all_reduce(mean)
+        out.append(mean.item() / world)
+    return out
+
+
+def main():
+    mode, folder = sys.argv[1], sys.argv[2]
+    deepspeed.init_distributed()
+    rank, world = deepspeed.comm.get_rank(), deepspeed.comm.get_world_size()
+    results = {}
+    for stage, dtype in CASES:
+        key, where = f"stage {stage} {dtype}", f"{folder}/z{stage}_{dtype}"
+        if mode == "save":
+            engine = engine_for(stage, dtype, world)
+            steps(engine, 0, 3, rank, world, dtype)
+            engine.save_checkpoint(where, client_state={"epoch": 5})
+            cont = steps(engine, 3, 3, rank, world, dtype)
+            fresh = engine_for(stage, dtype, world)
+            _, client = fresh.load_checkpoint(where)
+            results[key] = {"continued": cont, "resumed": steps(fresh, 3, 3, rank, world, dtype),
+                            "client": client.get("epoch")}
+        else:
+            try:
+                fresh = engine_for(stage, dtype, world)
+                _, client = fresh.load_checkpoint(where)
+                results[key] = {"resumed": steps(fresh, 3, 3, rank, world, dtype), "client": client.get("epoch"),
+                                "global_steps": fresh.global_steps}
+            except Exception as e:  # recorded: the test says which cases must load
+                results[key] = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
+        deepspeed.comm.barrier()
+    if rank == 0:
+        with open(sys.argv[3] if mode == "load" else f"{folder}/deepspeed.json", "w") as f:
+            json.dump({"deepspeed": deepspeed.__file__, "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

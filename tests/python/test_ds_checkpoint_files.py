@@ -1,0 +1,52 @@
+"""DeepSpeed's .pt files are read without trusting them (chorus.deepspeed.checkpoint.ds_pickle):
+tensors, containers and DeepSpeed's own records come back as torch.load gives them; a file
+that names any other global (a function to call) is refused by name; a truncated file or a
+checkpoint folder missing a rank's file is named. (Real DeepSpeed checkpoints are loaded in
+tests/frameworks/test_checkpoint_vs_deepspeed.py.)"""
+import collections
+import os
+import pickle
+import zipfile
+
+import pytest
+import torch
+
+from chorus.deepspeed.checkpoint.deepspeed_format import DeepSpeedCheckpoint
+from chorus.deepspeed.checkpoint.ds_pickle import load
+
+
+def test_tensors_and_containers_load_as_torch_gives_them(tmp_path):
+    value = {"module": collections.OrderedDict(w=torch.arange(6.).view(2, 3), b=torch.ones(2, dtype=torch.bfloat16)),
+             "steps": 3, "shape": torch.Size([2, 3]), "slice": torch.arange(10)[2:5], "names": ["w", "b"]}
+    torch.save(value, tmp_path / "f.pt")
+    got = load(str(tmp_path / "f.pt"))
+    assert got["steps"] == 3 and got["shape"] == torch.Size([2, 3]) and got["names"] == ["w", "b"]
+    assert torch.equal(got["module"]["w"], value["module"]["w"]) and got["module"]["b"].dtype == torch.bfloat16
+    assert torch.equal(got["slice"], torch.tensor([2, 3, 4]))
+
+
+def test_a_file_that_names_a_function_is_refused(tmp_path):
+    torch.save({"payload": os.system}, tmp_path / "evil.pt")
+    with pytest.raises(pickle.UnpicklingError, match="posix.system|os.system"):
+        load(str(tmp_path / "evil.pt"))
+
+
+def test_damaged_files_and_missing_ranks_are_named(tmp_path):
+    torch.save({"x": torch.zeros(1000)}, tmp_path / "f.pt")
+    with zipfile.ZipFile(tmp_path / "f.pt") as z:  # the same archive with the tensor's bytes cut short
+        with zipfile.ZipFile(tmp_path / "cut.pt", "w") as out:
+            for item in z.infolist():
+                data = z.read(item.filename)
+                out.writestr(item, data[:100] if "/data/" in item.filename else data)
+    with pytest.raises(ValueError, match="truncated"):
+        load(str(tmp_path / "cut.pt"))
+    (tmp_path / "junk.pt").write_bytes(b"not a zip")
+    with pytest.raises(ValueError, match="not a torch zip file"):
+        load(str(tmp_path / "junk.pt"))
+    folder = tmp_path / "t"
+    folder.mkdir()
+    torch.save({"module": {}, "dp_world_size": 2, "mp_world_size": 1, "param_shapes": [{"w": torch.Size([2])}],
+                "ds_config": {"zero_optimization": {"stage": 2}}}, folder / "mp_rank_00_model_states.pt")
+    torch.save({"optimizer_state_dict": {}}, folder / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    with pytest.raises(ValueError, match=r"ranks \[0\] \(missing: \[1\]\)"):
+        DeepSpeedCheckpoint(str(folder))
