@@ -6,7 +6,11 @@ starts from DeepSpeed's very weights (under ZeRO-3 built inside zero.Init, where
 Transformers 4.x initializes through Module.apply: not the plain process's weights,
 GPT-2's scaled c_proj init does not reach partitioned children under DeepSpeed
 either), the plain process from the seed's at ZeRO-2 and from DeepSpeed's at
-ZeRO-3; all log the same losses."""
+ZeRO-3; all log the same losses. Under Transformers 5 at ZeRO-2, the Trainer under chorus
+also resumes from the checkpoint the real DeepSpeed saved at step 10, to DeepSpeed's losses
+(ZeRO-3's DeepSpeed checkpoints are resumed in test_checkpoint_vs_deepspeed.py)."""
+import shutil
+
 import pytest
 
 from conftest import PYTHON, chorusrun, losses, real_deepspeed, run, same_weights, single
@@ -35,3 +39,11 @@ def test_trainer_follows_deepspeed(transformers, mode, tmp_path):
     for step in STEPS:
         assert abs(got[step] - want[step]) <= TOL, (step, got[step], want[step])
         assert abs(alone[step] - want[step]) <= TOL, (step, alone[step], want[step])
+    if transformers == "5" and mode == "z2":
+        # The Trainer under chorus resumes from the checkpoint the real DeepSpeed wrote at step 10
+        # (DeepSpeed's own layout: global_step10/, its .pt files) and goes on as DeepSpeed did.
+        shutil.copytree(tmp_path / "deepspeed" / "checkpoint-10", tmp_path / "from_deepspeed" / "checkpoint-10")
+        resumed = losses(chorusrun(2, "hf_trainer.py", mode, tmp_path / "from_deepspeed", "--resume"))
+        assert sorted(resumed) == STEPS[10:], resumed
+        for step in STEPS[10:]:
+            assert abs(resumed[step] - want[step]) <= TOL, (step, resumed[step], want[step])
