@@ -50,13 +50,25 @@ bool invokedAs(const char* arg0, std::initializer_list<const char*> names) {
 // --autotuning: the autotuner (Python) runs each experiment as this chorusrun, with
 // the same options but --autotuning, and the script's config argument replaced.
 int runAutotuner(const chorus::launcher::LaunchOptions& o, const std::string& mode, std::vector<std::string> args) {
-  for (size_t i = 1; i + 1 < args.size(); ++i)
-    if (args[i] == "--autotuning") {
+  // An experiment is a chorusrun job the autotuner started: it must not tune again.
+  if (const char* child = std::getenv("CHORUS_AUTOTUNING_EXPERIMENT"); child && *child) {
+    std::fprintf(stderr, "chorusrun: --autotuning inside an autotuning experiment (%s); refused\n", child);
+    return 2;
+  }
+  for (size_t i = 1; i < args.size(); ++i) {  // (the first one: chorusrun's options come before the command)
+    if (args[i] == "--") break;
+    if (args[i].rfind("--autotuning=", 0) == 0) {
+      args.erase(args.begin() + static_cast<std::ptrdiff_t>(i));
+      break;
+    }
+    if (args[i] == "--autotuning" && i + 1 < args.size()) {
       args.erase(args.begin() + static_cast<std::ptrdiff_t>(i), args.begin() + static_cast<std::ptrdiff_t>(i + 2));
       break;
     }
+  }
   std::vector<std::string> cmd = {chorus::launcher::pythonForScripts(o), "-m", "chorus.deepspeed.autotuning", mode,
-                                  "--chorusrun", chorus::launcher::selfPath(), "--"};
+                                  "--chorusrun", chorus::launcher::selfPath(), "--ranks",
+                                  std::to_string(o.np > 0 ? o.np : 1), "--"};
   cmd.insert(cmd.end(), args.begin() + 1, args.end());
   std::vector<char*> cargs;
   for (auto& a : cmd) cargs.push_back(a.data());

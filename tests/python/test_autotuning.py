@@ -60,3 +60,11 @@ def test_autotuning_searches_the_stages_settings_when_not_fast(tmp_path):
         cfg = json.loads((tmp_path / "autotuning_exps" / name / "ds_config.json").read_text())
         assert {"reduce_bucket_size", "allgather_bucket_size"} <= set(cfg["zero_optimization"]), cfg
     assert runs[optimal] == max(m for m in runs.values() if m is not None)
+
+
+def test_an_experiment_cannot_start_the_autotuner_again(tmp_path):
+    """(--autotuning=tune's one-token form is taken out of the experiments' commands too.)"""
+    proc = subprocess.run([os.path.join(BUILD, "chorusrun"), "-np", "1", "--autotuning=tune", "x.py",
+                           "--deepspeed_config", "c.json"], env=dict(os.environ, CHORUS_AUTOTUNING_EXPERIMENT="z1"),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+    assert proc.returncode == 2 and "inside an autotuning experiment (z1)" in proc.stdout, proc.stdout

@@ -1,7 +1,8 @@
 """DeepSpeed's .pt files are read without trusting them (chorus.deepspeed.checkpoint.ds_pickle):
 tensors, containers and DeepSpeed's own records come back as torch.load gives them; a file
-that names any other global (a function to call) is refused by name; a truncated file or a
-checkpoint folder missing a rank's file is named. (Real DeepSpeed checkpoints are loaded in
+that names any other global (a function to call) is refused by name, as is a view outside its
+storage or a compressed member (which could stand for more memory than the file holds); a
+truncated file or a checkpoint folder missing a rank's file is named. (Real DeepSpeed checkpoints are loaded in
 tests/frameworks/test_checkpoint_vs_deepspeed.py.)"""
 import collections
 import os
@@ -31,6 +32,23 @@ def test_a_file_that_names_a_function_is_refused(tmp_path):
         load(str(tmp_path / "evil.pt"))
 
 
+def test_views_outside_their_storage_and_compressed_members_are_refused(tmp_path):
+    from chorus.deepspeed.checkpoint.ds_pickle import _rebuild_tensor
+    one = torch.zeros(1)
+    with pytest.raises(pickle.UnpicklingError, match="does not lie inside its storage"):
+        _rebuild_tensor(one, 0, (2 ** 34,), (0,))  # one element standing for 2**34
+    with pytest.raises(pickle.UnpicklingError, match="does not lie inside"):
+        _rebuild_tensor(torch.zeros(6), 4, (2, 2), (2, 1))
+    assert torch.equal(_rebuild_tensor(torch.arange(6.), 1, (2, 2), (2, 1)), torch.tensor([[1., 2.], [3., 4.]]))
+    torch.save({"x": torch.zeros(4)}, tmp_path / "f.pt")
+    with zipfile.ZipFile(tmp_path / "f.pt") as z, zipfile.ZipFile(tmp_path / "packed.pt", "w",
+                                                                   zipfile.ZIP_DEFLATED) as out:
+        for item in z.infolist():
+            out.writestr(item.filename, z.read(item.filename))
+    with pytest.raises(ValueError, match="compressed members"):
+        load(str(tmp_path / "packed.pt"))
+
+
 def test_damaged_files_and_missing_ranks_are_named(tmp_path):
     torch.save({"x": torch.zeros(1000)}, tmp_path / "f.pt")
     with zipfile.ZipFile(tmp_path / "f.pt") as z:  # the same archive with the tensor's bytes cut short
@@ -38,7 +56,7 @@ def test_damaged_files_and_missing_ranks_are_named(tmp_path):
             for item in z.infolist():
                 data = z.read(item.filename)
                 out.writestr(item, data[:100] if "/data/" in item.filename else data)
-    with pytest.raises(ValueError, match="truncated"):
+    with pytest.raises(ValueError, match="truncated or altered"):
         load(str(tmp_path / "cut.pt"))
     (tmp_path / "junk.pt").write_bytes(b"not a zip")
     with pytest.raises(ValueError, match="not a torch zip file"):

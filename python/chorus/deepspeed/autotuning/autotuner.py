@@ -45,7 +45,7 @@ def _fail(msg):
 
 
 class Autotuner:
-    def __init__(self, chorusrun, launcher_args, command):
+    def __init__(self, chorusrun, launcher_args, command, ranks=None):
         self.chorusrun, self.launcher_args = chorusrun, list(launcher_args)
         if not command:
             _fail("no script given")
@@ -79,7 +79,7 @@ class Autotuner:
                 shutil.rmtree(d, ignore_errors=True)
         os.makedirs(self.results_dir, exist_ok=True)
         os.makedirs(self.exps_dir, exist_ok=True)
-        self.ranks = self._ranks()
+        self.ranks = ranks or self._ranks()
         self.records = []  # (space, name, config, metric or None)
         self.optimal = None
 
@@ -180,8 +180,9 @@ class Autotuner:
         with open(os.path.join(where, "cmd.txt"), "w") as f:
             f.write(" ".join(cmd) + "\n")
         print(f"autotuning: experiment {name}", flush=True)
+        env = dict(os.environ, CHORUS_AUTOTUNING_EXPERIMENT=name)
         with open(os.path.join(where, "stdout.log"), "wb") as out, open(os.path.join(where, "stderr.log"), "wb") as err:
-            subprocess.run(cmd, stdout=out, stderr=err, check=False)
+            subprocess.run(cmd, stdout=out, stderr=err, check=False, env=env)
         result = os.path.join(where, "model_info.json" if profile_model else "metrics.json")
         metric = None
         if os.path.exists(result):
@@ -336,19 +337,28 @@ class Autotuner:
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) < 4 or argv[0] not in ("tune", "run") or argv[1] != "--chorusrun" or "--" not in argv:
-        _fail("usage: python -m chorus.deepspeed.autotuning tune|run --chorusrun PATH -- [launcher options] "
+        _fail("usage: python -m chorus.deepspeed.autotuning tune|run --chorusrun PATH [--ranks N] -- "
+              "[launcher options] "
               "script.py ... --deepspeed_config CONFIG")
     mode, chorusrun = argv[0], argv[2]
+    ranks = int(argv[argv.index("--ranks") + 1]) if "--ranks" in argv[:argv.index("--")] else None
     rest = argv[argv.index("--") + 1:]
     # The launcher's options come first; the script (the first argument not an option or its value) starts the command.
+    # (chorusrun's options that take a value; its parser accepted these arguments already)
     takes_value = {"-np", "--np", "-n", "--num-proc", "-H", "--hosts", "--hostfile", "--python", "-x",
                    "--num_gpus", "--num_procs", "--num_nodes", "--include", "--exclude", "--master_addr",
-                   "--master_port", "--start-timeout", "--output-filename", "--log-level", "--bind-to"}
+                   "--master_port", "--start-timeout", "--output-filename", "--log-level", "--bind-to", "-p",
+                   "--ssh-port", "-i", "--ssh-identity-file", "--ssh-options", "--network-interface",
+                   "--network-prefix", "--store-bind", "--store-port", "--secret", "--job-id", "--mpi-args",
+                   "--enable_each_rank_log", "--timeline-filename", "--autotune-log-file", "--autotune-warmup-samples",
+                   "--autotune-steps-per-sample", "--autotune-bayes-opt-max-samples",
+                   "--autotune-gaussian-process-noise", "--min-np", "--max-np", "--host-discovery-script",
+                   "--slots-per-host", "--slots", "--reset-limit", "--blacklist-after-failures", "--elastic-timeout"}
     i = 0
     while i < len(rest) and rest[i].startswith("-") and rest[i] != "--":
-        i += 2 if rest[i] in takes_value else 1
+        i += 2 if rest[i] in takes_value else 3 if rest[i] == "--blacklist-cooldown-range" else 1
     launcher, command = rest[:i], rest[i + 1:] if i < len(rest) and rest[i] == "--" else rest[i:]
-    tuner = Autotuner(chorusrun, launcher, command)
+    tuner = Autotuner(chorusrun, launcher, command, ranks)
     tuner.tune()
     if mode == "run":
         return tuner.run_after_tuning()

@@ -93,6 +93,10 @@ class DeepSpeedCheckpoint:
             for name, shape in [p for g in groups for p in g]:
                 numel = math.prod(shape)
                 part = math.ceil(numel / self.world)
+                short = [r for r in range(self.world) if flats[r].numel() < offset + part]
+                if short:
+                    raise ValueError(f"load_checkpoint: {self.path}: the fp32 partitions of ranks {short} end before "
+                                     f"parameter {name} (which needs {offset + part} values each)")
                 pieces = [flats[r][offset:offset + part] for r in range(self.world)]
                 self.fp32[name] = torch.cat(pieces)[:numel].view(shape).clone()
                 if all(m is not None for m, _ in per_rank):

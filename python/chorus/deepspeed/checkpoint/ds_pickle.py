@@ -5,7 +5,9 @@ stored. Any other global a file names is refused, naming it, so a file cannot ma
 load run code (torch's weights_only does the same for plain tensors, but refuses
 DeepSpeed's classes, which every DeepSpeed checkpoint holds)."""
 import collections
+import io
 import pickle
+import zipfile
 
 import torch
 
@@ -54,7 +56,19 @@ def _safe_getattr(obj, name):
     raise pickle.UnpicklingError(f"DeepSpeed checkpoint: getattr({obj!r}, {name!r}) is not allowed in a checkpoint")
 
 
-class Unpickler(pickle.Unpickler):
+class Unpickler(pickle._Unpickler):  # (the Python one, whose opcodes can be overridden)
+    dispatch = dict(pickle._Unpickler.dispatch)
+
+    def load_build(self):
+        """BUILD sets the state of DeepSpeed's records and the attributes of an OrderedDict (a
+        state_dict's _metadata) only: a tensor's would reach Tensor.set_."""
+        if not isinstance(self.stack[-2], (Record, collections.OrderedDict)):
+            raise pickle.UnpicklingError(f"DeepSpeed checkpoint: the file sets the state of a "
+                                         f"{type(self.stack[-2]).__name__}; refused")
+        pickle._Unpickler.load_build(self)
+
+    dispatch[pickle.BUILD[0]] = load_build
+
     def find_class(self, module, name):
         if (module, name) in _ALLOWED:
             return _ALLOWED[(module, name)]
@@ -75,6 +89,17 @@ _STORAGES = {"FloatStorage": torch.float32, "DoubleStorage": torch.float64, "Hal
 
 
 def _rebuild_tensor(storage, offset, size, stride, requires_grad=False, hooks=None, metadata=None):
+    """A view of the storage, which must lie inside it and hold no more elements than it (a
+    stride-0 view of one element could otherwise stand for any number of them)."""
+    size, stride, offset = tuple(int(x) for x in size), tuple(int(x) for x in stride), int(offset)
+    numel = 1
+    for n in size:
+        numel *= n
+    last = offset + sum((n - 1) * st for n, st in zip(size, stride)) if numel else offset - 1
+    if len(size) != len(stride) or offset < 0 or min(size + stride, default=0) < 0 or numel > storage.numel() or \
+            last >= storage.numel():
+        raise pickle.UnpicklingError(f"DeepSpeed checkpoint: a tensor of size {size}, stride {stride} at {offset} "
+                                     f"does not lie inside its storage of {storage.numel()} elements")
     return storage.as_strided(size, stride, offset)
 
 
@@ -86,7 +111,6 @@ class _Storage:
 def load(path):
     """A DeepSpeed .pt file (torch's zip format) read on the CPU through the unpickler above,
     its storages read here (torch.load would let the file choose its unpickler's classes)."""
-    import zipfile
     try:
         archive = zipfile.ZipFile(path)
     except (OSError, zipfile.BadZipFile) as e:
@@ -97,6 +121,11 @@ def load(path):
         if len(pkl) != 1:
             raise ValueError(f"DeepSpeed checkpoint: {path} has no single data.pkl (truncated or not torch.save's)")
         prefix = pkl[0][:-len("data.pkl")]
+        # torch.save stores its members uncompressed: so no member is larger here than in the file.
+        packed = [i.filename for i in archive.infolist() if i.compress_type != zipfile.ZIP_STORED]
+        if packed:
+            raise ValueError(f"DeepSpeed checkpoint: {path} has compressed members ({packed[:3]}); torch.save "
+                             "writes none")
         loaded = {}
 
         class _Reader(Unpickler):
@@ -119,14 +148,20 @@ def load(path):
                 if dtype is None:
                     raise pickle.UnpicklingError(f"DeepSpeed checkpoint: {path}: storage of unknown type {kind!r}")
                 if key not in loaded:
-                    raw = archive.read(f"{prefix}data/{key}")
                     item = torch.empty(0, dtype=dtype).element_size()
+                    try:
+                        member = archive.getinfo(f"{prefix}data/{key}")
+                    except KeyError:
+                        raise ValueError(f"DeepSpeed checkpoint: {path}: storage {key} is missing") from None
+                    if member.file_size != numel * item:
+                        raise ValueError(f"DeepSpeed checkpoint: {path}: storage {key} holds {member.file_size} "
+                                         f"bytes, not {numel * item}: truncated or altered")
+                    raw = archive.read(member)
                     if len(raw) < numel * item:
                         raise ValueError(f"DeepSpeed checkpoint: {path}: storage {key} holds {len(raw)} bytes, "
                                          f"not {numel * item}: truncated")
-                    loaded[key] = torch.frombuffer(bytearray(raw[:numel * item]), dtype=dtype) if numel else \
+                    loaded[key] = torch.frombuffer(bytearray(raw), dtype=dtype) if numel else \
                         torch.empty(0, dtype=dtype)
                 return loaded[key]
 
-        import io
         return _Reader(io.BytesIO(archive.read(pkl[0]))).load()

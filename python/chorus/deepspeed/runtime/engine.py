@@ -464,7 +464,17 @@ class DeepSpeedEngine(EngineQueries, EngineMonitor, EngineRandomLTD, EngineCurri
             before_norm = getattr(self._client, "before_norm", None)
             if before_norm is not None:  # (Muon: the norm and the clip are over what it makes of the gradients)
                 self.core.prepare_external()
-                before_norm()
+                error = None
+                try:
+                    before_norm()
+                except Exception as e:  # noqa: BLE001 (one rank's failure is every rank's, not a hang in the norm)
+                    error = e
+                failed = hvd.allreduce(torch.tensor([0 if error is None else 1]), op=hvd.Sum,
+                                       name="chorus.before_norm", process_set=self.process_set)
+                if error is not None:
+                    raise error
+                if int(failed.item()):
+                    raise RuntimeError("model_engine.step(): another rank failed in the optimizer's update")
                 skipped, norm, _ = self.core.finish_external()
             else:
                 skipped, norm, _ = self.core.step_external()

@@ -96,7 +96,8 @@ def save(engine, save_dir, tag, client_state, save_latest, exclude_frozen_parame
     identity = json.dumps({"tag": tag, "step": engine.global_steps, "save_id": save_id}, sort_keys=True)
     # checkpoint.use_node_local_storage: save_dir is each node's own disk, so the first rank
     # of each node also writes what rank 0 writes (the model states, stage 0's one shard, latest).
-    writer = ps.rank() == 0 or (_node_local(engine) and hvd.local_rank() == 0)
+    first_on_node = _first_on_node(engine) if _node_local(engine) else False  # (collective: on every rank)
+    writer = ps.rank() == 0 or first_on_node
     error = None
     try:
         os.makedirs(path, exist_ok=True)
@@ -119,7 +120,18 @@ def save(engine, save_dir, tag, client_state, save_latest, exclude_frozen_parame
 
 
 def _node_local(engine):
-    return bool((engine._raw_config.get("checkpoint") or {}).get("use_node_local_storage", False))
+    on = bool((engine._raw_config.get("checkpoint") or {}).get("use_node_local_storage", False))
+    if on and (engine._expert_parts or engine._mp_rank is not None):
+        raise ValueError("DeepSpeed config: 'checkpoint.use_node_local_storage' with MoE experts or tensor/pipeline "
+                         "slices is not built yet (their files are read across nodes); save to shared storage")
+    return on
+
+
+def _first_on_node(engine):
+    """Whether this rank is the first of its process set on its host (collective over the set)."""
+    import socket
+    hosts = hvd.allgather_object(socket.gethostname(), process_set=engine.process_set, name="ckpt.node_local.hosts")
+    return hosts.index(hosts[engine.process_set.rank()]) == engine.process_set.rank()
 
 
 def _write_consolidation_script(save_dir):

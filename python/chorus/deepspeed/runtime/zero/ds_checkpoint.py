@@ -19,7 +19,7 @@ def load(engine, path, load_lr_scheduler_states):
     try:
         ds = DeepSpeedCheckpoint(path)
         _check(engine, ds, path)
-    except (ValueError, OSError, KeyError) as e:
+    except Exception as e:  # noqa: BLE001 (a failure on one rank must reach every rank, not leave them waiting)
         error = e
     failed = hvd.allreduce(torch.tensor([1 if error else 0]), op=hvd.Sum, name="ckpt.ds.read",
                            process_set=engine.process_set)

@@ -59,13 +59,31 @@ class DeepSpeedDataSampler:
             if self.difficulty_type[metric] not in ("value", "percentile"):
                 raise ValueError(f"DeepSpeed config: curriculum metric {metric!r}: 'difficulty_type' "
                                  f"{self.difficulty_type[metric]!r} is not value or percentile")
-            if self._first and self.clustering_type[metric] != "single_cluster":
-                self.index_to_sample[metric] = self._open(cfg, "index_to_sample_path", metric)
-                if self.difficulty_type[metric] == "value":
-                    self.index_to_metric[metric] = self._open(cfg, "index_to_metric_path", metric)
+        error = None
+        try:  # the index files, on the first rank (which draws): a failure there is raised on every rank
+            for metric, cfg in metrics.items():
+                if self._first and self.clustering_type[metric] != "single_cluster":
+                    self.index_to_sample[metric] = self._open(cfg, "index_to_sample_path", metric)
+                    if self.difficulty_type[metric] == "value":
+                        self.index_to_metric[metric] = self._open(cfg, "index_to_metric_path", metric)
+        except Exception as e:  # noqa: BLE001
+            error = e
+        self._agree(error, "open its index files", "open")
         if self.total_samples <= 0 or micro_batch_size <= 0 or not 0 <= data_parallel_rank < data_parallel_size:
             raise ValueError(f"curriculum sampler: {self.total_samples} samples, micro-batch {micro_batch_size}, "
                              f"rank {data_parallel_rank} of {data_parallel_size}")
+
+    def _agree(self, error, what, tag):
+        """Raises error here, and on the other ranks that the first rank could not do what."""
+        import chorus.torch as hvd
+        failed = torch.tensor([0 if error is None else 1])
+        if self.process_set.size() > 1:
+            failed = hvd.broadcast(failed, self.process_set.ranks[0], name=f"chorus.curriculum.{tag}",
+                                   process_set=self.process_set)
+        if error is not None:
+            raise error
+        if int(failed.item()):
+            raise RuntimeError(f"curriculum: the data-parallel set's first rank could not {what}")
 
     @staticmethod
     def _open(cfg, key, metric):
@@ -139,11 +157,18 @@ class DeepSpeedDataSampler:
             if new is not None and len(new) > 0:
                 new = new.astype(self.index_dtype)
                 self.np_rng.shuffle(new)
-                write_rows(os.path.join(self.cluster_root, name), [new], self.index_dtype)
+                self._write(name, new)
                 self.data_clusters.append(new)
                 self.data_cluster_sizes.append(len(new))
                 self.data_cluster_paths.append(name)
                 self.data_cluster_current_position.append(0)
+
+    def _write(self, name, cluster):
+        """The cluster's file (for checkpoints): written by the job's first rank only, as every
+        data-parallel set (one per sequence-parallel rank) draws the same clusters."""
+        import chorus.torch as hvd
+        if not hvd.is_initialized() or hvd.rank() == 0:
+            write_rows(os.path.join(self.cluster_root, name), [cluster], self.index_dtype)
 
     def sample_from_clusters(self):
         total = sum(self.data_cluster_sizes)
@@ -154,7 +179,7 @@ class DeepSpeedDataSampler:
     def reshuffle_clusters(self, cidx):
         cluster = np.copy(self.data_clusters[cidx])
         self.np_rng.shuffle(cluster)
-        write_rows(os.path.join(self.cluster_root, self.data_cluster_paths[cidx]), [cluster], self.index_dtype)
+        self._write(self.data_cluster_paths[cidx], cluster)
         self.data_clusters[cidx] = cluster
 
     def get_sample_from_cluster(self, cidx, num_samples):
@@ -178,20 +203,30 @@ class DeepSpeedDataSampler:
             previous[metric] = self.current_difficulties.get(
                 metric, float("-inf") if self.difficulty_type[metric] == "value" else 0)
             self.current_difficulties[metric] = difficulty
-        if changed:
-            self.get_new_cluster(previous)
-        batch = torch.full((self.global_batch_size,), -1, dtype=torch.long)
-        if self._first:
-            if not self.data_clusters:
-                raise ValueError(f"curriculum: no sample meets the difficulties {self.current_difficulties}")
-            drawn = []
-            for cidx, n in enumerate(self.sample_from_clusters()):
-                drawn += self.get_sample_from_cluster(cidx, n)
-            self.np_rng.shuffle(drawn)
-            batch[:len(drawn)] = torch.tensor([int(s) for s in drawn], dtype=torch.long)
+        # The first rank draws; whatever fails there is raised on every rank (after the broadcast).
+        batch = torch.full((self.global_batch_size + 1,), -1, dtype=torch.long)
+        error = None
+        try:
+            if changed:
+                self.get_new_cluster(previous)
+            if self._first:
+                if not self.data_clusters:
+                    raise ValueError(f"curriculum: no sample meets the difficulties {self.current_difficulties}")
+                drawn = []
+                for cidx, n in enumerate(self.sample_from_clusters()):
+                    drawn += self.get_sample_from_cluster(cidx, n)
+                self.np_rng.shuffle(drawn)
+                batch[1:len(drawn) + 1] = torch.tensor([int(s) for s in drawn], dtype=torch.long)
+        except Exception as e:  # noqa: BLE001
+            error, batch[0] = e, 1
         if self.process_set.size() > 1:
             batch = hvd.broadcast(batch, self.process_set.ranks[0], name=f"chorus.curriculum.{self.curriculum_step}",
                                   process_set=self.process_set)
+        if error is not None:
+            raise error
+        if int(batch[0]) == 1:
+            raise RuntimeError("curriculum: the data-parallel set's first rank failed to draw the global batch")
+        batch = batch[1:]
         self.batch = batch[batch != -1].tolist()
 
     def __iter__(self):
@@ -226,8 +261,13 @@ class DeepSpeedDataSampler:
             if metric in self.current_difficulties:
                 scheduler.set_current_difficulty(self.current_difficulties[metric])
         self.data_clusters, self.data_cluster_sizes = [], []
-        if self._first:
-            for name in self.data_cluster_paths:
-                cluster = np.copy(MMapIndexedDataset(os.path.join(self.cluster_root, name))[0])
-                self.data_clusters.append(cluster)
-                self.data_cluster_sizes.append(len(cluster))
+        error = None
+        try:
+            if self._first:
+                for name in self.data_cluster_paths:
+                    cluster = np.copy(MMapIndexedDataset(os.path.join(self.cluster_root, name))[0])
+                    self.data_clusters.append(cluster)
+                    self.data_cluster_sizes.append(len(cluster))
+        except Exception as e:  # noqa: BLE001
+            error = e
+        self._agree(error, "read the checkpoint's cluster files", f"load.{self.curriculum_step}")

@@ -118,7 +118,8 @@ class MMapIndexedDatasetBuilder:
     def __init__(self, out_file, dtype=np.int64):
         self._out = out_file
         self._dtype = _np_dtype(dtype)
-        self._file = open(out_file + ".tmp", "wb")
+        self._tmp = f"{out_file}.{os.getpid()}.tmp"  # (a name of this process's own)
+        self._file = open(self._tmp, "wb")
         self._sizes, self._doc_idx = [], [0]
 
     def add_item(self, tensor):
@@ -148,17 +149,18 @@ class MMapIndexedDatasetBuilder:
 
     def finalize(self, index_file):
         self._file.close()
-        os.replace(self._out + ".tmp", self._out)
+        os.replace(self._tmp, self._out)
         sizes = np.asarray(self._sizes, dtype=np.int32)
         pointers = np.zeros(len(sizes), dtype=np.int64)
         if len(sizes):
             pointers[1:] = np.cumsum(sizes[:-1].astype(np.int64)) * np.dtype(self._dtype).itemsize
-        with open(index_file + ".tmp", "wb") as f:
+        tmp = f"{index_file}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
             f.write(_MAGIC + struct.pack("<QBQQ", 1, code(self._dtype), len(sizes), len(self._doc_idx)))
             f.write(sizes.tobytes())
             f.write(pointers.tobytes())
             f.write(np.asarray(self._doc_idx, dtype=np.int64).tobytes())
-        os.replace(index_file + ".tmp", index_file)
+        os.replace(tmp, index_file)  # (the index last: a reader checks the data against it)
 
 
 def create_mmap_dataset_builder(fname, dtype):
