@@ -209,6 +209,7 @@ void bindZero(py::module_& m) {
       .def_property_readonly("world", &Engine::world)
       .def_property_readonly("rank", &Engine::rank)
       .def_property_readonly("loss_scale", &Engine::lossScale)
+      .def_property("loss_scaler_state", &Engine::lossScalerState, &Engine::setLossScalerState)
       .def_property("optimizer_steps", &Engine::optimizerSteps, &Engine::setOptimizerSteps)
       .def_property_readonly("placement", &Engine::placement)
       .def_property_readonly("live_bytes", &Engine::liveBytes)

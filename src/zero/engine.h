@@ -134,6 +134,10 @@ class Engine {
   std::vector<std::tuple<size_t, size_t, int>> runs() const;
   const std::vector<Piece>& pieces() const { return pieces_; }
   double lossScale() const { return scaler_.scale(); }
+  // The dynamic loss scaler's state (scale, iteration, last overflow, hysteresis left), for
+  // checkpoints in other layouts.
+  std::string lossScalerState() const { return scaler_.serialize(); }
+  void setLossScalerState(const std::string& s) { scaler_.deserialize(s); }
   int64_t optimizerSteps() const { return optSteps_; }
   // A checkpoint of another format (DeepSpeed's) restores the count its optimizer state was at.
   void setOptimizerSteps(int64_t steps) { optSteps_ = steps; }

@@ -7,8 +7,9 @@ Transformers 4.x initializes through Module.apply: not the plain process's weigh
 GPT-2's scaled c_proj init does not reach partitioned children under DeepSpeed
 either), the plain process from the seed's at ZeRO-2 and from DeepSpeed's at
 ZeRO-3; all log the same losses. Under Transformers 5 at ZeRO-2, the Trainer under chorus
-also resumes from the checkpoint the real DeepSpeed saved at step 10, to DeepSpeed's losses
-(ZeRO-3's DeepSpeed checkpoints are resumed in test_checkpoint_vs_deepspeed.py)."""
+also resumes from the checkpoint the real DeepSpeed saved at step 10, to DeepSpeed's losses,
+and the real DeepSpeed's Trainer from the one chorus saved in DeepSpeed's layout
+(checkpoint.format), to chorus's (the other stages: test_checkpoint_vs_deepspeed.py)."""
 import shutil
 
 import pytest
@@ -27,7 +28,9 @@ def test_trainer_follows_deepspeed(transformers, mode, tmp_path):
     version = run([PYTHON, "-c", "import transformers; print(transformers.__version__)"], overlays=overlays)
     assert version.strip().startswith(transformers), version
     real = real_deepspeed(2, "hf_trainer.py", mode, tmp_path / "deepspeed", overlays=overlays)
-    ours = chorusrun(2, "hf_trainer.py", mode, tmp_path / "chorus", overlays=overlays)
+    both_ways = transformers == "5" and mode == "z2"  # (checkpoints in DeepSpeed's layout, both ways)
+    ours = chorusrun(2, "hf_trainer.py", mode, tmp_path / "chorus", *(["--ds-layout"] if both_ways else []),
+                     overlays=overlays)
     init = ["--init", tmp_path / "deepspeed" / "init.pt"] if mode == "z3" else []
     plain = single("hf_trainer.py", mode, tmp_path / "plain", "--reference", *init, overlays=overlays)
     if mode == "z3":
@@ -39,9 +42,16 @@ def test_trainer_follows_deepspeed(transformers, mode, tmp_path):
     for step in STEPS:
         assert abs(got[step] - want[step]) <= TOL, (step, got[step], want[step])
         assert abs(alone[step] - want[step]) <= TOL, (step, alone[step], want[step])
-    if transformers == "5" and mode == "z2":
+    if both_ways:
         # The Trainer under chorus resumes from the checkpoint the real DeepSpeed wrote at step 10
-        # (DeepSpeed's own layout: global_step10/, its .pt files) and goes on as DeepSpeed did.
+        # (DeepSpeed's own layout: global_step10/, its .pt files) and goes on as DeepSpeed did;
+        # the Trainer under the real DeepSpeed resumes from the one chorus wrote in that layout.
+        shutil.copytree(tmp_path / "chorus" / "checkpoint-10", tmp_path / "from_chorus" / "checkpoint-10")
+        back = losses(real_deepspeed(2, "hf_trainer.py", mode, tmp_path / "from_chorus", "--resume",
+                                     overlays=overlays))
+        assert sorted(back) == STEPS[10:], back
+        for step in STEPS[10:]:
+            assert abs(back[step] - got[step]) <= TOL, (step, back[step], got[step])
         shutil.copytree(tmp_path / "deepspeed" / "checkpoint-10", tmp_path / "from_deepspeed" / "checkpoint-10")
         resumed = losses(chorusrun(2, "hf_trainer.py", mode, tmp_path / "from_deepspeed", "--resume"))
         assert sorted(resumed) == STEPS[10:], resumed

@@ -53,6 +53,13 @@ def test_checkpoint_resume_same_world_and_damaged_shards(ranks, zero_env):
     assert "truncate shard refused" in out and "flip shard refused" in out
 
 
+def test_checkpoints_in_deepspeeds_layout_resume_exactly(ranks, tmp_path):
+    """checkpoint.format "deepspeed" with tied, frozen and buffer state at ZeRO 0-3; a failed write
+    on one rank (workers/zero_ds_layout.py). Against the real DeepSpeed: tests/frameworks."""
+    out = ok(ranks(2, "zero_ds_layout.py", str(tmp_path)))
+    assert out.count("ds layout refusals ok") == 2 and out.count("ds layout z3 bf16 ok") == 2, out
+
+
 def test_node_local_checkpoint_loads_only_where_it_was_saved(ranks, tmp_path):
     out = ok(ranks(2, "zero_node_local.py", str(tmp_path)))
     assert out.count("node-local refusal ok") == 2, out

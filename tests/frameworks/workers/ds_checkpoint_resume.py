@@ -1,14 +1,16 @@
 """DeepSpeed's checkpoints resumed, under whatever `import deepspeed` is:
 
-    ds_checkpoint_resume.py save FOLDER     (the real DeepSpeed: for each case, train 3 steps, save
-                                             FOLDER/CASE, train 3 more; then a fresh engine loads the
-                                             save and trains those 3 steps again)
-    ds_checkpoint_resume.py load FOLDER OUT (chorus, at any number of ranks: load FOLDER/CASE, train
-                                             the same 3 steps)
+    ds_checkpoint_resume.py save FOLDER     (for each case, train 3 steps, save FOLDER/CASE, train 3
+                                             more; then a fresh engine loads the save and trains those
+                                             3 steps again; results in FOLDER/saved.json. Under chorus
+                                             the save is in DeepSpeed's layout: checkpoint.format)
+    ds_checkpoint_resume.py load FOLDER OUT (at any number of ranks: load FOLDER/CASE, train the same
+                                             3 steps)
 Each step trains on the same global batch of 8 samples, split evenly over the ranks; the
 loss reported is the mean over the ranks (so the global batch's). Cases: ZeRO stages 0-3,
 fp32 and bf16, AdamW with a WarmupLR schedule, the client state {"epoch": 5}."""
 import json
+import os
 import sys
 
 import torch
@@ -26,6 +28,8 @@ def config(stage, dtype, world):
            "zero_optimization": {"stage": stage}, "gradient_clipping": 1.0}
     if dtype == "bf16":
         cfg["bf16"] = {"enabled": True}
+    if "chorus" in deepspeed.__file__:  # (CKPT_FORMAT=chorus: chorus's own, for the converter)
+        cfg["checkpoint"] = {"format": os.environ.get("CKPT_FORMAT", "deepspeed")}
     return cfg
 
 
@@ -63,6 +67,10 @@ def main():
             engine = engine_for(stage, dtype, world)
             steps(engine, 0, 3, rank, world, dtype)
             engine.save_checkpoint(where, client_state={"epoch": 5})
+            if "chorus" in deepspeed.__file__:  # the module at the save, for zero_to_fp32's output
+                module = {k: v.detach().float().clone() for k, v in engine.module_state_dict().items()}
+                if rank == 0:
+                    torch.save(module, f"{where}/module_at_save.pt")
             cont = steps(engine, 3, 3, rank, world, dtype)
             fresh = engine_for(stage, dtype, world)
             _, client = fresh.load_checkpoint(where)
@@ -78,7 +86,7 @@ def main():
                 results[key] = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
         deepspeed.comm.barrier()
     if rank == 0:
-        with open(sys.argv[3] if mode == "load" else f"{folder}/deepspeed.json", "w") as f:
+        with open(sys.argv[3] if mode == "load" else f"{folder}/saved.json", "w") as f:
             json.dump({"deepspeed": deepspeed.__file__, "results": results}, f, indent=1)
 
 

@@ -27,10 +27,11 @@ ZERO = {
 }
 
 
-def ds_config(mode):
+def ds_config(mode, ds_layout=False):
     # As people write them for the Trainer: "auto" where the Trainer fills the value in. No
     # scheduler section: the Trainer's own (linear warmup and decay) steps the ZeRO optimizer.
-    return {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+    # ds_layout: checkpoints in DeepSpeed's own layout (chorus's checkpoint.format; DeepSpeed ignores it).
+    return {**({"checkpoint": {"format": "deepspeed"}} if ds_layout else {}),"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
             "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
             "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
                                                       "weight_decay": "auto"}},
@@ -60,6 +61,7 @@ def main():
     ap.add_argument("mode")
     ap.add_argument("out")
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--ds-layout", action="store_true", help="save checkpoints in DeepSpeed's layout")
     ap.add_argument("--reference", action="store_true")
     ap.add_argument("--init")
     ap.add_argument("--init-only", action="store_true", help="write init.pt and stop")
@@ -76,7 +78,7 @@ def main():
         os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
         from accelerate import PartialState
         PartialState(backend="gloo")
-        args = TrainingArguments(per_device_train_batch_size=MICRO, deepspeed=ds_config(a.mode),
+        args = TrainingArguments(per_device_train_batch_size=MICRO, deepspeed=ds_config(a.mode, a.ds_layout),
                                  accelerator_config={"use_configured_state": True}, **common)
     transformers.set_seed(0)
     config = GPT2Config(vocab_size=48, n_positions=16, n_embd=32, n_layer=2, n_head=2, resid_pdrop=0.0,

@@ -37,8 +37,10 @@ class DeepSpeedCheckpoint:
     saved: lr, betas, eps, weight_decay), module (16-bit values and buffers),
     model_states (the rest of the engine's dict), stage, world."""
 
-    def __init__(self, path):
-        self.path = path
+    def __init__(self, path, trainable=None):
+        """trainable: the loading model's trained parameters' names (without ZeRO the file does
+        not say which of the module's parameters the optimizer held)."""
+        self.path, self.trainable = path, None if trainable is None else set(trainable)
         stage3 = not os.path.isfile(os.path.join(path, MODEL_STATES))
         self.model_states = load(os.path.join(path, STAGE3_MODEL_STATES if stage3 else MODEL_STATES))
         ms = self.model_states
@@ -114,7 +116,15 @@ class DeepSpeedCheckpoint:
         opt = self.model_states.get("optimizer") or {}
         buffers = set(self.model_states.get("buffer_names") or [])
         frozen = set((self.model_states.get("frozen_param_shapes") or {}).keys())
-        names = [n for n in self.module if n not in buffers and n not in frozen]
+        names, seen = [], set()
+        for n in self.module:  # a tied parameter is saved under each name, one storage: trained once
+            t = self.module[n]
+            key = (t.data_ptr(), tuple(t.shape), str(t.dtype))
+            if n in buffers or n in frozen or (t.numel() and key in seen) or \
+                    (self.trainable is not None and n not in self.trainable):
+                continue
+            seen.add(key)
+            names.append(n)
         self.names, self.shapes = names, [tuple(self.module[n].shape) for n in names]
         self.fp32, moments = {}, {}
         if "fp32_groups_flat" in opt:  # DeepSpeed's 16-bit optimizer: flat fp32 groups, params in order
@@ -163,6 +173,28 @@ class DeepSpeedCheckpoint:
             if m is not None:
                 moments[name] = (m[offset:offset + numel].view(shape).clone(), v[offset:offset + numel].view(shape).clone())
             offset += numel + (int(paddings[k]) if paddings else 0)
+
+    def frozen(self):
+        """{name: whole tensor} of the parameters not trained: in the module (stages 0-2), or
+        in pieces in every rank's model states (stage 3's frozen_param_fragments)."""
+        shapes = self.model_states.get("frozen_param_shapes") or {}
+        if self.stage < 3:
+            buffers = set(self.model_states.get("buffer_names") or [])
+            trained = set(self.names)
+            return {n: t for n, t in self.module.items() if n not in buffers and n not in trained and t.numel()}
+        if not shapes:
+            return {}
+        pieces = {n: [] for n in shapes}
+        for r in range(self.world):
+            f = os.path.join(self.path, f"zero_pp_rank_{r}_mp_rank_00_model_states.pt")
+            if not os.path.isfile(f):
+                raise ValueError(f"load_checkpoint: {self.path} was saved by {self.world} ranks; {f} is missing")
+            fragments = (load(f) if r else self.model_states).get("frozen_param_fragments") or {}
+            for n in shapes:
+                if n not in fragments:
+                    raise ValueError(f"load_checkpoint: {f} holds no piece of the frozen parameter '{n}'")
+                pieces[n].append(fragments[n].reshape(-1))
+        return {n: torch.cat(pieces[n])[:math.prod(tuple(shapes[n]))].view(tuple(shapes[n])) for n in shapes}
 
     def client_state(self):
         return {k: v for k, v in self.model_states.items() if k not in ENGINE_KEYS}

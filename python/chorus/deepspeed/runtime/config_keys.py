@@ -8,11 +8,11 @@ table says what chorus does with each section)."""
 import difflib
 import warnings
 
-from chorus.deepspeed.runtime.config_table import ALIASES, FREE, KEYS, STRICT
+from chorus.deepspeed.runtime.config_table import ALIASES, CHORUS_KEYS, FREE, KEYS, STRICT
 
 # Every section path (a prefix of a key), and each level's names, for "did you mean".
 _SECTIONS = {".".join(k.split(".")[:i]) for k in KEYS for i in range(1, k.count(".") + 1)}
-_KNOWN = set(KEYS) | _SECTIONS | set(ALIASES)
+_KNOWN = set(KEYS) | _SECTIONS | set(ALIASES) | set(CHORUS_KEYS)
 
 # DeepSpeed 0.19.8 refuses these as soon as they appear (features it removed); chorus says the same.
 REMOVED = {

@@ -383,6 +383,11 @@ KEYS = {
     'expert_parallel.expert_activation': None,
 }
 
+# chorus's own keys (DeepSpeed ignores them): checkpoint.format "chorus" or "deepspeed" (the writer's layout).
+CHORUS_KEYS = {
+    'checkpoint.format': 'chorus',
+}
+
 # Sections whose unknown keys DeepSpeed refuses (its pydantic models forbid extra keys); the top level is open.
 STRICT = frozenset({
     'bf16',

@@ -83,6 +83,9 @@ def _validate_tag(engine, tag):
 
 
 def save(engine, save_dir, tag, client_state, save_latest, exclude_frozen_parameters=False):
+    if checkpoint_format(engine) == "deepspeed":
+        from chorus.deepspeed.runtime.zero import ds_save
+        return ds_save.save(engine, save_dir, tag, client_state, save_latest, exclude_frozen_parameters)
     tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
     _validate_tag(engine, tag)
     path = os.path.join(save_dir, tag)
@@ -119,6 +122,14 @@ def save(engine, save_dir, tag, client_state, save_latest, exclude_frozen_parame
     return True
 
 
+def checkpoint_format(engine):
+    """checkpoint.format (chorus's extension): "chorus" (the default) or "deepspeed"."""
+    fmt = str((engine._raw_config.get("checkpoint") or {}).get("format", "chorus")).lower()
+    if fmt not in ("chorus", "deepspeed"):
+        raise ValueError(f"DeepSpeed config: 'checkpoint.format' {fmt!r} is not \"chorus\" or \"deepspeed\"")
+    return fmt
+
+
 def _node_local(engine):
     on = bool((engine._raw_config.get("checkpoint") or {}).get("use_node_local_storage", False))
     if on and (engine._expert_parts or engine._mp_rank is not None):
@@ -144,6 +155,26 @@ def _write_consolidation_script(save_dir):
     _core.write_file_atomic(os.path.join(save_dir, "zero_to_fp32.py"), text.encode())
 
 
+def _shared_names(module):
+    """{a tied parameter's other name: the name it is saved under}, as DeepSpeed's shared_params."""
+    first, shared = {}, {}
+    every = [(f"{m}.{k}" if m else k, p) for m, mod in module.named_modules(remove_duplicate=False)
+             for k, p in mod._parameters.items() if p is not None]  # (torch 1.13 has no remove_duplicate there)
+    for n, p in every:
+        if id(p) in first:
+            shared[n] = first[id(p)]
+        else:
+            first[id(p)] = n
+    return shared
+
+
+def _jsonable(value):
+    try:
+        return json.loads(json.dumps(value))
+    except (TypeError, ValueError):
+        return None
+
+
 def _save_model_states(engine, path, client_state, exclude_frozen_parameters, identity):
     ps = engine.process_set
     meta = {
@@ -157,6 +188,10 @@ def _save_model_states(engine, path, client_state, exclude_frozen_parameters, id
         "micro_steps": engine.micro_steps, "skipped_steps": engine.skipped_steps,
         "param_names": engine._names, "param_shapes": [list(s) for s in engine._shapes],
         "param_groups": engine.optimizer.hypers(),
+        # what DeepSpeed's layout also needs (the converter: python -m chorus.deepspeed.checkpoint)
+        "param_group_of": list(engine._core_args[0]), "optimizer_kind": engine._core_args[1],
+        "module_keys": list(engine.module.state_dict(keep_vars=True).keys()),
+        "shared": _shared_names(engine.module), "ds_config": _jsonable(engine._raw_config),
         "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None and
         hasattr(engine.lr_scheduler, "state_dict") else None,
         "experts": expert_parts.describe(engine),

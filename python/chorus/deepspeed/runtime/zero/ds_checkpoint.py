@@ -17,7 +17,7 @@ def load(engine, path, load_lr_scheduler_states):
     from chorus.deepspeed.runtime.engine import _view
     error, ds = None, None
     try:
-        ds = DeepSpeedCheckpoint(path)
+        ds = DeepSpeedCheckpoint(path, trainable=engine._names)
         _check(engine, ds, path)
     except Exception as e:  # noqa: BLE001 (a failure on one rank must reach every rank, not leave them waiting)
         error = e
@@ -53,6 +53,11 @@ def load(engine, path, load_lr_scheduler_states):
     engine.skipped_steps = int(ms.get("skipped_steps", 0))
     if load_lr_scheduler_states and engine.lr_scheduler is not None and ms.get("lr_scheduler") is not None:
         engine.lr_scheduler.load_state_dict(ms["lr_scheduler"])
+    params = dict(engine.module.named_parameters())
+    with torch.no_grad():
+        for name, value in ds.frozen().items():  # parameters not trained, as DeepSpeed restores them
+            if name in params and not params[name].requires_grad and params[name].numel():
+                params[name].data.copy_(value.view(params[name].shape).to(params[name].dtype))
     buffers = dict(engine.module.named_buffers())
     for name in ms.get("buffer_names") or []:
         if name in buffers and name in ds.module:

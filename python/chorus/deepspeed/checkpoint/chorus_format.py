@@ -1,0 +1,97 @@
+"""A checkpoint in chorus's own format (TAG/model_states.chorus and its shards), read offline
+into whole tensors: what checkpoint/ds_writer.py needs to write it in DeepSpeed's layout.
+Every shard is checked to belong to the save its model states name (as load_checkpoint
+does); a missing piece of any parameter is an error naming it."""
+import json
+import os
+import pickle
+
+import numpy as np
+import torch
+
+from chorus import _core
+from chorus.deepspeed.checkpoint import ds_writer
+from chorus.deepspeed.runtime.zero.checkpoint import MODEL_STATES, mp_slices, read_model_states, shard_name
+
+# The engine's optimizer numbering (src/zero/hyper.h), for checkpoints that predate optimizer_kind.
+_KINDS = ["adam", "adamw", "sgd", "lion", "adagrad", "lamb"]
+
+
+def is_chorus_checkpoint(path):
+    return os.path.isfile(os.path.join(path, MODEL_STATES)) or bool(mp_slices(path))
+
+
+def read(path):
+    """(Whole, {param index: {"fp32", state keys...: whole fp32 tensors}}) of TAG folder `path`."""
+    if mp_slices(path):
+        raise ValueError(f"{path} holds tensor-parallel slices; chorus converts data-parallel checkpoints to "
+                         "DeepSpeed's layout only so far")
+    meta, blobs = read_model_states(path)
+    if meta.get("experts"):
+        raise ValueError(f"{path} holds MoE experts; chorus converts checkpoints without experts only so far")
+    names, shapes = meta["param_names"], [tuple(s) for s in meta["param_shapes"]]
+    shards = [os.path.join(path, shard_name(r)) for r in range(meta["shards"])]
+    first = None
+    values = {i: None for i in range(len(names))}
+    covered = [0] * len(names)
+    for shard in shards:
+        if not os.path.isfile(shard):
+            raise ValueError(f"{path}: the shard {os.path.basename(shard)} is missing")
+        smeta, sblobs = _core.read_checkpoint_file(shard)
+        smeta = json.loads(smeta)
+        if smeta.get("extra", "") != meta.get("save", ""):
+            raise ValueError(f"{shard} belongs to another save than {path}'s model states")
+        first = first or smeta
+        data = {"fp32": np.frombuffer(sblobs["master"], dtype=np.float32)}
+        for k, blob in (("state1", "state1"), ("state2", "state2")):
+            if blob in sblobs:
+                data[k] = np.frombuffer(sblobs[blob], dtype=np.float32)
+        for param, p_off, q_off, count in smeta["pieces"]:
+            if values[param] is None:
+                values[param] = {k: torch.zeros(int(np.prod(shapes[param], dtype=np.int64))) for k in data}
+            for k, arr in data.items():
+                values[param][k][p_off:p_off + count] = torch.from_numpy(arr[q_off:q_off + count].copy())
+            covered[param] += count
+    for i, n in enumerate(names):
+        if covered[i] != int(np.prod(shapes[i], dtype=np.int64)):
+            raise ValueError(f"{path} is incomplete: parameter '{n}' has {covered[i]} of its "
+                             f"{int(np.prod(shapes[i], dtype=np.int64))} values in the shards")
+    kind = meta.get("optimizer_kind") or _KINDS[int(first["optimizer"])]
+    keys = ds_writer.STATE_KEYS.get(kind, ())
+    for v in values.values():  # the engine's state 1 and 2 under the optimizer's names
+        for k, src in zip(keys, ("state1", "state2")):
+            v[k] = v.pop(src)
+        v.pop("state1", None)
+        v.pop("state2", None)
+    dtype = getattr(torch, meta["dtype"].replace("torch.", ""))
+    buffers = {}
+    for name, bdtype, shape in meta["buffers"]:
+        raw = np.frombuffer(blobs["buffer:" + name], dtype=np.uint8).copy()
+        buffers[name] = torch.from_numpy(raw).view(getattr(torch, bdtype)).view(shape) if raw.size else \
+            torch.empty(shape, dtype=getattr(torch, bdtype))
+    frozen = {}
+    for name, fdtype, shape in meta.get("frozen", []):
+        raw = np.frombuffer(blobs["frozen:" + name], dtype=np.uint8).copy()
+        frozen[name] = torch.from_numpy(raw).view(getattr(torch, fdtype)).view(shape) if raw.size else \
+            torch.empty(shape, dtype=getattr(torch, fdtype))
+    hypers = meta["param_groups"]
+    group_of = meta.get("param_group_of")
+    if group_of is None:
+        if len(hypers) != 1:
+            raise ValueError(f"{path} predates the record of each parameter's optimizer group and has "
+                             f"{len(hypers)} groups; save it again with this chorus to convert it")
+        group_of = [0] * len(names)
+    config = meta.get("ds_config") or {}
+    scaler = ds_writer.scaler_state(first.get("loss_scaler"), config) if dtype == torch.float16 else None
+    whole = ds_writer.Whole(
+        names=names, shapes=shapes, group_of=group_of, hypers=hypers, kind=kind,
+        step=int(first.get("optimizer_steps", 0)), dtype=dtype,
+        module_keys=meta.get("module_keys") or names + list(frozen) + list(buffers), buffers=buffers, frozen=frozen,
+        shared=meta.get("shared") or {}, global_steps=meta["global_steps"],
+        global_samples=meta.get("global_samples", 0), skipped_steps=meta.get("skipped_steps", 0),
+        lr_scheduler=meta.get("lr_scheduler"), data_sampler=meta.get("data_sampler"),
+        random_ltd=meta.get("random_ltd"), client_state=pickle.loads(blobs["client_state"]), config=config,
+        clip_grad=float(config.get("gradient_clipping", 0.0) or 0.0), scaler=scaler,
+        sub_group_size=int((config.get("zero_optimization") or {}).get("sub_group_size", 1_000_000_000)))
+    return whole, values, meta
+

@@ -1,0 +1,112 @@
+"""save_checkpoint in DeepSpeed 0.19.8's layout (`checkpoint.format: "deepspeed"`): the
+engine's state as checkpoint/ds_writer.py lays it out, each rank writing its own ZeRO
+files, rank 0 the model states and `latest` last, after every rank has written. Each
+parameter's whole fp32 value and moments are gathered a chunk at a time (so a rank holds
+its own DeepSpeed partition and one chunk, not the model)."""
+import os
+
+import torch
+
+import chorus.torch as hvd
+from chorus import _core
+from chorus.deepspeed.checkpoint import ds_writer
+from chorus.deepspeed.runtime import expert_parts
+from chorus.deepspeed.runtime.zero.checkpoint import _agree, _buffers, _shared_names, _validate_tag
+
+
+def _refusal(engine):
+    if engine._expert_parts or engine._mp_rank is not None or engine._pipe_set is not None:
+        return ("MoE experts, tensor and pipeline slices are saved in chorus's own format only so far; "
+                "remove checkpoint.format or set it to \"chorus\"")
+    if engine._client is not None:
+        return "a client optimizer's state has no DeepSpeed layout; the engine's own optimizers (from the config) do"
+    if engine._core_args[1] not in ds_writer.STATE_KEYS:
+        return f"the {engine._core_args[1]!r} optimizer's state is not written in DeepSpeed's layout"
+    return None
+
+
+def whole_of(engine, client_state, exclude_frozen_parameters):
+    """What the checkpoint holds, but the parameters' values (fetch gives those)."""
+    module = engine.module
+    buffers = dict(_buffers(module))
+    frozen = {} if exclude_frozen_parameters else {
+        n: p for n, p in module.named_parameters() if not p.requires_grad and not expert_parts.is_expert_name(n)}
+    shared = _shared_names(module)
+    trained = set(engine._names)
+    keys = [k for k in module.state_dict(keep_vars=True) if k in shared or k in buffers or k in frozen or k in trained]
+    sampler = engine._curriculum_sampler()
+    return ds_writer.Whole(
+        names=list(engine._names), shapes=[tuple(s) for s in engine._shapes], group_of=list(engine._core_args[0]),
+        hypers=[dict(g) for g in engine.optimizer.hypers()], kind=engine._core_args[1],
+        step=int(engine.core.optimizer_steps), dtype=engine.dtype, module_keys=keys, buffers=buffers, frozen=frozen,
+        shared=shared, global_steps=engine.global_steps, global_samples=engine.global_samples,
+        skipped_steps=engine.skipped_steps,
+        lr_scheduler=engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None and
+        hasattr(engine.lr_scheduler, "state_dict") else None,
+        data_sampler=sampler.state_dict() if sampler else None,
+        random_ltd=engine.random_ltd_scheduler.state_dict() if engine.random_ltd_scheduler is not None else None,
+        client_state=dict(client_state), config=dict(engine._raw_config), clip_grad=float(engine.gradient_clipping()),
+        scaler=ds_writer.scaler_state(engine.core.loss_scaler_state, engine._raw_config)
+        if engine.dtype == torch.float16 else None,
+        sub_group_size=int((engine._raw_config.get("zero_optimization") or {}).get("sub_group_size", 1_000_000_000)))
+
+
+def fetcher(engine, keys):
+    """fetch(indices): those parameters' whole fp32 values and states, on every rank (a
+    collective over the process set: each rank sends the pieces it holds)."""
+    from chorus.deepspeed.runtime.engine import _view
+    core, ps = engine.core, engine.process_set
+    views = [_view(core.master_view(), torch.float32)] + [_view(core.state_view(k), torch.float32)
+                                                           for k in range(len(keys))]
+    world = ps.size() if core.stage > 0 else 1
+    pieces = [core.pieces_of(r) for r in range(world)]
+
+    def fetch(indices):
+        want = set(indices)
+        mine = [p for p in pieces[ps.rank() if core.stage > 0 else 0] if p[0] in want]
+        send = torch.cat([v[off:off + n].cpu() for v in views for _, _, off, n in mine]) if mine else torch.zeros(0)
+        if world > 1:
+            got = hvd.allgather(send, name="ckpt.ds.fetch", process_set=ps)
+        else:
+            got = send
+        out = {i: {k: torch.zeros(ds_writer._numel(engine._shapes[i])) for k in ("fp32",) + tuple(keys)}
+               for i in indices}
+        at = 0
+        for r in range(world):
+            held = [p for p in pieces[r] if p[0] in want]
+            for k in ("fp32",) + tuple(keys):
+                for param, poff, _, n in held:
+                    out[param][k][poff:poff + n] = got[at:at + n]
+                    at += n
+        return out
+
+    return fetch
+
+
+def save(engine, save_dir, tag, client_state, save_latest, exclude_frozen_parameters=False):
+    tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
+    _validate_tag(engine, tag)
+    why = _refusal(engine)
+    if why is not None:
+        raise ValueError(f"save_checkpoint: checkpoint.format \"deepspeed\": {why}")
+    ps = engine.process_set
+    path = os.path.join(save_dir, tag)
+    stage = engine.core.stage
+    error = None
+    try:
+        whole = whole_of(engine, client_state, exclude_frozen_parameters)
+        keys = whole.state_keys
+    except Exception as e:  # noqa: BLE001 (every rank must learn of it before the collectives)
+        error = e
+    _agree(ps, error, "describing the checkpoint")
+    fetch = fetcher(engine, keys)
+    ranks = [ps.rank()] if stage > 0 else ([0] if ps.rank() == 0 else [])
+    try:
+        ds_writer.write(whole, fetch, path, stage, ps.size(), ranks)
+    except Exception as e:  # noqa: BLE001 (a write failure on one rank is an error on all; no `latest`)
+        error = e
+    _agree(ps, error, "writing the checkpoint")
+    if save_latest and ps.rank() == 0:
+        _core.write_file_atomic(os.path.join(save_dir, "latest"), tag.encode())
+    hvd.barrier(process_set=ps)
+    return True
