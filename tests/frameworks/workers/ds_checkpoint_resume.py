@@ -8,7 +8,8 @@
                                              3 steps)
 Each step trains on the same global batch of 8 samples, split evenly over the ranks; the
 loss reported is the mean over the ranks (so the global batch's). Cases: ZeRO stages 0-3,
-fp32 and bf16, AdamW with a WarmupLR schedule, the client state {"epoch": 5}."""
+fp32 and bf16, AdamW with a WarmupLR schedule; AdamW with the optimizer offloaded, Lion and
+Adagrad; the client state {"epoch": 5}."""
 import json
 import os
 import sys
@@ -17,15 +18,28 @@ import torch
 
 import deepspeed
 
-CASES = [(stage, dtype) for stage in (0, 1, 2, 3) for dtype in ("fp32", "bf16")]
+# (stage, dtype, optimizer, offload_optimizer)
+CASES = [(stage, dtype, "AdamW", False) for stage in (0, 1, 2, 3) for dtype in ("fp32", "bf16")]
+# (DeepSpeed runs Lion and Adagrad on the CPU through its CPU optimizers, offloaded, only.)
+CASES += [(2, "fp32", "AdamW", True), (3, "bf16", "AdamW", True), (2, "fp32", "Lion", True),
+          (1, "fp32", "Adagrad", True), (3, "fp32", "Lion", True)]
+PARAMS = {"AdamW": {"lr": 0.02, "weight_decay": 0.01}, "Lion": {"lr": 0.003, "weight_decay": 0.01},
+          "Adagrad": {"lr": 0.05, "weight_decay": 0.001}}
 
 
-def config(stage, dtype, world):
+def name_of(stage, dtype, opt, offload):
+    return f"stage {stage} {dtype}" + ("" if opt == "AdamW" else f" {opt}") + (" offload" if offload else "")
+
+
+def config(stage, dtype, world, opt="AdamW", offload=False):
+    zero = {"stage": stage}
+    if offload:
+        zero["offload_optimizer"] = {"device": "cpu"}
     cfg = {"train_micro_batch_size_per_gpu": 8 // world, "gradient_accumulation_steps": 1, "steps_per_print": 10 ** 6,
-           "optimizer": {"type": "AdamW", "params": {"lr": 0.02, "weight_decay": 0.01}},
+           "optimizer": {"type": opt, "params": PARAMS[opt]},
            "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.02,
                                                         "warmup_num_steps": 10}},
-           "zero_optimization": {"stage": stage}, "gradient_clipping": 1.0}
+           "zero_optimization": zero, "gradient_clipping": 1.0}
     if dtype == "bf16":
         cfg["bf16"] = {"enabled": True}
     if "chorus" in deepspeed.__file__:  # (CKPT_FORMAT=chorus: chorus's own, for the converter)
@@ -33,10 +47,10 @@ def config(stage, dtype, world):
     return cfg
 
 
-def engine_for(stage, dtype, world):
+def engine_for(stage, dtype, world, opt, offload):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
-    engine, _, _, _ = deepspeed.initialize(model=model, config=config(stage, dtype, world))
+    engine, _, _, _ = deepspeed.initialize(model=model, config=config(stage, dtype, world, opt, offload))
     return engine
 
 
@@ -61,10 +75,11 @@ def main():
     deepspeed.init_distributed()
     rank, world = deepspeed.comm.get_rank(), deepspeed.comm.get_world_size()
     results = {}
-    for stage, dtype in CASES:
-        key, where = f"stage {stage} {dtype}", f"{folder}/z{stage}_{dtype}"
+    for stage, dtype, opt, offload in CASES:
+        key = name_of(stage, dtype, opt, offload)
+        where = f"{folder}/{key.replace('stage ', 'z').replace(' ', '_')}"
         if mode == "save":
-            engine = engine_for(stage, dtype, world)
+            engine = engine_for(stage, dtype, world, opt, offload)
             steps(engine, 0, 3, rank, world, dtype)
             engine.save_checkpoint(where, client_state={"epoch": 5})
             if "chorus" in deepspeed.__file__:  # the module at the save, for zero_to_fp32's output
@@ -72,13 +87,13 @@ def main():
                 if rank == 0:
                     torch.save(module, f"{where}/module_at_save.pt")
             cont = steps(engine, 3, 3, rank, world, dtype)
-            fresh = engine_for(stage, dtype, world)
+            fresh = engine_for(stage, dtype, world, opt, offload)
             _, client = fresh.load_checkpoint(where)
             results[key] = {"continued": cont, "resumed": steps(fresh, 3, 3, rank, world, dtype),
                             "client": client.get("epoch")}
         else:
             try:
-                fresh = engine_for(stage, dtype, world)
+                fresh = engine_for(stage, dtype, world, opt, offload)
                 _, client = fresh.load_checkpoint(where)
                 results[key] = {"resumed": steps(fresh, 3, 3, rank, world, dtype), "client": client.get("epoch"),
                                 "global_steps": fresh.global_steps}

@@ -5,7 +5,8 @@ engine does, its frozen parameter and buffer restored. A write that fails on one
 error on every rank and `latest` still names the last good save; a format that is neither
 is refused by name.
 
-    zero_ds_layout.py FOLDER
+    zero_ds_layout.py FOLDER [DTYPES]   (default fp32,bf16; fp16 needs torch 2 on the CPU: its
+                                         dynamic loss scale, started high to overflow, resumes too)
 """
 import os
 import sys
@@ -42,6 +43,8 @@ def make(stage, dtype, fmt="deepspeed"):
            "zero_optimization": {"stage": stage}, "checkpoint": {"format": fmt}}
     if dtype == "bf16":
         cfg["bf16"] = {"enabled": True}
+    if dtype == "fp16":
+        cfg["fp16"] = {"enabled": True, "initial_scale_power": 17, "loss_scale_window": 2, "hysteresis": 2}
     engine, _, _, _ = deepspeed.initialize(model=model, config=cfg)
     return engine
 
@@ -61,25 +64,27 @@ def train(engine, first, n):
 folder = sys.argv[1]
 hvd.init()
 for stage in (0, 1, 2, 3):
-    for dtype in ("fp32", "bf16"):
+    for dtype in (sys.argv[2] if len(sys.argv) > 2 else "fp32,bf16").split(","):
         where = os.path.join(folder, f"z{stage}_{dtype}")
         saver = make(stage, dtype)
-        train(saver, 0, 2)
+        train(saver, 0, 4)
+        scale, skipped = saver.core.loss_scale, saver.skipped_steps
         saver.save_checkpoint(where, client_state={"k": stage})
         # the buffers as rank 0 saves them (each rank's BatchNorm statistics are its own)
         saved_var = hvd.broadcast(saver.module.norm.running_var.detach().clone(), 0, name=f"var.{stage}.{dtype}")
-        went_on = train(saver, 2, 2)
+        went_on = train(saver, 4, 4)
         fresh = make(stage, dtype)
         with torch.no_grad():
             fresh.module.scale.zero_()  # (the load must bring it back)
         _, client = fresh.load_checkpoint(where)
         assert client["k"] == stage, client
+        assert fresh.core.loss_scale == scale and fresh.skipped_steps == skipped, (fresh.core.loss_scale, scale)
         assert torch.equal(fresh.module.scale, saver.module.scale), "the frozen parameter was not restored"
         assert torch.equal(fresh.module.norm.running_var, saved_var), (stage, dtype)
-        resumed = train(fresh, 2, 2)
+        resumed = train(fresh, 4, 4)
         assert resumed == went_on, (stage, dtype, resumed, went_on)
 
-        print(f"ds layout z{stage} {dtype} ok", flush=True)
+        print(f"ds layout z{stage} {dtype} ok (loss scale {scale}, {skipped} skipped)", flush=True)
 
 # A failed write on rank 1 (its file's name taken by a folder): an error on both ranks, `latest` kept.
 engine = make(2, "fp32")

@@ -1,9 +1,9 @@
 """DeepSpeed 0.19.8's checkpoint folder (TAG/), read into whole tensors: each trainable
-parameter's fp32 master value and, where the optimizer is Adam's, its two moments, with
+parameter's fp32 master value and its optimizer state (exp_avg, exp_avg_sq, ...), with
 the step count, the 16-bit module and buffers, and the engine's counters.
 
 ZeRO 1-2 (zero_pp_rank_R_mp_rank_00_optim_states.pt, bf16_ prefixed under bf16): each
-group's flat fp32 partition and moments, rank after rank, the group's parameters end to
+group's flat fp32 partition and optimizer state, rank after rank, the group's parameters end to
 end in param_shapes' order, padding at the end. ZeRO 3 (also zero_pp_rank_R_..._model_
 states.pt): every parameter split evenly over the ranks (the last slice padded), each
 rank's slices end to end. Without ZeRO: the model states hold the module and the
@@ -32,10 +32,12 @@ def is_deepspeed_checkpoint(path):
 
 
 class DeepSpeedCheckpoint:
-    """names/shapes (the trainable parameters, in order), fp32 {name: tensor}, moments
-    {name: (exp_avg, exp_avg_sq)} or None, step, param_groups (the optimizer's settings as
-    saved: lr, betas, eps, weight_decay), module (16-bit values and buffers),
-    model_states (the rest of the engine's dict), stage, world."""
+    """names/shapes (the trainable parameters, in order), fp32 {name: tensor}, states
+    {name: {key: tensor}} (the optimizer's per-element state under its own names: exp_avg,
+    exp_avg_sq, momentum_buffer...; a key is kept only where every parameter has it), step,
+    param_groups (the optimizer's settings as saved), scaler (fp16's loss scaler state, under
+    DeepSpeed's names, or None), module (16-bit values and buffers), model_states (the
+    rest of the engine's dict), stage, world."""
 
     def __init__(self, path, trainable=None):
         """trainable: the loading model's trained parameters' names (without ZeRO the file does
@@ -50,7 +52,7 @@ class DeepSpeedCheckpoint:
         self.world = int(ms.get("dp_world_size", 1))
         self.module = ms.get("module") or {}
         self.stage = int(((ms.get("ds_config") or {}).get("zero_optimization") or {}).get("stage", 3 if stage3 else 0))
-        self.moments, self.step, self.param_groups = None, 0, []
+        self.states, self.step, self.param_groups, self.scaler = {}, 0, [], None
         if self.stage == 0:
             self._read_unpartitioned()
         else:
@@ -77,20 +79,21 @@ class DeepSpeedCheckpoint:
     def _read_partitioned(self):
         groups = self._names_from_shapes()
         states = self._rank_files()
-        self.fp32, moments = {}, {}
+        self.fp32, out = {}, {}
+        self._scaler(states[0].get("loss_scaler"))
         if self.stage in (1, 2):
             for g, params in enumerate(groups):
                 flat = torch.cat([s["single_partition_of_fp32_groups"][g].float() for s in states])
                 opt = [s["base_optimizer_state"]["state"].get(g, {}) for s in states]
-                m, v = self._moments(opt)
                 paddings = (states[0].get("param_alignment_paddings") or [None] * len(groups))[g]
-                self._walk(params, flat, m, v, moments, paddings)
+                self._walk(params, flat, self._flat_states(opt), out, paddings)
                 self.step = self._step(opt[0], self.step)
             self.param_groups = states[0]["base_optimizer_state"].get("param_groups") or []
         else:
             flats = [torch.cat([t.float() for t in s["fp32_flat_groups"]]) for s in states]
             opts = [s["optimizer_state_dict"]["state"] for s in states]
-            per_rank = [self._moments([o[k] for k in sorted(o)]) for o in opts]
+            per_rank = [self._flat_states([o[k] for k in sorted(o)]) for o in opts]
+            keys = set.intersection(*[set(f) for f in per_rank]) if per_rank else set()
             offset = 0
             for name, shape in [p for g in groups for p in g]:
                 numel = math.prod(shape)
@@ -101,16 +104,31 @@ class DeepSpeedCheckpoint:
                                      f"parameter {name} (which needs {offset + part} values each)")
                 pieces = [flats[r][offset:offset + part] for r in range(self.world)]
                 self.fp32[name] = torch.cat(pieces)[:numel].view(shape).clone()
-                if all(m is not None for m, _ in per_rank):
-                    moments[name] = tuple(torch.cat([per_rank[r][k][offset:offset + part] for r in range(self.world)])
-                                          [:numel].view(shape).clone() for k in (0, 1))
+                out[name] = {k: torch.cat([per_rank[r][k][offset:offset + part] for r in range(self.world)])
+                             [:numel].view(shape).clone() for k in keys}
                 offset += part
             if opts[0]:
                 self.step = self._step(opts[0][sorted(opts[0])[0]], 0)
             self.param_groups = states[0]["optimizer_state_dict"].get("param_groups") or []
         self.names = [n for g in groups for n, _ in g]
         self.shapes = [s for g in groups for _, s in g]
-        self.moments = moments if len(moments) == len(self.names) else None
+        self._keep(out)
+
+    def _keep(self, out):
+        """The state keys every parameter has."""
+        common = set.intersection(*[set(out.get(n, {})) for n in self.names]) if self.names else set()
+        self.states = {n: {k: v for k, v in out[n].items() if k in common} for n in self.names} if common else {}
+
+    def _scaler(self, record):
+        """fp16's loss scaler, as the record of DeepSpeed's (Dynamic)LossScaler or the keys its
+        FP16_Optimizer saves without ZeRO."""
+        state = getattr(record, "state", None) if record is not None else None
+        if isinstance(state, dict) and state.get("dynamic"):
+            self.scaler = dict(state)
+        elif isinstance(record, dict) and record.get("dynamic_loss_scale") and "cur_scale" in record:
+            self.scaler = {"cur_scale": record["cur_scale"], "cur_iter": record.get("cur_iter", 0),
+                           "last_overflow_iter": record.get("last_overflow_iter", -1),
+                           "cur_hysteresis": record.get("cur_hysteresis"), "dynamic": True}
 
     def _read_unpartitioned(self):
         opt = self.model_states.get("optimizer") or {}
@@ -126,12 +144,13 @@ class DeepSpeedCheckpoint:
             seen.add(key)
             names.append(n)
         self.names, self.shapes = names, [tuple(self.module[n].shape) for n in names]
-        self.fp32, moments = {}, {}
+        self.fp32, out = {}, {}
         if "fp32_groups_flat" in opt:  # DeepSpeed's 16-bit optimizer: flat fp32 groups, params in order
             flat = torch.cat([t.float() for t in opt["fp32_groups_flat"]])
             inner = (opt.get("optimizer_state_dict") or {}).get("state") or {}
-            m, v = self._moments([inner[k] for k in sorted(inner)]) if inner else (None, None)
-            self._walk(list(zip(names, self.shapes)), flat, m, v, moments)
+            self._walk(list(zip(names, self.shapes)), flat, self._flat_states([inner[k] for k in sorted(inner)]),
+                       out)
+            self._scaler(opt)
             if inner:
                 self.step = self._step(inner[sorted(inner)[0]], 0)
             self.param_groups = (opt.get("optimizer_state_dict") or {}).get("param_groups") or []
@@ -139,29 +158,30 @@ class DeepSpeedCheckpoint:
             state = opt.get("state") or {}
             for i, n in enumerate(names):
                 self.fp32[n] = self.module[n].float().clone()
-                if i in state and "exp_avg" in state[i]:
-                    moments[n] = (state[i]["exp_avg"].float().clone(), state[i]["exp_avg_sq"].float().clone())
+                out[n] = {k: v.float().clone() for k, v in (state.get(i) or {}).items()
+                          if torch.is_tensor(v) and tuple(v.shape) == tuple(self.shapes[i])}
             if state:
                 self.step = self._step(state[min(state)], 0)
-            if self.step == 0 and moments:  # (DeepSpeed's CPU FusedAdam saves step 0 after stepping)
+            if self.step == 0 and any(out.values()):  # (DeepSpeed's CPU FusedAdam saves step 0 after stepping)
                 self.step = int(self.model_states.get("global_steps", 0)) - int(self.model_states.get("skipped_steps", 0))
             self.param_groups = opt.get("param_groups") or []
-        self.moments = moments if len(moments) == len(self.names) else None
+        self._keep(out)
 
     # --- helpers ------------------------------------------------------------------------------
     @staticmethod
-    def _moments(states):
-        if not states or any("exp_avg" not in s or "exp_avg_sq" not in s for s in states):
-            return None, None
-        return (torch.cat([s["exp_avg"].float().reshape(-1) for s in states]),
-                torch.cat([s["exp_avg_sq"].float().reshape(-1) for s in states]))
+    def _flat_states(states):
+        """{key: the ranks' (or groups') flat state end to end} for the tensor keys all of them have."""
+        if not states:
+            return {}
+        keys = set.intersection(*[{k for k, v in s.items() if torch.is_tensor(v) and v.dim() == 1} for s in states])
+        return {k: torch.cat([s[k].float().reshape(-1) for s in states]) for k in keys}
 
     @staticmethod
     def _step(state, default):
         step = state.get("step", default) if isinstance(state, dict) else default
         return int(step.item() if torch.is_tensor(step) else step)
 
-    def _walk(self, params, flat, m, v, moments, paddings=None):
+    def _walk(self, params, flat, states, out, paddings=None):
         """Each parameter's values from a flat group (with DeepSpeed's alignment padding after each, if any)."""
         offset = 0
         for k, (name, shape) in enumerate(params):
@@ -170,8 +190,8 @@ class DeepSpeedCheckpoint:
                 raise ValueError(f"load_checkpoint: {self.path}: the fp32 partitions hold {flat.numel()} values, "
                                  f"fewer than the parameters need ({name} ends at {offset + numel})")
             self.fp32[name] = flat[offset:offset + numel].view(shape).clone()
-            if m is not None:
-                moments[name] = (m[offset:offset + numel].view(shape).clone(), v[offset:offset + numel].view(shape).clone())
+            out[name] = {k: t[offset:offset + numel].view(shape).clone() for k, t in states.items()
+                         if t.numel() >= offset + numel}
             offset += numel + (int(paddings[k]) if paddings else 0)
 
     def frozen(self):

@@ -182,7 +182,8 @@ def _unpartitioned(whole, fetch, keys):
         s = whole.scaler or {}
         opt.update(dynamic_loss_scale=bool(s.get("dynamic")), cur_scale=s.get("cur_scale", 1.0),
                    cur_iter=s.get("cur_iter", 0), last_overflow_iter=s.get("last_overflow_iter", -1),
-                   scale_factor=s.get("scale_factor", 2.0), scale_window=s.get("scale_window", 1000))
+                   scale_factor=s.get("scale_factor", 2.0), scale_window=s.get("scale_window", 1000),
+                   cur_hysteresis=s.get("cur_hysteresis"))  # (chorus's: DeepSpeed's FP16_Optimizer ignores it)
     return module, opt
 
 

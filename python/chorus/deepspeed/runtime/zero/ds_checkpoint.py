@@ -1,12 +1,13 @@
 """load_checkpoint of a folder DeepSpeed 0.19.8 saved (checkpoint/deepspeed_format.py reads
 it into whole tensors): at any data-parallel size and ZeRO stage, each rank takes its
-pieces of every parameter's fp32 master value and Adam moments, the 16-bit parameters
+pieces of every parameter's fp32 master value and optimizer state, the 16-bit parameters
 follow from the master, and the step count, the engine's counters, the LR scheduler,
 the buffers and the client state come back as DeepSpeed restores them."""
 import torch
 
 import chorus.torch as hvd
 from chorus.deepspeed.checkpoint.deepspeed_format import DeepSpeedCheckpoint
+from chorus.deepspeed.checkpoint.ds_writer import STATE_KEYS
 
 
 def _refuse(path, why):
@@ -32,17 +33,23 @@ def load(engine, path, load_lr_scheduler_states):
         value = ds.fp32[name].to(engine.dtype).contiguous()
         core.assign_param(i, value.data_ptr())
     master = _view(core.master_view(), torch.float32)
-    states = [core.state_view(k) for k in (0, 1)]
-    m, v = [None if s is None else _view(s, torch.float32) for s in states]
+    keys = STATE_KEYS[engine._core_args[1]]
+    views = [_view(core.state_view(k), torch.float32) for k in range(len(keys))]
     rank = engine.process_set.rank() if core.stage > 0 else 0
     with torch.no_grad():
         for param, poff, off, n in core.pieces_of(rank):
             name = engine._names[param]
             master[off:off + n] = ds.fp32[name].reshape(-1)[poff:poff + n].to(master.device)
-            if ds.moments is not None:
-                m[off:off + n] = ds.moments[name][0].reshape(-1)[poff:poff + n].to(m.device)
-                v[off:off + n] = ds.moments[name][1].reshape(-1)[poff:poff + n].to(v.device)
+            for key, view in zip(keys, views):
+                view[off:off + n] = ds.states[name][key].reshape(-1)[poff:poff + n].to(view.device)
     core.optimizer_steps = ds.step
+    if engine.dtype == torch.float16 and ds.scaler is not None:  # the dynamic loss scale goes on where it was
+        sc = ds.scaler
+        hysteresis = sc.get("cur_hysteresis")
+        if hysteresis is None:
+            hysteresis = int((engine._raw_config.get("fp16") or {}).get("hysteresis", 2))
+        core.loss_scaler_state = (f"{float(sc['cur_scale'])!r} {int(sc.get('cur_iter', 0))} "
+                                  f"{int(sc.get('last_overflow_iter', -1))} {int(hysteresis)}")
     # The optimizer's settings as saved (DeepSpeed restores its param_groups, the LR included).
     for group, saved in zip(engine.optimizer.param_groups, ds.param_groups):
         group.update({k: tuple(saved[k]) if k == "betas" else saved[k]
@@ -69,15 +76,18 @@ def _check(engine, ds, path):
     if engine._expert_parts or engine._mp_rank is not None or engine._pipe_set is not None:
         _refuse(path, "chorus reads DeepSpeed's checkpoints into data-parallel engines only (no MoE, pipeline or "
                 "tensor parallelism yet)")
-    if engine.core.loss_scale != 1.0 or engine.dtype == torch.float16:
-        _refuse(path, "fp16 (its loss scaler's state) is not read yet; fp32 and bf16 are")
-    if engine._client is not None or engine._core_args[1] not in ("adam", "adamw"):
-        _refuse(path, "chorus reads DeepSpeed's Adam and AdamW state; this engine runs another optimizer")
+    kind = engine._core_args[1]
+    if engine._client is not None or kind not in STATE_KEYS:
+        _refuse(path, "chorus reads the state of DeepSpeed's Adam, AdamW, LAMB, Lion, Adagrad and SGD; this engine "
+                f"runs {'a client optimizer' if engine._client is not None else repr(kind)}")
     if list(ds.names) != list(engine._names) or [tuple(s) for s in ds.shapes] != [tuple(s) for s in engine._shapes]:
         for k, (n, s) in enumerate(zip(engine._names, engine._shapes)):
             got = (ds.names[k], tuple(ds.shapes[k])) if k < len(ds.names) else None
             if got != (n, tuple(s)):
                 _refuse(path, f"the model's parameter {k} is '{n}' {tuple(s)}, the checkpoint's is {got}")
         _refuse(path, f"it has {len(ds.names)} trainable parameters, the model {len(engine._names)}")
-    if ds.moments is None:
-        _refuse(path, "it holds no Adam moments (exp_avg, exp_avg_sq) for every parameter")
+    missing = [k for k in STATE_KEYS[kind] if not ds.states or k not in next(iter(ds.states.values()))]
+    if missing:
+        have = sorted(next(iter(ds.states.values()))) if ds.states else []
+        _refuse(path, f"this engine's {kind} needs the optimizer state {list(STATE_KEYS[kind])} for every "
+                f"parameter; the checkpoint has {have} (saved by another optimizer?)")
