@@ -139,6 +139,23 @@ void bindZero(py::module_& m) {
     py::gil_scoped_release release;
     zero::writeFileAtomic(path, s);
   });
+  // A checkpoint file's contents held in memory, written later (asynchronous saves).
+  py::class_<zero::ShardFile>(m, "CheckpointFile")
+      .def(py::init([](const std::string& meta, const py::dict& blobs) {
+        zero::ShardFile f;
+        f.meta = meta;
+        for (auto [k, v] : blobs) f.blobs[k.cast<std::string>()] = v.cast<std::string>();
+        return f;
+      }))
+      .def_property_readonly("nbytes", [](const zero::ShardFile& f) {
+        size_t n = f.meta.size();
+        for (const auto& [k, v] : f.blobs) n += v.size();
+        return n;
+      })
+      .def("write", [](const zero::ShardFile& f, const std::string& path) {
+        py::gil_scoped_release release;
+        f.write(path);
+      });
   m.def("write_checkpoint_file", [](const std::string& path, const std::string& meta, const py::dict& blobs) {
     zero::ShardFile f;
     f.meta = meta;
@@ -336,6 +353,10 @@ void bindZero(py::module_& m) {
       .def("save_shard", [](const Engine& e, const std::string& path, const std::string& extra) {
         py::gil_scoped_release release;
         e.saveShard(path, extra);
+      })
+      .def("shard_snapshot", [](const Engine& e, const std::string& extra) {
+        py::gil_scoped_release release;
+        return e.shardSnapshot(extra);
       })
       .def("load_shards", [](Engine& e, const std::vector<std::string>& paths, const std::string& expected,
                               const std::vector<std::vector<int64_t>>& maps) {

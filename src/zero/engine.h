@@ -23,6 +23,7 @@
 #include "zero/ds_config.h"
 #include "zero/hyper.h"
 #include "zero/loss_scaler.h"
+#include "zero/shard_file.h"
 #include "zero/memory.h"
 #include "zero/partition.h"
 
@@ -161,6 +162,8 @@ class Engine {
 
   // Checkpoints (engine_checkpoint.cc). extraMeta: JSON text stored beside the state.
   void saveShard(const std::string& path, const std::string& extraMeta) const;
+  // The shard's contents copied out of the engine (an asynchronous save writes it later).
+  ShardFile shardSnapshot(const std::string& extraMeta) const;
   // Loads the fp32 state from the shards of a checkpoint (any world size, any stage),
   // one shard at a time, keeping only what overlaps this rank's partition.
   // expectedExtra (when not empty): every shard must carry this extraMeta (the

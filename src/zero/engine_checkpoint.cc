@@ -25,6 +25,10 @@ std::string Engine::hostFloats(const float* p, size_t n) const {
 }
 
 void Engine::saveShard(const std::string& path, const std::string& extraMeta) const {
+  shardSnapshot(extraMeta).write(path);
+}
+
+ShardFile Engine::shardSnapshot(const std::string& extraMeta) const {
   const size_t part = plan_->partitionElems();
   json pieces = json::array();
   for (const auto& p : pieces_) pieces.push_back({p.param, p.paramOffset, p.partOffset, p.count});
@@ -45,7 +49,7 @@ void Engine::saveShard(const std::string& path, const std::string& extraMeta) co
   f.blobs["master"] = hostFloats(masterPtr(), part);
   f.blobs["state1"] = hostFloats(state1_.as<float>(), part);
   if (state2_.size()) f.blobs["state2"] = hostFloats(state2_.as<float>(), part);
-  f.write(path);
+  return f;
 }
 
 void Engine::loadShards(const std::vector<std::string>& paths, const std::string& expectedExtra,

@@ -60,6 +60,14 @@ def test_checkpoints_in_deepspeeds_layout_resume_exactly(ranks, tmp_path):
     assert out.count("ds layout refusals ok") == 2 and out.count("ds layout z3 bf16 ok") == 2, out
 
 
+def test_asynchronous_saves_write_what_a_blocking_save_writes(ranks, tmp_path):
+    """save_checkpoint(async_save=True), both formats: the same files as a blocking save at
+    that step, `latest` only once all ranks wrote, a failed background write raised on every
+    rank with `latest` kept (workers/zero_async_save.py)."""
+    out = ok(ranks(2, "zero_async_save.py", str(tmp_path)))
+    assert out.count("async failures ok") == 2 and out.count("async deepspeed stage 1 ok") == 2, out
+
+
 def test_node_local_checkpoint_loads_only_where_it_was_saved(ranks, tmp_path):
     out = ok(ranks(2, "zero_node_local.py", str(tmp_path)))
     assert out.count("node-local refusal ok") == 2, out

@@ -64,12 +64,17 @@ class _Pickler(pickle._Pickler):  # (the Python pickler: its save_global can be 
 _PICKLE_MODULE = types.SimpleNamespace(Pickler=_Pickler, __name__="chorus_ds_pickle")
 
 
+def dump(obj, f):
+    """torch.save(obj, f) as DeepSpeed would write it, into an open file."""
+    torch.save(obj, f, pickle_module=_PICKLE_MODULE, pickle_protocol=2)
+
+
 def save(obj, path):
     """torch.save(obj, path) as DeepSpeed would write it, atomically."""
     tmp = f"{path}.tmp.{os.getpid()}.{os.urandom(4).hex()}"
     try:
         with open(tmp, "wb") as f:
-            torch.save(obj, f, pickle_module=_PICKLE_MODULE, pickle_protocol=2)
+            dump(obj, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

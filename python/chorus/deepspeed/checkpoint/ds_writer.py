@@ -129,8 +129,9 @@ def _scaler(whole):
     return pw.loss_scaler(whole.scaler if whole.scaler else {"cur_scale": 1.0, "dynamic": False})
 
 
-def write(whole, fetch, path, stage, world, ranks):
-    """The files of `ranks` (of `world`) for a checkpoint at ZeRO `stage` into folder `path`."""
+def write(whole, fetch, path, stage, world, ranks, save=pw.save):
+    """The files of `ranks` (of `world`) for a checkpoint at ZeRO `stage` into folder `path`
+    (each through save(obj, path))."""
     if stage not in (0, 1, 2, 3):
         raise ValueError(f"DeepSpeed's checkpoint layout: ZeRO stage {stage} does not exist")
     keys = whole.state_keys
@@ -138,18 +139,18 @@ def write(whole, fetch, path, stage, world, ranks):
     if stage == 0:
         files = _unpartitioned(whole, fetch, keys) if 0 in ranks else None
         if files is not None:
-            pw.save(_model_states(whole, stage, world, files), os.path.join(path, _name(0, 0, whole.dtype, "model")))
+            save(_model_states(whole, stage, world, files), os.path.join(path, _name(0, 0, whole.dtype, "model")))
         return
     build = _zero12 if stage in (1, 2) else _zero3
     optim, module_parts = build(whole, fetch, keys, world, ranks, stage)
     for r in ranks:
         sd = dict(optimizer_state_dict=optim[r], ds_config=whole.config, ds_version=DS_VERSION)
-        pw.save(sd, os.path.join(path, _name(stage, r, whole.dtype, "optim")))
+        save(sd, os.path.join(path, _name(stage, r, whole.dtype, "optim")))
         if stage == 3:
-            pw.save(_model_states(whole, stage, world, None, rank=r),
+            save(_model_states(whole, stage, world, None, rank=r),
                     os.path.join(path, _name(3, r, whole.dtype, "model")))
     if stage in (1, 2) and 0 in ranks:
-        pw.save(_model_states(whole, stage, world, module_parts), os.path.join(path, _name(stage, 0, whole.dtype,
+        save(_model_states(whole, stage, world, module_parts), os.path.join(path, _name(stage, 0, whole.dtype,
                                                                                             "model")))
 
 

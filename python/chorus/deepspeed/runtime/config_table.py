@@ -383,9 +383,11 @@ KEYS = {
     'expert_parallel.expert_activation': None,
 }
 
-# chorus's own keys (DeepSpeed ignores them): checkpoint.format "chorus" or "deepspeed" (the writer's layout).
+# chorus's own keys (DeepSpeed ignores them): checkpoint.format "chorus" or "deepspeed" (the writer's
+# layout); checkpoint.async: save_checkpoint writes its files on a background thread.
 CHORUS_KEYS = {
     'checkpoint.format': 'chorus',
+    'checkpoint.async': False,
 }
 
 # Sections whose unknown keys DeepSpeed refuses (its pydantic models forbid extra keys); the top level is open.

@@ -9,7 +9,7 @@ import torch
 from chorus import _core
 import chorus.torch as hvd
 from chorus.deepspeed.runtime import config as ds_config
-from chorus.deepspeed.runtime.zero import checkpoint, stage3
+from chorus.deepspeed.runtime.zero import checkpoint, checkpoint_io, stage3
 from chorus.deepspeed.runtime.engine_monitor import EngineMonitor
 from chorus.deepspeed.runtime.engine_queries import EngineQueries
 from chorus.deepspeed.runtime.engine_random_ltd import EngineRandomLTD
@@ -454,6 +454,8 @@ class DeepSpeedEngine(EngineQueries, EngineMonitor, EngineRandomLTD, EngineCurri
             with self._timed("step"):
                 self._boundary_step(lr_kwargs)
         self._after_step(boundary, profiling)
+        if boundary and getattr(self, "_pending_save", None) is not None:
+            checkpoint_io.poll(self, block=False)  # an asynchronous save's `latest`, once all ranks wrote
 
     def _boundary_step(self, lr_kwargs):
         if self._expert_parts:
@@ -583,10 +585,18 @@ class DeepSpeedEngine(EngineQueries, EngineMonitor, EngineRandomLTD, EngineCurri
         return m
 
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True,
-                        exclude_frozen_parameters=False):
+                        exclude_frozen_parameters=False, async_save=None):
         """Every rank's shard of the fp32 state, rank 0's model states (frozen
-        parameters left out of them with exclude_frozen_parameters). Collective."""
-        return checkpoint.save(self, save_dir, tag, client_state or {}, save_latest, exclude_frozen_parameters)
+        parameters left out of them with exclude_frozen_parameters). Collective.
+        async_save (default: the config's checkpoint.async): copy the state into memory,
+        write the files on a background thread, commit `latest` once every rank's are written
+        (at a later step, save or wait_for_checkpoint())."""
+        return checkpoint.save(self, save_dir, tag, client_state or {}, save_latest, exclude_frozen_parameters,
+                               async_save)
+
+    def wait_for_checkpoint(self):
+        """Waits for the asynchronous save in flight (if any), commits it, raises its failure. Collective."""
+        checkpoint_io.wait(self)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
                         load_lr_scheduler_states=True, load_module_only=False):

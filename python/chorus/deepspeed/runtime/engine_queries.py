@@ -217,7 +217,9 @@ class EngineQueries:
         return self._step_applied
 
     def destroy(self):
-        """Nothing to free beyond what garbage collection frees."""
+        """Waits for an asynchronous save in flight (collective then); the rest garbage collection frees."""
+        from chorus.deepspeed.runtime.zero import checkpoint_io
+        checkpoint_io.wait(self)
 
 
 # Documented DeepSpeed engine names that chorus does not carry yet, and why.

@@ -206,19 +206,17 @@ def is_expert_name(name):
     return _MARK in name
 
 
-def save(engine, path, identity):
+def save(engine, path, identity, sink):
     """Each group's shards; each expert's whole state (weights, frozen ones and buffers
     too) in its DeepSpeed-named file, by the first rank holding it."""
     for part in engine._expert_parts:
         if part.core.writes_shard:
             name = shard_name(part.name, part.ep_rank, part.data_rank, _slice_of(engine, part.sliced))
-            part.core.save_shard(os.path.join(path, name), identity)
+            sink.shard(part.core, os.path.join(path, name), identity)
     for file, prefix, expert, _, data_rank in _local_experts(engine):
         if data_rank == 0:
             state = {prefix + k: v.detach().clone() for k, v in expert.state_dict().items()}
-            target = os.path.join(path, file)
-            torch.save(state, target + ".tmp")
-            os.replace(target + ".tmp", target)
+            sink.pickled(os.path.join(path, file), state)
 
 
 def _untrained(expert):

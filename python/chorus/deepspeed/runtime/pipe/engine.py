@@ -301,9 +301,14 @@ class PipelineEngine:
     def _stage_dir(self, root):
         return os.path.join(root, f"pipe_stage_{self.stage_id:02d}")
 
-    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True):
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True, async_save=None):
+        from chorus.deepspeed.runtime.zero import checkpoint_io
+        if checkpoint_io.async_requested(self.engine, async_save):
+            raise ValueError("save_checkpoint: a pipeline engine saves synchronously (each stage's folder, then "
+                             "`latest`); asynchronous saves are the data-parallel engine's so far")
         tag = str(tag) if tag is not None else f"global_step{self.engine.global_steps}"
-        self.engine.save_checkpoint(self._stage_dir(save_dir), tag, client_state, save_latest=False)
+        self.engine.save_checkpoint(self._stage_dir(save_dir), tag, client_state, save_latest=False,
+                                    async_save=False)
         hvd.barrier()
         if save_latest and self.global_rank == 0:
             _core.write_file_atomic(os.path.join(save_dir, "latest"), tag.encode())

@@ -12,7 +12,7 @@ import torch
 from chorus import _core
 import chorus.torch as hvd
 from chorus.deepspeed.runtime import expert_parts
-from chorus.deepspeed.runtime.zero import client_state as client_optim
+from chorus.deepspeed.runtime.zero import checkpoint_io, client_state as client_optim
 from chorus.deepspeed.runtime.utils import partition_dim
 
 MODEL_STATES = "model_states.chorus"
@@ -82,10 +82,12 @@ def _validate_tag(engine, tag):
     warnings.warn(msg)
 
 
-def save(engine, save_dir, tag, client_state, save_latest, exclude_frozen_parameters=False):
+def save(engine, save_dir, tag, client_state, save_latest, exclude_frozen_parameters=False, async_save=None):
+    checkpoint_io.wait(engine)  # a save still in flight is finished and committed first
+    deferred = checkpoint_io.async_requested(engine, async_save)
     if checkpoint_format(engine) == "deepspeed":
         from chorus.deepspeed.runtime.zero import ds_save
-        return ds_save.save(engine, save_dir, tag, client_state, save_latest, exclude_frozen_parameters)
+        return ds_save.save(engine, save_dir, tag, client_state, save_latest, exclude_frozen_parameters, deferred)
     tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
     _validate_tag(engine, tag)
     path = os.path.join(save_dir, tag)
@@ -101,23 +103,38 @@ def save(engine, save_dir, tag, client_state, save_latest, exclude_frozen_parame
     # of each node also writes what rank 0 writes (the model states, stage 0's one shard, latest).
     first_on_node = _first_on_node(engine) if _node_local(engine) else False  # (collective: on every rank)
     writer = ps.rank() == 0 or first_on_node
+    across = engine._pipe_set if mp is not None else None
+    sink = checkpoint_io.Snapshot() if deferred else checkpoint_io.Writer()
     error = None
     try:
         os.makedirs(path, exist_ok=True)
         if engine.core.writes_shard:
-            engine.core.save_shard(os.path.join(path, shard_name(ps.rank(), mp)), identity)
+            sink.shard(engine.core, os.path.join(path, shard_name(ps.rank(), mp)), identity)
         elif writer:  # (stage 0's replica)
-            engine.core.save_shard(os.path.join(path, shard_name(0, mp)), identity)
-        client_optim.save(engine, path, identity)
-        expert_parts.save(engine, path, identity)
-        if writer:
-            _save_model_states(engine, path, client_state, exclude_frozen_parameters, identity)
+            sink.shard(engine.core, os.path.join(path, shard_name(0, mp)), identity)
+        client_optim.save(engine, path, identity, sink)
+        expert_parts.save(engine, path, identity, sink)
     except Exception as e:  # noqa: BLE001 (any failure must reach every rank, not leave them waiting)
         error = e
-    _agree(ps, error, "writing the checkpoint", engine._pipe_set if mp is not None else None)
-    if save_latest and writer and not mp:  # one writer (per node with node-local storage): slice 0's
-        _core.write_file_atomic(os.path.join(save_dir, "latest"), tag.encode())
-        _write_consolidation_script(save_dir)
+    _agree(ps, error, "copying the checkpoint" if deferred else "writing the checkpoint", across)
+    # The model states (the metadata) after every rank's shards (checkpoint.parallel_write's order).
+    try:
+        if writer:
+            _save_model_states(engine, path, client_state, exclude_frozen_parameters, identity, sink)
+    except Exception as e:  # noqa: BLE001
+        error = e
+    _agree(ps, error, "writing the model states", across)
+
+    def commit():
+        if save_latest and writer and not mp:  # one writer (per node with node-local storage): slice 0's
+            _core.write_file_atomic(os.path.join(save_dir, "latest"), tag.encode())
+            _write_consolidation_script(save_dir)
+
+    if deferred:  # committed at a later step boundary, save or wait_for_checkpoint()
+        sink.start()
+        engine._pending_save = checkpoint_io.Pending(sink, tag, commit, across)
+        return True
+    commit()
     hvd.barrier(process_set=ps)
     return True
 
@@ -175,7 +192,7 @@ def _jsonable(value):
         return None
 
 
-def _save_model_states(engine, path, client_state, exclude_frozen_parameters, identity):
+def _save_model_states(engine, path, client_state, exclude_frozen_parameters, identity, sink):
     ps = engine.process_set
     meta = {
         "mp_world": engine._tp if engine._mp_rank is not None else 1,
@@ -207,7 +224,7 @@ def _save_model_states(engine, path, client_state, exclude_frozen_parameters, id
             if not p.requires_grad and not expert_parts.is_expert_name(n):
                 blobs["frozen:" + n] = _raw(p)
                 meta.setdefault("frozen", []).append([n, str(p.dtype).replace("torch.", ""), list(p.shape)])
-    _core.write_checkpoint_file(os.path.join(path, model_states_name(engine._mp_rank)), json.dumps(meta), blobs)
+    sink.file(os.path.join(path, model_states_name(engine._mp_rank)), json.dumps(meta), blobs)
 
 
 def resolve_tag(load_dir, tag):

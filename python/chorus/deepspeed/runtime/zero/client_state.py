@@ -29,7 +29,7 @@ def _layout(engine):
             "partitions": [int(core.master_view().nbytes) // 4 for core in cores]}
 
 
-def save(engine, path, identity):
+def save(engine, path, identity, sink):
     client = _client(engine)
     if client is None:
         return
@@ -44,8 +44,7 @@ def save(engine, path, identity):
             state[str(index)][key] = value
     meta = {"save": identity, "layout": _layout(engine), "type": type(client).__name__, "state": state,
             "param_groups": sd["param_groups"]}
-    _core.write_checkpoint_file(os.path.join(path, _name(engine.process_set.rank(), engine._mp_rank)),
-                                json.dumps(meta), blobs)
+    sink.file(os.path.join(path, _name(engine.process_set.rank(), engine._mp_rank)), json.dumps(meta), blobs)
 
 
 def read(engine, path, identity):

@@ -9,8 +9,9 @@ import torch
 
 import chorus.torch as hvd
 from chorus import _core
-from chorus.deepspeed.checkpoint import ds_writer
+from chorus.deepspeed.checkpoint import ds_pickle_write as pw, ds_writer
 from chorus.deepspeed.runtime import expert_parts
+from chorus.deepspeed.runtime.zero import checkpoint_io
 from chorus.deepspeed.runtime.zero.checkpoint import _agree, _buffers, _shared_names, _validate_tag
 
 
@@ -83,7 +84,7 @@ def fetcher(engine, keys):
     return fetch
 
 
-def save(engine, save_dir, tag, client_state, save_latest, exclude_frozen_parameters=False):
+def save(engine, save_dir, tag, client_state, save_latest, exclude_frozen_parameters=False, deferred=False):
     tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
     _validate_tag(engine, tag)
     why = _refusal(engine)
@@ -101,12 +102,22 @@ def save(engine, save_dir, tag, client_state, save_latest, exclude_frozen_parame
     _agree(ps, error, "describing the checkpoint")
     fetch = fetcher(engine, keys)
     ranks = [ps.rank()] if stage > 0 else ([0] if ps.rank() == 0 else [])
+    sink = checkpoint_io.Snapshot() if deferred else None
+    put = pw.save if sink is None else (lambda obj, where: sink.pickled(where, obj, save=pw.dump))
     try:
-        ds_writer.write(whole, fetch, path, stage, ps.size(), ranks)
+        ds_writer.write(whole, fetch, path, stage, ps.size(), ranks, save=put)
     except Exception as e:  # noqa: BLE001 (a write failure on one rank is an error on all; no `latest`)
         error = e
-    _agree(ps, error, "writing the checkpoint")
-    if save_latest and ps.rank() == 0:
-        _core.write_file_atomic(os.path.join(save_dir, "latest"), tag.encode())
+    _agree(ps, error, "copying the checkpoint" if deferred else "writing the checkpoint")
+
+    def commit():
+        if save_latest and ps.rank() == 0:
+            _core.write_file_atomic(os.path.join(save_dir, "latest"), tag.encode())
+
+    if deferred:
+        sink.start()
+        engine._pending_save = checkpoint_io.Pending(sink, tag, commit)
+        return True
+    commit()
     hvd.barrier(process_set=ps)
     return True
