@@ -358,6 +358,10 @@ void bindZero(py::module_& m) {
         py::gil_scoped_release release;
         return e.shardSnapshot(extra);
       })
+      .def("shard_snapshot_into", [](const Engine& e, zero::ShardFile& f, const std::string& extra) {
+        py::gil_scoped_release release;
+        e.shardSnapshotInto(f, extra);
+      })
       .def("load_shards", [](Engine& e, const std::vector<std::string>& paths, const std::string& expected,
                               const std::vector<std::vector<int64_t>>& maps) {
         py::gil_scoped_release release;

@@ -164,6 +164,8 @@ class Engine {
   void saveShard(const std::string& path, const std::string& extraMeta) const;
   // The shard's contents copied out of the engine (an asynchronous save writes it later).
   ShardFile shardSnapshot(const std::string& extraMeta) const;
+  // The same into f, reusing its buffers (no allocation or page faults when their sizes hold).
+  void shardSnapshotInto(ShardFile& f, const std::string& extraMeta) const;
   // Loads the fp32 state from the shards of a checkpoint (any world size, any stage),
   // one shard at a time, keeping only what overlaps this rank's partition.
   // expectedExtra (when not empty): every shard must carry this extraMeta (the
@@ -185,7 +187,6 @@ class Engine {
   char* paramSlice(size_t u) const;  // the rank's parameters of unit u
   void reduceAtBoundary();
   void zeroGrads();
-  std::string hostFloats(const float* p, size_t n) const;  // a copy in host memory
   Tensor tensor(void* p, size_t n) const { return tensor(p, n, spec_.dtype); }
   Tensor tensor(void* p, size_t n, DataType dtype) const {
     return Tensor{p, dtype, {static_cast<int64_t>(n)}, mem_->device()};

@@ -18,17 +18,17 @@ using nlohmann::json;
 namespace {
 }  // namespace
 
-std::string Engine::hostFloats(const float* p, size_t n) const {
-  std::string out(n * 4, '\0');
-  mem_->copy(out.data(), p, n * 4);  // (from the device too; the host reads it next)
-  return out;
-}
-
 void Engine::saveShard(const std::string& path, const std::string& extraMeta) const {
   shardSnapshot(extraMeta).write(path);
 }
 
 ShardFile Engine::shardSnapshot(const std::string& extraMeta) const {
+  ShardFile f;
+  shardSnapshotInto(f, extraMeta);
+  return f;
+}
+
+void Engine::shardSnapshotInto(ShardFile& f, const std::string& extraMeta) const {
   const size_t part = plan_->partitionElems();
   json pieces = json::array();
   for (const auto& p : pieces_) pieces.push_back({p.param, p.paramOffset, p.partOffset, p.count});
@@ -44,12 +44,15 @@ ShardFile Engine::shardSnapshot(const std::string& extraMeta) const {
                {"partition_elems", part},
                {"pieces", pieces},
                {"extra", extraMeta}};
-  ShardFile f;
   f.meta = meta.dump();
-  f.blobs["master"] = hostFloats(masterPtr(), part);
-  f.blobs["state1"] = hostFloats(state1_.as<float>(), part);
-  if (state2_.size()) f.blobs["state2"] = hostFloats(state2_.as<float>(), part);
-  return f;
+  auto put = [&](const char* name, const float* src) {
+    std::string& b = f.blobs[name];
+    b.resize(part * 4);  // (same size as last time: nothing allocated or touched)
+    mem_->copy(b.data(), src, part * 4);
+  };
+  put("master", masterPtr());
+  put("state1", state1_.as<float>());
+  if (state2_.size()) put("state2", state2_.as<float>()); else f.blobs.erase("state2");
 }
 
 void Engine::loadShards(const std::vector<std::string>& paths, const std::string& expectedExtra,

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -37,48 +38,106 @@ uint64_t readU64(const std::string& s, size_t at) {
   throw Error(what + " '" + path + "': " + std::strerror(errno));
 }
 
+// contentHash over data given in pieces: 32-byte blocks across the pieces' boundaries.
+class StreamHash {
+ public:
+  void add(const void* data, size_t n) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    total_ += n;
+    if (held_) {  // finish the block a previous piece began
+      const size_t take = std::min(n, size_t{32} - held_);
+      std::memcpy(block_ + held_, p, take);
+      held_ += take;
+      p += take;
+      n -= take;
+      if (held_ < 32) return;
+      blockIn(block_);
+      held_ = 0;
+    }
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) blockIn(p + i);
+    std::memcpy(block_, p + i, n - i);
+    held_ = n - i;
+  }
+  uint64_t finish() const {
+    uint64_t h = mix(mix(lane_[0], lane_[1]), mix(lane_[2], lane_[3]));
+    for (size_t i = 0; i < held_; ++i) h = mix(h, block_[i]);
+    return mix(h, total_);
+  }
+
+ private:
+  void blockIn(const unsigned char* p) {
+    for (int k = 0; k < 4; ++k) {
+      uint64_t v;
+      std::memcpy(&v, p + 8 * k, 8);
+      lane_[k] = mix(lane_[k], v);
+    }
+  }
+  uint64_t lane_[4] = {1, 2, 3, 4};
+  unsigned char block_[32];
+  size_t held_ = 0;
+  uint64_t total_ = 0;
+};
+
+// A file written to a private name, flushed and renamed into place (then its folder synced).
+class AtomicFile {
+ public:
+  explicit AtomicFile(const std::string& path) : path_(path), tmp_(path + ".tmp." + std::to_string(getpid())) {
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) sysFail("cannot create", tmp_);
+  }
+  ~AtomicFile() {
+    if (fd_ >= 0) {
+      ::close(fd_);
+      ::unlink(tmp_.c_str());
+    }
+  }
+  void write(const void* data, size_t size) {
+    const auto* p = static_cast<const char*>(data);
+    size_t done = 0;
+    while (done < size) {
+      const ssize_t n = ::write(fd_, p + done, size - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) sysFail("cannot write", tmp_);
+      done += static_cast<size_t>(n);
+    }
+  }
+  void commit() {
+    const int fd = fd_;
+    fd_ = -1;
+    if (::fsync(fd) != 0) {
+      ::close(fd);
+      ::unlink(tmp_.c_str());
+      sysFail("cannot flush", tmp_);
+    }
+    if (::close(fd) != 0) {
+      ::unlink(tmp_.c_str());
+      sysFail("cannot flush", tmp_);
+    }
+    if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+      ::unlink(tmp_.c_str());
+      sysFail("cannot rename into", path_);
+    }
+    syncParentDir(path_);
+  }
+
+ private:
+  std::string path_, tmp_;
+  int fd_ = -1;
+};
+
 }  // namespace
 
 uint64_t contentHash(const void* data, size_t n) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  uint64_t lane[4] = {1, 2, 3, 4};
-  size_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    for (int k = 0; k < 4; ++k) {
-      uint64_t v;
-      std::memcpy(&v, p + i + 8 * k, 8);
-      lane[k] = mix(lane[k], v);
-    }
-  }
-  uint64_t h = mix(mix(lane[0], lane[1]), mix(lane[2], lane[3]));
-  for (; i < n; ++i) h = mix(h, p[i]);
-  return mix(h, n);
+  StreamHash h;
+  h.add(data, n);
+  return h.finish();
 }
 
 void writeFileAtomic(const std::string& path, const std::string& bytes) {
-  const std::string tmp = path + ".tmp." + std::to_string(getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) sysFail("cannot create", tmp);
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      sysFail("cannot write", tmp);
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    ::unlink(tmp.c_str());
-    sysFail("cannot flush", tmp);
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    sysFail("cannot rename into", path);
-  }
-  syncParentDir(path);
+  AtomicFile f(path);
+  f.write(bytes.data(), bytes.size());
+  f.commit();
 }
 
 std::string readFile(const std::string& path) {
@@ -91,19 +150,29 @@ std::string readFile(const std::string& path) {
 
 void ShardFile::write(const std::string& path) const {
   nlohmann::json index = nlohmann::json::object();
-  std::string body;
+  size_t offset = 0;
   for (const auto& [name, bytes] : blobs) {
-    index[name] = {{"offset", body.size()}, {"bytes", bytes.size()}};
-    body += bytes;
+    index[name] = {{"offset", offset}, {"bytes", bytes.size()}};
+    offset += bytes.size();
   }
   const std::string header = nlohmann::json{{"meta", meta}, {"blobs", index}}.dump();
-  std::string out(kMagic, 8);
-  appendU64(out, header.size());
-  out += header;
-  out += body;
-  appendU64(out, contentHash(out.data(), out.size()));
-  out.append(kEnd, 8);
-  writeFileAtomic(path, out);
+  std::string head(kMagic, 8);
+  appendU64(head, header.size());
+  head += header;
+  // Streamed: the header, then each blob as it lies in memory (no copy of the body), hashed on the way.
+  AtomicFile file(path);
+  StreamHash hash;
+  file.write(head.data(), head.size());
+  hash.add(head.data(), head.size());
+  for (const auto& [name, bytes] : blobs) {
+    file.write(bytes.data(), bytes.size());
+    hash.add(bytes.data(), bytes.size());
+  }
+  std::string tail;
+  appendU64(tail, hash.finish());
+  tail.append(kEnd, 8);
+  file.write(tail.data(), tail.size());
+  file.commit();
 }
 
 ShardFile ShardFile::read(const std::string& path) {

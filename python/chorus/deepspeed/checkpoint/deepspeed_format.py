@@ -27,6 +27,10 @@ ENGINE_KEYS = {"module", "buffer_names", "optimizer", "param_shapes", "frozen_pa
                "ds_version", "checkpoint_parallel_dimensions"}
 
 
+def _cat(tensors):
+    return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
+
+
 def is_deepspeed_checkpoint(path):
     return os.path.isfile(os.path.join(path, MODEL_STATES)) or os.path.isfile(os.path.join(path, STAGE3_MODEL_STATES))
 
@@ -83,14 +87,14 @@ class DeepSpeedCheckpoint:
         self._scaler(states[0].get("loss_scaler"))
         if self.stage in (1, 2):
             for g, params in enumerate(groups):
-                flat = torch.cat([s["single_partition_of_fp32_groups"][g].float() for s in states])
+                flat = _cat([s["single_partition_of_fp32_groups"][g].float() for s in states])
                 opt = [s["base_optimizer_state"]["state"].get(g, {}) for s in states]
                 paddings = (states[0].get("param_alignment_paddings") or [None] * len(groups))[g]
                 self._walk(params, flat, self._flat_states(opt), out, paddings)
                 self.step = self._step(opt[0], self.step)
             self.param_groups = states[0]["base_optimizer_state"].get("param_groups") or []
         else:
-            flats = [torch.cat([t.float() for t in s["fp32_flat_groups"]]) for s in states]
+            flats = [_cat([t.float() for t in s["fp32_flat_groups"]]) for s in states]
             opts = [s["optimizer_state_dict"]["state"] for s in states]
             per_rank = [self._flat_states([o[k] for k in sorted(o)]) for o in opts]
             keys = set.intersection(*[set(f) for f in per_rank]) if per_rank else set()
@@ -103,9 +107,9 @@ class DeepSpeedCheckpoint:
                     raise ValueError(f"load_checkpoint: {self.path}: the fp32 partitions of ranks {short} end before "
                                      f"parameter {name} (which needs {offset + part} values each)")
                 pieces = [flats[r][offset:offset + part] for r in range(self.world)]
-                self.fp32[name] = torch.cat(pieces)[:numel].view(shape).clone()
-                out[name] = {k: torch.cat([per_rank[r][k][offset:offset + part] for r in range(self.world)])
-                             [:numel].view(shape).clone() for k in keys}
+                self.fp32[name] = _cat(pieces)[:numel].view(shape)
+                out[name] = {k: _cat([per_rank[r][k][offset:offset + part] for r in range(self.world)])
+                             [:numel].view(shape) for k in keys}
                 offset += part
             if opts[0]:
                 self.step = self._step(opts[0][sorted(opts[0])[0]], 0)
@@ -174,7 +178,7 @@ class DeepSpeedCheckpoint:
         if not states:
             return {}
         keys = set.intersection(*[{k for k, v in s.items() if torch.is_tensor(v) and v.dim() == 1} for s in states])
-        return {k: torch.cat([s[k].float().reshape(-1) for s in states]) for k in keys}
+        return {k: _cat([s[k].float().reshape(-1) for s in states]) for k in keys}
 
     @staticmethod
     def _step(state, default):
@@ -189,8 +193,8 @@ class DeepSpeedCheckpoint:
             if offset + numel > flat.numel():
                 raise ValueError(f"load_checkpoint: {self.path}: the fp32 partitions hold {flat.numel()} values, "
                                  f"fewer than the parameters need ({name} ends at {offset + numel})")
-            self.fp32[name] = flat[offset:offset + numel].view(shape).clone()
-            out[name] = {k: t[offset:offset + numel].view(shape).clone() for k, t in states.items()
+            self.fp32[name] = flat[offset:offset + numel].view(shape)  # (views of tensors read for this load)
+            out[name] = {k: t[offset:offset + numel].view(shape) for k, t in states.items()
                          if t.numel() >= offset + numel}
             offset += numel + (int(paddings[k]) if paddings else 0)
 

@@ -5,9 +5,11 @@ stored. Any other global a file names is refused, naming it, so a file cannot ma
 load run code (torch's weights_only does the same for plain tensors, but refuses
 DeepSpeed's classes, which every DeepSpeed checkpoint holds)."""
 import collections
+import concurrent.futures
 import io
 import pickle
 import zipfile
+import zlib
 
 import torch
 
@@ -108,6 +110,28 @@ class _Storage:
         self.dtype = dtype
 
 
+def _read_member(f, member, numel, dtype, where, checker, checks):
+    """A stored (uncompressed) member read straight into a new tensor, its CRC-32 checked
+    (torch.save's members lie uncompressed after their local header)."""
+    out = torch.empty(numel, dtype=dtype)
+    if not numel:
+        return out
+    f.seek(member.header_offset)
+    header = f.read(30)
+    if len(header) != 30 or header[:4] != b"PK\x03\x04":
+        raise ValueError(f"DeepSpeed checkpoint: {where}: no local header where the zip index says; truncated "
+                         "or altered")
+    start = member.header_offset + 30 + int.from_bytes(header[26:28], "little") + \
+        int.from_bytes(header[28:30], "little")
+    view = memoryview(out.view(torch.uint8).numpy())
+    f.seek(start)
+    got = f.readinto(view)
+    if got != view.nbytes:
+        raise ValueError(f"DeepSpeed checkpoint: {where} holds {got} bytes, not {view.nbytes}: truncated")
+    checks.append((checker.submit(zlib.crc32, view), member.CRC, where))  # (beside the next read)
+    return out
+
+
 def load(path):
     """A DeepSpeed .pt file (torch's zip format) read on the CPU through the unpickler above,
     its storages read here (torch.load would let the file choose its unpickler's classes)."""
@@ -115,7 +139,7 @@ def load(path):
         archive = zipfile.ZipFile(path)
     except (OSError, zipfile.BadZipFile) as e:
         raise ValueError(f"DeepSpeed checkpoint: {path} is not a torch zip file ({e})") from None
-    with archive:
+    with archive, open(path, "rb") as raw_file:
         names = archive.namelist()
         pkl = [n for n in names if n.endswith("/data.pkl")]
         if len(pkl) != 1:
@@ -156,12 +180,14 @@ def load(path):
                     if member.file_size != numel * item:
                         raise ValueError(f"DeepSpeed checkpoint: {path}: storage {key} holds {member.file_size} "
                                          f"bytes, not {numel * item}: truncated or altered")
-                    raw = archive.read(member)
-                    if len(raw) < numel * item:
-                        raise ValueError(f"DeepSpeed checkpoint: {path}: storage {key} holds {len(raw)} bytes, "
-                                         f"not {numel * item}: truncated")
-                    loaded[key] = torch.frombuffer(bytearray(raw), dtype=dtype) if numel else \
-                        torch.empty(0, dtype=dtype)
+                    loaded[key] = _read_member(raw_file, member, numel, dtype, f"{path}: storage {key}", checker,
+                                               checks)
                 return loaded[key]
 
-        return _Reader(io.BytesIO(archive.read(pkl[0]))).load()
+        checks = []
+        with concurrent.futures.ThreadPoolExecutor(1) as checker:  # (zlib.crc32 lets go of the GIL)
+            out = _Reader(io.BytesIO(archive.read(pkl[0]))).load()
+        for crc, want, where in checks:
+            if crc.result() != want:
+                raise ValueError(f"DeepSpeed checkpoint: {where} does not match its CRC-32: corrupted")
+        return out

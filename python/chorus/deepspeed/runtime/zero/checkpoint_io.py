@@ -50,7 +50,13 @@ class Snapshot(Writer):
         self.nbytes += nbytes
 
     def shard(self, core, path, identity):
-        f = core.shard_snapshot(identity)
+        # Into the buffer this engine's last asynchronous save used (kept, as pinned buffers are
+        # kept: a second copy of the shard in host memory), so that the copy is all the step waits for.
+        buffers = _buffers(core)
+        f = buffers.get(id(core))
+        if f is None:
+            f = buffers[id(core)] = _core.CheckpointFile("", {})
+        core.shard_snapshot_into(f, identity)
         self._add(path, f, f.nbytes)
 
     def file(self, path, meta, blobs):
@@ -79,6 +85,22 @@ class Snapshot(Writer):
     def start(self):
         self.thread = threading.Thread(target=self._write, name="chorus-checkpoint-writer", daemon=True)
         self.thread.start()
+
+
+_SNAPSHOT_BUFFERS = {}
+
+
+def _buffers(core):
+    """{id(core): its snapshot buffer}, dropped with the engine's core."""
+    import weakref
+    key = id(core)
+    if key not in _SNAPSHOT_BUFFERS:
+        _SNAPSHOT_BUFFERS[key] = {}
+        try:
+            weakref.finalize(core, _SNAPSHOT_BUFFERS.pop, key, None)
+        except TypeError:  # (a core that takes no weak reference keeps its buffer for the process)
+            pass
+    return _SNAPSHOT_BUFFERS[key]
 
 
 def write_one(path, item):
