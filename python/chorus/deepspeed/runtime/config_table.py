@@ -383,8 +383,8 @@ KEYS = {
     'expert_parallel.expert_activation': None,
 }
 
-# chorus's own keys (DeepSpeed ignores them): checkpoint.format "chorus" or "deepspeed" (the writer's
-# layout); checkpoint.async: save_checkpoint writes its files on a background thread.
+# chorus's own keys (DeepSpeed ignores them): checkpoint.format "chorus", "deepspeed" or "dcp" (the
+# writer's layout); checkpoint.async: save_checkpoint writes its files on a background thread.
 CHORUS_KEYS = {
     'checkpoint.format': 'chorus',
     'checkpoint.async': False,

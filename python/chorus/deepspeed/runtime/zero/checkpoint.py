@@ -85,9 +85,16 @@ def _validate_tag(engine, tag):
 def save(engine, save_dir, tag, client_state, save_latest, exclude_frozen_parameters=False, async_save=None):
     checkpoint_io.wait(engine)  # a save still in flight is finished and committed first
     deferred = checkpoint_io.async_requested(engine, async_save)
-    if checkpoint_format(engine) == "deepspeed":
+    fmt = checkpoint_format(engine)
+    if fmt == "deepspeed":
         from chorus.deepspeed.runtime.zero import ds_save
         return ds_save.save(engine, save_dir, tag, client_state, save_latest, exclude_frozen_parameters, deferred)
+    if fmt == "dcp":
+        if deferred:
+            raise ValueError("save_checkpoint: checkpoint.format \"dcp\" saves synchronously (DCP's own writer); "
+                             "asynchronous saves write chorus's format or DeepSpeed's")
+        from chorus.deepspeed.runtime.zero import dcp_io
+        return dcp_io.save(engine, save_dir, tag, client_state, save_latest, exclude_frozen_parameters)
     tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
     _validate_tag(engine, tag)
     path = os.path.join(save_dir, tag)
@@ -140,10 +147,11 @@ def save(engine, save_dir, tag, client_state, save_latest, exclude_frozen_parame
 
 
 def checkpoint_format(engine):
-    """checkpoint.format (chorus's extension): "chorus" (the default) or "deepspeed"."""
+    """checkpoint.format (chorus's extension): "chorus" (the default), "deepspeed" or "dcp"."""
     fmt = str((engine._raw_config.get("checkpoint") or {}).get("format", "chorus")).lower()
-    if fmt not in ("chorus", "deepspeed"):
-        raise ValueError(f"DeepSpeed config: 'checkpoint.format' {fmt!r} is not \"chorus\" or \"deepspeed\"")
+    if fmt not in ("chorus", "deepspeed", "dcp"):
+        raise ValueError(f"DeepSpeed config: 'checkpoint.format' {fmt!r} is not \"chorus\", \"deepspeed\" or "
+                         "\"dcp\"")
     return fmt
 
 
@@ -282,6 +290,10 @@ def load(engine, load_dir, tag, load_lr_scheduler_states):
     if not os.path.exists(os.path.join(path, model_states_name(mp))) and is_deepspeed_checkpoint(path):
         from chorus.deepspeed.runtime.zero import ds_checkpoint
         return ds_checkpoint.load(engine, path, load_lr_scheduler_states)
+    from chorus.deepspeed.checkpoint.dcp import is_dcp_checkpoint
+    if not os.path.exists(os.path.join(path, model_states_name(mp))) and is_dcp_checkpoint(path):
+        from chorus.deepspeed.runtime.zero import dcp_io
+        return dcp_io.load(engine, path, load_lr_scheduler_states)
     error = meta = blobs = None
     try:
         meta, blobs = _read_checked(engine, path, mp)
