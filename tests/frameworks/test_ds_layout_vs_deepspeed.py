@@ -66,13 +66,18 @@ def test_converter_writes_deepspeeds_layout(tmp_path):
     saved = json.loads((src / "saved.json").read_text())["results"]
     assert all((src / "z1_fp32" / "global_step3" / f).exists()
                for f in ("model_states.chorus", "zero_rank_00001_optim_states.chorus"))
+    cases = [key.replace("stage ", "z").replace(" ", "_") for key in saved]
+    out = run([PYTHON, "-m", "chorus.deepspeed.checkpoint", "convert", src / cases[0], tmp_path / "converted2" /
+               cases[0], "--world", "2"])  # the command line, once; the rest in one process
+    assert "in DeepSpeed's layout" in out, out
+    run([PYTHON, "-c", "import sys; from chorus.deepspeed.checkpoint.__main__ import convert\n"
+         "for case in sys.argv[3:]:\n"
+         "    for world in (2, 1):\n"
+         "        if (case, world) != (sys.argv[3], 2):\n"
+         "            convert(f'{sys.argv[1]}/{case}', f'{sys.argv[2]}{world}/{case}', world=world)",
+         str(src), str(tmp_path / "converted"), *cases])
     for world in (2, 1):
         dst = tmp_path / f"converted{world}"
-        for key in saved:
-            case = key.replace("stage ", "z").replace(" ", "_")
-            out = run([PYTHON, "-m", "chorus.deepspeed.checkpoint", "convert", src / case, dst / case, "--world",
-                       str(world)])
-            assert "in DeepSpeed's layout" in out, out
         real_deepspeed(world, "ds_checkpoint_resume.py", "load", dst, tmp_path / f"deepspeed{world}.json")
         got = json.loads((tmp_path / f"deepspeed{world}.json").read_text())["results"]
         for key, result in got.items():
