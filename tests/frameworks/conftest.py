@@ -67,12 +67,12 @@ def deepspeed_env(overlays=()):
 EXIT_ABORT = "terminate called without an active exception"
 
 
-def real_deepspeed(n, script, *args, timeout=600, overlays=()):
+def real_deepspeed(n, script, *args, timeout=600, overlays=(), env_extra=None):
     """script under the real DeepSpeed on n ranks, started by torchrun as DeepSpeed's users start it."""
     cmd = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n),
            os.path.join(WORKERS, script), *map(str, args)]
     for attempt in range(3):
-        proc = subprocess.run(cmd, env=env(**deepspeed_env(overlays)), stdout=subprocess.PIPE,
+        proc = subprocess.run(cmd, env=env(**deepspeed_env(overlays), **(env_extra or {})), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, timeout=timeout)
         if proc.returncode == 0 or EXIT_ABORT not in proc.stdout:
             break

@@ -44,6 +44,8 @@ def config(stage, dtype, world, opt="AdamW", offload=False):
         cfg["bf16"] = {"enabled": True}
     if "chorus" in deepspeed.__file__:  # (CKPT_FORMAT=chorus: chorus's own, for the converter)
         cfg["checkpoint"] = {"format": os.environ.get("CKPT_FORMAT", "deepspeed")}
+    if os.environ.get("UNIVERSAL"):  # (load FOLDER/CASE's latest_universal: a universal checkpoint)
+        cfg.setdefault("checkpoint", {})["load_universal"] = True
     return cfg
 
 

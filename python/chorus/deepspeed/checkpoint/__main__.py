@@ -1,4 +1,5 @@
 """python -m chorus.deepspeed.checkpoint convert SRC DST [--tag TAG] [--world N] [--stage S]
+python -m chorus.deepspeed.checkpoint universal SRC DST [--tag TAG]
 
 Writes the chorus checkpoint in SRC (a save_dir with `latest`, or its TAG folder) in
 DeepSpeed 0.19.8's layout under DST (DST/TAG/..., DST/latest), for DeepSpeed's
@@ -11,7 +12,7 @@ import os
 import sys
 
 from chorus import _core
-from chorus.deepspeed.checkpoint import chorus_format, ds_writer
+from chorus.deepspeed.checkpoint import chorus_format, ds_writer, universal
 from chorus.deepspeed.checkpoint.deepspeed_format import is_deepspeed_checkpoint
 from chorus.deepspeed.runtime.zero.checkpoint import resolve_tag
 
@@ -46,6 +47,21 @@ def convert(src, dst, tag=None, world=None, stage=None):
     return out
 
 
+def to_universal(src, dst, tag=None):
+    """A chorus checkpoint (data- and tensor-parallel) as DeepSpeed's universal checkpoint in DST/TAG."""
+    path, tag = _source(src, tag)
+    if not chorus_format.is_chorus_checkpoint(path):
+        raise ValueError(f"{path} holds no chorus checkpoint (model_states.chorus); DeepSpeed's own checkpoints go "
+                         "through its ds_to_universal")
+    whole, values, _, cat_dims = chorus_format.read_whole(path)
+    out = os.path.join(dst, tag)
+    if os.path.exists(out) and os.listdir(out):
+        raise ValueError(f"{out} exists and is not empty; write into an empty folder")
+    universal.write(whole, values, out, cat_dims)
+    _core.write_file_atomic(os.path.join(dst, universal.LATEST), tag.encode())
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m chorus.deepspeed.checkpoint", description=__doc__.split("\n\n")[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -56,13 +72,21 @@ def main(argv=None):
     c.add_argument("--tag")
     c.add_argument("--world", type=int, help="the data-parallel size to write it for (default: as saved)")
     c.add_argument("--stage", type=int, choices=(0, 1, 2, 3), help="the ZeRO stage to write it for")
+    u = sub.add_parser("universal", help="a chorus checkpoint (any data- and tensor-parallel size), written as "
+                       "DeepSpeed's universal checkpoint, for any other (checkpoint.load_universal)")
+    u.add_argument("src")
+    u.add_argument("dst")
+    u.add_argument("--tag")
     a = ap.parse_args(argv)
     try:
-        out = convert(a.src, a.dst, a.tag, a.world, a.stage)
+        if a.command == "universal":
+            out = to_universal(a.src, a.dst, a.tag)
+        else:
+            out = convert(a.src, a.dst, a.tag, a.world, a.stage)
     except (ValueError, OSError) as e:
         print(f"chorus.deepspeed.checkpoint: {e}", file=sys.stderr)
         return 2
-    print(f"wrote {out} in DeepSpeed's layout")
+    print(f"wrote {out} in DeepSpeed's {'universal ' if a.command == 'universal' else ''}layout")
     return 0
 
 

@@ -21,16 +21,17 @@ def is_chorus_checkpoint(path):
     return os.path.isfile(os.path.join(path, MODEL_STATES)) or bool(mp_slices(path))
 
 
-def read(path):
-    """(Whole, {param index: {"fp32", state keys...: whole fp32 tensors}}) of TAG folder `path`."""
-    if mp_slices(path):
-        raise ValueError(f"{path} holds tensor-parallel slices; chorus converts data-parallel checkpoints to "
-                         "DeepSpeed's layout only so far")
-    meta, blobs = read_model_states(path)
+def read(path, mp=None):
+    """(Whole, {param index: {"fp32", state keys...: whole fp32 tensors}}, meta) of TAG folder
+    `path` (mp: that tensor-parallel slice's, as the slice holds its parameters)."""
+    if mp is None and mp_slices(path):
+        raise ValueError(f"{path} holds tensor-parallel slices; chorus writes those in DeepSpeed's layout as a "
+                         "universal checkpoint only (python -m chorus.deepspeed.checkpoint universal)")
+    meta, blobs = read_model_states(path, mp)
     if meta.get("experts"):
         raise ValueError(f"{path} holds MoE experts; chorus converts checkpoints without experts only so far")
     names, shapes = meta["param_names"], [tuple(s) for s in meta["param_shapes"]]
-    shards = [os.path.join(path, shard_name(r)) for r in range(meta["shards"])]
+    shards = [os.path.join(path, shard_name(r, mp)) for r in range(meta["shards"])]
     first = None
     values = {i: None for i in range(len(names))}
     covered = [0] * len(names)
@@ -94,4 +95,34 @@ def read(path):
         clip_grad=float(config.get("gradient_clipping", 0.0) or 0.0), scaler=scaler,
         sub_group_size=int((config.get("zero_optimization") or {}).get("sub_group_size", 1_000_000_000)))
     return whole, values, meta
+
+
+def read_whole(path):
+    """read(path), with a tensor-parallel checkpoint's slices joined along each parameter's
+    partition_dim: (Whole, values, meta, {name: the dimension it was cut along})."""
+    slices = mp_slices(path)
+    if not slices:
+        whole, values, meta = read(path)
+        return whole, values, meta, {}
+    parts = [read(path, mp) for mp in slices]
+    whole, values, meta = parts[0]
+    world = meta.get("mp_world", 1)
+    if slices != list(range(world)) or len({p[2].get("save") for p in parts}) != 1:
+        raise ValueError(f"{path} is not one save of {world} tensor-parallel slices: it has slices {slices} from "
+                         f"{len({p[2].get('save') for p in parts})} save(s)")
+    dims = meta["partition_dims"]
+    cat_dims = {}
+    for i, name in enumerate(whole.names):
+        dim = dims[i]
+        if dim is None:
+            continue
+        if dim < 0:
+            raise ValueError(f"{path}: parameter '{name}' is tensor-parallel but its layer does not say along which "
+                             "dimension (partition_dim)")
+        shape = whole.shapes[i]
+        values[i] = {k: torch.cat([p[1][i][k].view(p[0].shapes[i]) for p in parts], dim=dim).reshape(-1)
+                     for k in values[i]}
+        whole.shapes[i] = tuple(shape[:dim]) + (sum(p[0].shapes[i][dim] for p in parts),) + tuple(shape[dim + 1:])
+        cat_dims[name] = dim
+    return whole, values, meta, cat_dims
 

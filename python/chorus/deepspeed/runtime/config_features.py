@@ -67,9 +67,6 @@ RULES = [
     ("data_efficiency.data_sampling.dynamic_batching.enabled",
      lambda c: bool(_get(c, "data_efficiency.data_sampling.dynamic_batching.enabled")),
      "dynamic batching is not built yet; remove the section"),
-    ("checkpoint.load_universal", lambda c: bool(_get(c, "checkpoint.load_universal")),
-     "DeepSpeed's universal checkpoints are not read yet; chorus's own checkpoints load at any data-parallel "
-     "size and ZeRO stage"),
     ("datastates_ckpt", lambda c: "datastates_ckpt" in c and c["datastates_ckpt"] is not False,
      "the DataStates checkpoint engine is not in chorus; remove the key"),
     ("hybrid_engine.enabled", lambda c: bool(_get(c, "hybrid_engine.enabled")),

@@ -277,6 +277,10 @@ def _read_checked(engine, path, mp):
 
 
 def load(engine, load_dir, tag, load_lr_scheduler_states):
+    universal = bool((engine._raw_config.get("checkpoint") or {}).get("load_universal", False))
+    if tag is None and universal and os.path.exists(os.path.join(load_dir, "latest_universal")):
+        with open(os.path.join(load_dir, "latest_universal")) as f:  # (DeepSpeed's pointer to a universal save)
+            tag = f.read().strip()
     tag = resolve_tag(load_dir, tag)
     if tag is None:
         import warnings
@@ -286,6 +290,14 @@ def load(engine, load_dir, tag, load_lr_scheduler_states):
     if not os.path.isdir(path):
         raise ValueError(f"load_checkpoint: checkpoint folder '{path}' does not exist")
     mp = engine._mp_rank
+    from chorus.deepspeed.checkpoint.universal import is_universal_checkpoint
+    if is_universal_checkpoint(path):
+        from chorus.deepspeed.runtime.zero import universal_load
+        return universal_load.load(engine, path, load_lr_scheduler_states)
+    if universal:
+        raise ValueError(f"load_checkpoint: checkpoint.load_universal is set but {path} is not a universal "
+                         "checkpoint (no zero/optimizer_state.pt); make one with python -m "
+                         "chorus.deepspeed.checkpoint universal, or DeepSpeed's ds_to_universal")
     from chorus.deepspeed.checkpoint.deepspeed_format import is_deepspeed_checkpoint
     if not os.path.exists(os.path.join(path, model_states_name(mp))) and is_deepspeed_checkpoint(path):
         from chorus.deepspeed.runtime.zero import ds_checkpoint

@@ -1,0 +1,101 @@
+"""load_checkpoint of a universal checkpoint (checkpoint/universal.py): every parameter whole,
+so each rank takes its tensor-parallel slice (along the parameter's partition_dim, at this
+engine's tensor-parallel rank and size) and, of that, its ZeRO pieces; the optimizer's
+state the same way; counters, scheduler, buffers and client state from the model states."""
+import torch
+
+from chorus.deepspeed.checkpoint import ds_writer
+from chorus.deepspeed.checkpoint.universal import UniversalCheckpoint
+from chorus.deepspeed.runtime.utils import partition_dim
+from chorus.deepspeed.runtime.zero.checkpoint import _agree
+
+
+def _slice(engine, param, whole, name, where):
+    """This engine's tensor-parallel slice of a whole tensor."""
+    shape = tuple(engine._shapes[engine._names.index(name)])
+    if tuple(whole.shape) == shape:
+        return whole
+    tp = engine._tp if engine._mp_rank is not None else 1
+    if whole.dim() == 1 and whole.numel() == ds_writer._numel(shape) * tp and len(shape) != 1:
+        if tp == 1:  # (stored flat, as ds_to_universal stores ZeRO-3's)
+            return whole.view(shape)
+        raise ValueError(f"load_checkpoint: '{name}' is stored flat in the universal checkpoint {where}; its "
+                         "tensor-parallel slices cannot be cut from it")
+    dim = partition_dim(param) if engine._mp_rank is not None else None
+    if dim is None or dim < 0:
+        raise ValueError(f"load_checkpoint: the universal checkpoint {where} has '{name}' {tuple(whole.shape)}, the "
+                         f"model {shape} and it is not a tensor-parallel parameter (partition_dim)")
+    tp, rank = engine._tp, engine._mp_rank
+    if whole.shape[dim] % tp or tuple(whole.shape[:dim]) + (whole.shape[dim] // tp,) + tuple(whole.shape[dim + 1:]) \
+            != shape:
+        raise ValueError(f"load_checkpoint: '{name}' is {tuple(whole.shape)} in the universal checkpoint {where}; "
+                         f"cut into {tp} along dimension {dim} it does not give this slice's {shape}")
+    size = whole.shape[dim] // tp
+    return whole.narrow(dim, rank * size, size)
+
+
+def load(engine, path, load_lr_scheduler_states):
+    from chorus.deepspeed.runtime.engine import _view
+    kind = engine._core_args[1]
+    error = uc = None
+    try:
+        if engine._expert_parts or engine._pipe_set is not None and engine._mp_rank is None or \
+                engine._client is not None or kind not in ds_writer.STATE_KEYS:
+            raise ValueError(f"load_checkpoint: {path} is a universal checkpoint; chorus reads it into data- and "
+                             "tensor-parallel engines running their own Adam, AdamW, LAMB, Lion, Adagrad or SGD "
+                             "so far (not MoE experts or pipeline stages)")
+        uc = UniversalCheckpoint(path)
+        missing = [n for n in engine._names if not uc.has(n)]
+        if missing:
+            raise ValueError(f"load_checkpoint: the universal checkpoint {path} has no {missing[:3]} "
+                             f"({len(missing)} of the model's parameters)")
+    except Exception as e:  # noqa: BLE001 (every rank learns of one's failure)
+        error = e
+    _agree(engine.process_set, error, "reading the universal checkpoint",
+           engine._pipe_set if engine._mp_rank is not None else None, verb="load_checkpoint")
+    keys = ds_writer.STATE_KEYS[kind]
+    core = engine.core
+    master = _view(core.master_view(), torch.float32)
+    views = [_view(core.state_view(k), torch.float32) for k in range(len(keys))]
+    rank = engine.process_set.rank() if core.stage > 0 else 0
+    pieces = {}
+    for param, poff, off, n in core.pieces_of(rank):
+        pieces.setdefault(param, []).append((poff, off, n))
+    error = None
+    try:
+        with torch.no_grad():
+            for i, (name, param) in enumerate(zip(engine._names, engine._params)):
+                got, _ = uc.read(name, keys)
+                mine = {k: _slice(engine, param, v, name, path).contiguous() for k, v in got.items()}
+                value = mine["fp32"].to(engine.dtype).contiguous()  # (held while the engine copies it)
+                core.assign_param(i, value.data_ptr())
+                for poff, off, n in pieces.get(i, []):
+                    master[off:off + n] = mine["fp32"].reshape(-1)[poff:poff + n].to(master.device)
+                    for key, view in zip(keys, views):
+                        view[off:off + n] = mine[key].reshape(-1)[poff:poff + n].to(view.device)
+    except Exception as e:  # noqa: BLE001
+        error = e
+    _agree(engine.process_set, error, "applying the universal checkpoint",
+           engine._pipe_set if engine._mp_rank is not None else None, verb="load_checkpoint")
+    step = uc.step(engine._names[0])
+    core.optimizer_steps = step if step is not None else 0
+    if engine.dtype == torch.float16 and uc.scaler is not None:
+        sc = uc.scaler
+        core.loss_scaler_state = (f"{float(sc['cur_scale'])!r} {int(sc.get('cur_iter', 0))} "
+                                  f"{int(sc.get('last_overflow_iter', -1))} {int(sc.get('cur_hysteresis', 2))}")
+    for group, saved in zip(engine.optimizer.param_groups, uc.param_groups):
+        group.update({k: tuple(saved[k]) if k == "betas" else saved[k]
+                      for k in ("lr", "betas", "eps", "weight_decay") if k in saved and k in group})
+    ms = uc.model_states
+    engine.global_steps = int(ms.get("global_steps", 0))
+    engine.global_samples = int(ms.get("global_samples", engine.global_steps * engine.train_batch_size()))
+    engine.skipped_steps = int(ms.get("skipped_steps", 0))
+    if load_lr_scheduler_states and engine.lr_scheduler is not None and ms.get("lr_scheduler") is not None:
+        engine.lr_scheduler.load_state_dict(ms["lr_scheduler"])
+    module = ms.get("module") or {}
+    buffers = dict(engine.module.named_buffers())
+    for name in ms.get("buffer_names") or []:
+        if name in buffers and name in module and tuple(module[name].shape) == tuple(buffers[name].shape):
+            buffers[name].data.copy_(module[name].to(buffers[name].dtype))
+    from chorus.deepspeed.checkpoint.deepspeed_format import ENGINE_KEYS
+    return path, {k: v for k, v in ms.items() if k not in ENGINE_KEYS}
