@@ -11,6 +11,7 @@ import chorus.torch as hvd
 from chorus import _core
 from chorus.deepspeed.checkpoint import dcp, ds_writer
 from chorus.deepspeed.runtime.zero.checkpoint import _agree, _validate_tag
+from chorus.deepspeed.runtime.zero.ds_checkpoint import Targets
 from chorus.deepspeed.runtime.zero.ds_save import _refusal, fetcher, whole_of
 
 
@@ -55,7 +56,6 @@ def save(engine, save_dir, tag, client_state, save_latest, exclude_frozen_parame
 
 
 def load(engine, path, load_lr_scheduler_states):
-    from chorus.deepspeed.runtime.engine import _view
     error = ck = None
     kind = engine._core_args[1]
     try:
@@ -75,12 +75,7 @@ def load(engine, path, load_lr_scheduler_states):
     keys = ds_writer.STATE_KEYS[kind]
     with_state = all(ck.has_state(n, k) for n in engine._names for k in keys)
     core = engine.core
-    master = _view(core.master_view(), torch.float32)
-    views = [_view(core.state_view(k), torch.float32) for k in range(len(keys))]
-    rank = engine.process_set.rank() if core.stage > 0 else 0
-    pieces = {}
-    for param, poff, off, n in core.pieces_of(rank):
-        pieces.setdefault(param, []).append((poff, off, n))
+    targets = Targets(engine, keys)
     chunk, size = [], 0
     for i in list(range(len(engine._names))) + [None]:  # whole parameters a chunk at a time
         if i is not None and (not chunk or size + ds_writer._numel(engine._shapes[i]) <= ds_writer.CHUNK_ELEMS):
@@ -88,15 +83,9 @@ def load(engine, path, load_lr_scheduler_states):
             size += ds_writer._numel(engine._shapes[i])
             continue
         got = ck.read({engine._names[j]: ["fp32"] + (list(keys) if with_state else []) for j in chunk})
-        with torch.no_grad():
-            for j in chunk:
-                v = got[engine._names[j]]
-                value = v["fp32"].to(engine.dtype).contiguous()  # (held while the engine copies it)
-                core.assign_param(j, value.data_ptr())
-                for poff, off, n in pieces.get(j, []):
-                    master[off:off + n] = v["fp32"].reshape(-1)[poff:poff + n].to(master.device)
-                    for key, view in zip(keys if with_state else (), views):
-                        view[off:off + n] = v[key].reshape(-1)[poff:poff + n].to(view.device)
+        for j in chunk:
+            v = got[engine._names[j]]
+            targets.put(j, v["fp32"], v if with_state else None)
         chunk, size = ([i], ds_writer._numel(engine._shapes[i])) if i is not None else ([], 0)
     step = ck.scalar(f"optimizer.state.{engine._names[0]}.step") if with_state else None
     core.optimizer_steps = int(step) if step is not None else 0

@@ -15,7 +15,6 @@ def _refuse(path, why):
 
 
 def load(engine, path, load_lr_scheduler_states):
-    from chorus.deepspeed.runtime.engine import _view
     error, ds = None, None
     try:
         ds = DeepSpeedCheckpoint(path, trainable=engine._names)
@@ -29,19 +28,9 @@ def load(engine, path, load_lr_scheduler_states):
     if int(failed.item()):
         raise RuntimeError(f"load_checkpoint: another rank could not read the DeepSpeed checkpoint {path}")
     core = engine.core
-    for i, name in enumerate(engine._names):  # the 16-bit parameters (and a first master) from the fp32 value
-        value = ds.fp32[name].to(engine.dtype).contiguous()
-        core.assign_param(i, value.data_ptr())
-    master = _view(core.master_view(), torch.float32)
-    keys = STATE_KEYS[engine._core_args[1]]
-    views = [_view(core.state_view(k), torch.float32) for k in range(len(keys))]
-    rank = engine.process_set.rank() if core.stage > 0 else 0
-    with torch.no_grad():
-        for param, poff, off, n in core.pieces_of(rank):
-            name = engine._names[param]
-            master[off:off + n] = ds.fp32[name].reshape(-1)[poff:poff + n].to(master.device)
-            for key, view in zip(keys, views):
-                view[off:off + n] = ds.states[name][key].reshape(-1)[poff:poff + n].to(view.device)
+    targets = Targets(engine, STATE_KEYS[engine._core_args[1]])
+    for i, name in enumerate(engine._names):
+        targets.put(i, ds.fp32[name], ds.states[name])
     core.optimizer_steps = ds.step
     if engine.dtype == torch.float16 and ds.scaler is not None:  # the dynamic loss scale goes on where it was
         sc = ds.scaler
@@ -91,3 +80,29 @@ def _check(engine, ds, path):
         have = sorted(next(iter(ds.states.values()))) if ds.states else []
         _refuse(path, f"this engine's {kind} needs the optimizer state {list(STATE_KEYS[kind])} for every "
                 f"parameter; the checkpoint has {have} (saved by another optimizer?)")
+
+
+class Targets:
+    """Where a whole parameter's values go in this rank's engine: its 16-bit parameter, and its
+    pieces of the fp32 master and of the optimizer's state (keys, in the engine's order)."""
+
+    def __init__(self, engine, keys):
+        from chorus.deepspeed.runtime.engine import _view
+        self.engine, self.core, self.keys = engine, engine.core, tuple(keys)
+        self.master = _view(self.core.master_view(), torch.float32)
+        self.views = [_view(self.core.state_view(k), torch.float32) for k in range(len(self.keys))]
+        rank = engine.process_set.rank() if self.core.stage > 0 else 0
+        self.pieces = {}
+        for param, poff, off, n in self.core.pieces_of(rank):
+            self.pieces.setdefault(param, []).append((poff, off, n))
+
+    @torch.no_grad()
+    def put(self, i, fp32, states=None):
+        """Parameter i's whole fp32 value (this engine's shape) and, if given, its state {key: tensor}."""
+        value = fp32.to(self.engine.dtype).contiguous()  # (held while the engine copies it)
+        self.core.assign_param(i, value.data_ptr())
+        flat = fp32.reshape(-1)
+        for poff, off, n in self.pieces.get(i, []):
+            self.master[off:off + n] = flat[poff:poff + n].to(self.master.device)
+            for key, view in zip(self.keys if states is not None else (), self.views):
+                view[off:off + n] = states[key].reshape(-1)[poff:poff + n].to(view.device)

@@ -8,6 +8,7 @@ from chorus.deepspeed.checkpoint import ds_writer
 from chorus.deepspeed.checkpoint.universal import UniversalCheckpoint
 from chorus.deepspeed.runtime.utils import partition_dim
 from chorus.deepspeed.runtime.zero.checkpoint import _agree
+from chorus.deepspeed.runtime.zero.ds_checkpoint import Targets
 
 
 def _slice(engine, param, whole, name, where):
@@ -35,7 +36,6 @@ def _slice(engine, param, whole, name, where):
 
 
 def load(engine, path, load_lr_scheduler_states):
-    from chorus.deepspeed.runtime.engine import _view
     kind = engine._core_args[1]
     error = uc = None
     try:
@@ -55,24 +55,13 @@ def load(engine, path, load_lr_scheduler_states):
            engine._pipe_set if engine._mp_rank is not None else None, verb="load_checkpoint")
     keys = ds_writer.STATE_KEYS[kind]
     core = engine.core
-    master = _view(core.master_view(), torch.float32)
-    views = [_view(core.state_view(k), torch.float32) for k in range(len(keys))]
-    rank = engine.process_set.rank() if core.stage > 0 else 0
-    pieces = {}
-    for param, poff, off, n in core.pieces_of(rank):
-        pieces.setdefault(param, []).append((poff, off, n))
+    targets = Targets(engine, keys)
     error = None
     try:
-        with torch.no_grad():
-            for i, (name, param) in enumerate(zip(engine._names, engine._params)):
-                got, _ = uc.read(name, keys)
-                mine = {k: _slice(engine, param, v, name, path).contiguous() for k, v in got.items()}
-                value = mine["fp32"].to(engine.dtype).contiguous()  # (held while the engine copies it)
-                core.assign_param(i, value.data_ptr())
-                for poff, off, n in pieces.get(i, []):
-                    master[off:off + n] = mine["fp32"].reshape(-1)[poff:poff + n].to(master.device)
-                    for key, view in zip(keys, views):
-                        view[off:off + n] = mine[key].reshape(-1)[poff:poff + n].to(view.device)
+        for i, (name, param) in enumerate(zip(engine._names, engine._params)):
+            got, _ = uc.read(name, keys)
+            mine = {k: _slice(engine, param, v, name, path).contiguous() for k, v in got.items()}
+            targets.put(i, mine["fp32"], mine)
     except Exception as e:  # noqa: BLE001
         error = e
     _agree(engine.process_set, error, "applying the universal checkpoint",
