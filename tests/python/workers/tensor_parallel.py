@@ -14,12 +14,12 @@ import torch
 import torch.nn.functional as F
 
 import chorus.deepspeed as deepspeed
-from chorus.parallel import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, mpu,
-                             vocab_parallel_cross_entropy)
+from chorus.parallel import mpu
 import chorus.torch as hvd
+from tp_model import DIM, HIDDEN, VOCAB, Parallel
 
 DTYPE = sys.argv[1]
-VOCAB, DIM, HIDDEN, TOKENS, LR, CLIP = 16, 8, 12, 10, 0.01, 0.05
+TOKENS, LR, CLIP = 10, 0.01, 0.05
 
 deepspeed.init_distributed()
 mpu.initialize_model_parallel(tensor_model_parallel_size=2)
@@ -27,24 +27,6 @@ tp, tr = mpu.get_model_parallel_world_size(), mpu.get_model_parallel_rank()
 dp, dr = mpu.get_data_parallel_world_size(), mpu.get_data_parallel_rank()
 assert tp == 2 and tp * dp == hvd.size()
 assert mpu.get_model_parallel_src_rank() == hvd.rank() - tr
-
-
-class Parallel(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(1)
-        self.embed = VocabParallelEmbedding(VOCAB, DIM)
-        torch.manual_seed(2)
-        self.up = ColumnParallelLinear(DIM, HIDDEN, gather_output=False)
-        torch.manual_seed(3)
-        self.down = RowParallelLinear(HIDDEN, DIM, input_is_parallel=True)
-        torch.manual_seed(4)
-        self.head = ColumnParallelLinear(DIM, VOCAB, bias=False, gather_output=False)
-
-    def forward(self, ids, target):
-        h = self.embed(ids)
-        h = h + self.down(F.gelu(self.up(h)))
-        return vocab_parallel_cross_entropy(self.head(h), target).mean()
 
 
 class Reference(torch.nn.Module):

@@ -16,29 +16,11 @@ import torch
 import torch.nn.functional as F
 
 import chorus.deepspeed as deepspeed
-from chorus.parallel import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, mpu,
-                             vocab_parallel_cross_entropy)
+from chorus.parallel import mpu
 import chorus.torch as hvd
+from tp_model import DIM, HIDDEN, VOCAB, Parallel
 
-VOCAB, DIM, HIDDEN, TOKENS, LR = 16, 8, 12, 10, 0.01
-
-
-class Parallel(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(1)
-        self.embed = VocabParallelEmbedding(VOCAB, DIM)
-        torch.manual_seed(2)
-        self.up = ColumnParallelLinear(DIM, HIDDEN, gather_output=False)
-        torch.manual_seed(3)
-        self.down = RowParallelLinear(HIDDEN, DIM, input_is_parallel=True)
-        torch.manual_seed(4)
-        self.head = ColumnParallelLinear(DIM, VOCAB, bias=False, gather_output=False)
-
-    def forward(self, ids, target):
-        h = self.embed(ids)
-        h = h + self.down(F.gelu(self.up(h)))
-        return vocab_parallel_cross_entropy(self.head(h), target).mean()
+TOKENS, LR = 10, 0.01
 
 
 class Plain(torch.nn.Module):
