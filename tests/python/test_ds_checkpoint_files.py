@@ -68,3 +68,32 @@ def test_damaged_files_and_missing_ranks_are_named(tmp_path):
     torch.save({"optimizer_state_dict": {}}, folder / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
     with pytest.raises(ValueError, match=r"ranks \[0\] \(missing: \[1\]\)"):
         DeepSpeedCheckpoint(str(folder))
+
+
+def test_a_folder_mixing_two_saves_and_a_corrupted_storage_are_refused(tmp_path):
+    folder = tmp_path / "t"
+    folder.mkdir()
+    torch.save({"module": {}, "dp_world_size": 2, "mp_world_size": 1, "param_shapes": [{"w": torch.Size([4])}],
+                "ds_config": {"zero_optimization": {"stage": 2}}}, folder / "mp_rank_00_model_states.pt")
+
+    def rank_file(r, step):
+        state = {0: {"step": step, "exp_avg": torch.zeros(2), "exp_avg_sq": torch.zeros(2)}}
+        torch.save({"optimizer_state_dict": {
+            "base_optimizer_state": {"state": state, "param_groups": [{"lr": 0.1, "params": [0]}]},
+            "single_partition_of_fp32_groups": [torch.full((2,), float(r))], "partition_count": [2],
+            "group_paddings": [0], "ds_version": "0.19.8"}}, folder / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt")
+
+    rank_file(0, 3)
+    rank_file(1, 3)
+    ck = DeepSpeedCheckpoint(str(folder))  # one save: its halves join
+    assert torch.equal(ck.fp32["w"], torch.tensor([0., 0., 1., 1.])) and ck.step == 3
+    rank_file(1, 5)  # rank 1's file from a later save under the same tag
+    with pytest.raises(ValueError, match=r"zero_pp_rank_1_mp_rank_00_optim_states.pt is not of the same save"):
+        DeepSpeedCheckpoint(str(folder))
+    torch.save({"x": torch.arange(1000.)}, tmp_path / "f.pt")
+    raw = bytearray((tmp_path / "f.pt").read_bytes())
+    at = raw.find(torch.arange(1000.).numpy().tobytes()[400:408])
+    raw[at] ^= 0xFF  # one byte of the tensor's data flipped, the zip's sizes intact
+    (tmp_path / "flipped.pt").write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match="does not match its CRC-32: corrupted"):
+        load(str(tmp_path / "flipped.pt"))

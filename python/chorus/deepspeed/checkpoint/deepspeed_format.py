@@ -78,7 +78,26 @@ class DeepSpeedCheckpoint:
         if missing or len(files) != self.world:
             raise ValueError(f"load_checkpoint: {self.path} was saved by {self.world} data-parallel ranks, but holds "
                              f"optimizer states of ranks {sorted(files)} (missing: {missing})")
-        return [load(files[r])["optimizer_state_dict"] for r in range(self.world)]
+        states = [load(files[r])["optimizer_state_dict"] for r in range(self.world)]
+        self._same_save(states, files)
+        return states
+
+    def _same_save(self, states, files):
+        """The ranks' files of one save: the same stage, partition counts and step (a rank's
+        file left from another save under the tag would otherwise load silently)."""
+        def mark(s):
+            inner = s.get("base_optimizer_state") or s.get("optimizer_state_dict") or {}
+            steps = sorted({self._step(v, None) for v in (inner.get("state") or {}).values()} - {None})
+            stage = s.get("zero_stage")
+            stage = getattr(stage, "args", stage)
+            return (str(stage), str(s.get("partition_count")), tuple(steps), s.get("ds_version"))
+
+        first = mark(states[0])
+        for r, s in enumerate(states[1:], 1):
+            if mark(s) != first:
+                raise ValueError(f"load_checkpoint: {files[r]} is not of the same save as "
+                                 f"{os.path.basename(files[0])} (stage, partition count, step, version: {mark(s)} "
+                                 f"against {first}); the folder mixes two saves")
 
     def _read_partitioned(self):
         groups = self._names_from_shapes()
