@@ -110,6 +110,9 @@ class _Storage:
         self.dtype = dtype
 
 
+_PIECE = 32 << 20
+
+
 def _read_member(f, member, numel, dtype, where, checker, checks):
     """A stored (uncompressed) member read straight into a new tensor, its CRC-32 checked
     (torch.save's members lie uncompressed after their local header)."""
@@ -125,10 +128,20 @@ def _read_member(f, member, numel, dtype, where, checker, checks):
         int.from_bytes(header[28:30], "little")
     view = memoryview(out.view(torch.uint8).numpy())
     f.seek(start)
-    got = f.readinto(view)
-    if got != view.nbytes:
-        raise ValueError(f"DeepSpeed checkpoint: {where} holds {got} bytes, not {view.nbytes}: truncated")
-    checks.append((checker.submit(zlib.crc32, view), member.CRC, where))  # (beside the next read)
+    crc = [0]
+
+    def fold(piece):  # (the checker's one thread runs these in order: a running CRC)
+        crc[0] = zlib.crc32(piece, crc[0])
+        return crc[0]
+
+    done = None
+    for at in range(0, view.nbytes, _PIECE):  # each piece's CRC beside the next piece's read
+        piece = view[at:at + _PIECE]
+        got = f.readinto(piece)
+        if got != piece.nbytes:
+            raise ValueError(f"DeepSpeed checkpoint: {where} holds {at + got} bytes, not {view.nbytes}: truncated")
+        done = checker.submit(fold, piece)
+    checks.append((done, member.CRC, where))
     return out
 
 
