@@ -354,10 +354,6 @@ void bindZero(py::module_& m) {
         py::gil_scoped_release release;
         e.saveShard(path, extra);
       })
-      .def("shard_snapshot", [](const Engine& e, const std::string& extra) {
-        py::gil_scoped_release release;
-        return e.shardSnapshot(extra);
-      })
       .def("shard_snapshot_into", [](const Engine& e, zero::ShardFile& f, const std::string& extra) {
         py::gil_scoped_release release;
         e.shardSnapshotInto(f, extra);

@@ -13,7 +13,7 @@ def test_deepspeed_checkpoints_resume_in_chorus(tmp_path):
     want = json.loads((tmp_path / "saved.json").read_text())
     assert "/overlays/deepspeed/" in want["deepspeed"]
     want = want["results"]
-    assert len(want) == 13
+    assert len(want) == 16
     for n in (2, 1):
         chorusrun(n, "ds_checkpoint_resume.py", "load", tmp_path, tmp_path / f"chorus{n}.json")
         got = json.loads((tmp_path / f"chorus{n}.json").read_text())

@@ -21,7 +21,7 @@ def test_chorus_saves_in_deepspeeds_layout(tmp_path):
     saved = json.loads((tmp_path / "saved.json").read_text())
     assert "chorus" in saved["deepspeed"]
     saved = saved["results"]
-    assert len(saved) == 13
+    assert len(saved) == 16
     for key, result in saved.items():
         assert "resumed" in result, (key, result)
         worst = max(abs(a - b) for a, b in zip(result["resumed"], result["continued"]))

@@ -18,21 +18,27 @@ import torch
 
 import deepspeed
 
-# (stage, dtype, optimizer, offload_optimizer)
+# (stage, dtype, optimizer, offload_optimizer[, extra]): extra "frozen" (the first bias not trained,
+# which DeepSpeed's own optimizer still holds without ZeRO), "subgroups" (ZeRO-3 sub-groups)
 CASES = [(stage, dtype, "AdamW", False) for stage in (0, 1, 2, 3) for dtype in ("fp32", "bf16")]
 # (DeepSpeed runs Lion and Adagrad on the CPU through its CPU optimizers, offloaded, only.)
 CASES += [(2, "fp32", "AdamW", True), (3, "bf16", "AdamW", True), (2, "fp32", "Lion", True),
           (1, "fp32", "Adagrad", True), (3, "fp32", "Lion", True)]
+CASES += [(0, "fp32", "AdamW", False, "frozen"), (2, "bf16", "AdamW", False, "frozen"),
+          (3, "fp32", "AdamW", False, "subgroups")]
 PARAMS = {"AdamW": {"lr": 0.02, "weight_decay": 0.01}, "Lion": {"lr": 0.003, "weight_decay": 0.01},
           "Adagrad": {"lr": 0.05, "weight_decay": 0.001}}
 
 
-def name_of(stage, dtype, opt, offload):
-    return f"stage {stage} {dtype}" + ("" if opt == "AdamW" else f" {opt}") + (" offload" if offload else "")
+def name_of(stage, dtype, opt, offload, extra=""):
+    return f"stage {stage} {dtype}" + ("" if opt == "AdamW" else f" {opt}") + (" offload" if offload else "") + \
+        (f" {extra}" if extra else "")
 
 
-def config(stage, dtype, world, opt="AdamW", offload=False):
+def config(stage, dtype, world, opt="AdamW", offload=False, extra=""):
     zero = {"stage": stage}
+    if extra == "subgroups":
+        zero["sub_group_size"] = 40  # (the 6x16 weight's half alone, then the rest)
     if offload:
         zero["offload_optimizer"] = {"device": "cpu"}
     cfg = {"train_micro_batch_size_per_gpu": 8 // world, "gradient_accumulation_steps": 1, "steps_per_print": 10 ** 6,
@@ -49,10 +55,12 @@ def config(stage, dtype, world, opt="AdamW", offload=False):
     return cfg
 
 
-def engine_for(stage, dtype, world, opt, offload):
+def engine_for(stage, dtype, world, opt, offload, extra=""):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
-    engine, _, _, _ = deepspeed.initialize(model=model, config=config(stage, dtype, world, opt, offload))
+    if extra == "frozen":
+        model[0].bias.requires_grad_(False)
+    engine, _, _, _ = deepspeed.initialize(model=model, config=config(stage, dtype, world, opt, offload, extra))
     return engine
 
 
@@ -77,11 +85,11 @@ def main():
     deepspeed.init_distributed()
     rank, world = deepspeed.comm.get_rank(), deepspeed.comm.get_world_size()
     results = {}
-    for stage, dtype, opt, offload in CASES:
-        key = name_of(stage, dtype, opt, offload)
+    for stage, dtype, opt, offload, *extra in CASES:
+        key = name_of(stage, dtype, opt, offload, *extra)
         where = f"{folder}/{key.replace('stage ', 'z').replace(' ', '_')}"
         if mode == "save":
-            engine = engine_for(stage, dtype, world, opt, offload)
+            engine = engine_for(stage, dtype, world, opt, offload, *extra)
             steps(engine, 0, 3, rank, world, dtype)
             engine.save_checkpoint(where, client_state={"epoch": 5})
             if "chorus" in deepspeed.__file__:  # the module at the save, for zero_to_fp32's output
@@ -89,13 +97,13 @@ def main():
                 if rank == 0:
                     torch.save(module, f"{where}/module_at_save.pt")
             cont = steps(engine, 3, 3, rank, world, dtype)
-            fresh = engine_for(stage, dtype, world, opt, offload)
+            fresh = engine_for(stage, dtype, world, opt, offload, *extra)
             _, client = fresh.load_checkpoint(where)
             results[key] = {"continued": cont, "resumed": steps(fresh, 3, 3, rank, world, dtype),
                             "client": client.get("epoch")}
         else:
             try:
-                fresh = engine_for(stage, dtype, world, opt, offload)
+                fresh = engine_for(stage, dtype, world, opt, offload, *extra)
                 _, client = fresh.load_checkpoint(where)
                 results[key] = {"resumed": steps(fresh, 3, 3, rank, world, dtype), "client": client.get("epoch"),
                                 "global_steps": fresh.global_steps}

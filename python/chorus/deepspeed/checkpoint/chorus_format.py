@@ -4,13 +4,12 @@ Every shard is checked to belong to the save its model states name (as load_chec
 does); a missing piece of any parameter is an error naming it."""
 import json
 import os
-import pickle
 
 import numpy as np
 import torch
 
 from chorus import _core
-from chorus.deepspeed.checkpoint import ds_writer
+from chorus.deepspeed.checkpoint import ds_pickle, ds_writer
 from chorus.deepspeed.runtime.zero.checkpoint import MODEL_STATES, mp_slices, read_model_states, shard_name
 
 # The engine's optimizer numbering (src/zero/hyper.h), for checkpoints that predate optimizer_kind.
@@ -91,8 +90,10 @@ def read(path, mp=None):
         shared=meta.get("shared") or {}, global_steps=meta["global_steps"],
         global_samples=meta.get("global_samples", 0), skipped_steps=meta.get("skipped_steps", 0),
         lr_scheduler=meta.get("lr_scheduler"), data_sampler=meta.get("data_sampler"),
-        random_ltd=meta.get("random_ltd"), client_state=pickle.loads(blobs["client_state"]), config=config,
+        random_ltd=meta.get("random_ltd"), config=config,
+        client_state=ds_pickle.loads_plain(blobs["client_state"], f"{path}: the client state"),
         clip_grad=float(config.get("gradient_clipping", 0.0) or 0.0), scaler=scaler,
+        held=meta.get("held_names"),
         sub_group_size=int((config.get("zero_optimization") or {}).get("sub_group_size", 1_000_000_000)))
     return whole, values, meta
 

@@ -25,6 +25,7 @@ from chorus.deepspeed.checkpoint import ds_writer
 
 METADATA = ".metadata"
 CHORUS_STATE = "chorus_state.chorus"
+CLIENT_STATE = "chorus_client_state.pt"
 
 
 def _require():
@@ -213,12 +214,13 @@ class DcpCheckpoint:
     """The tensors of a DCP folder by the model's names: prefix "model." or none, optimizer
     state under "optimizer.state.<name>.<key>"."""
 
-    def __init__(self, path):
+    def __init__(self, path, names):
         _require()
         self.path = path
         self.md = read_metadata(path)
         tensors = {k: v for k, v in self.md.state_dict_metadata.items() if hasattr(v, "size")}
-        self.prefix = "model." if any(k.startswith("model.") for k in tensors) else ""
+        # torchtitan's {"model": ...} or the bare names (a Hugging Face model's own begin "model.")
+        self.prefix = "model." if names and "model." + names[0] in tensors else ""
         self.tensors = tensors
 
     def shape(self, name):

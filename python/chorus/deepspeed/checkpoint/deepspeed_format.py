@@ -157,15 +157,21 @@ class DeepSpeedCheckpoint:
         opt = self.model_states.get("optimizer") or {}
         buffers = set(self.model_states.get("buffer_names") or [])
         frozen = set((self.model_states.get("frozen_param_shapes") or {}).keys())
-        names, seen = [], set()
+        names, seen, every = [], set(), []
         for n in self.module:  # a tied parameter is saved under each name, one storage: trained once
             t = self.module[n]
             key = (t.data_ptr(), tuple(t.shape), str(t.dtype))
-            if n in buffers or n in frozen or (t.numel() and key in seen) or \
-                    (self.trainable is not None and n not in self.trainable):
+            if n in buffers or (t.numel() and key in seen):
                 continue
             seen.add(key)
+            every.append(n)  # (every parameter, in the module's order)
+            if n in frozen or (self.trainable is not None and n not in self.trainable):
+                continue
             names.append(n)
+        # DeepSpeed's torch optimizer (fp32, no ZeRO) holds what initialize was given: by default
+        # every module parameter, frozen ones too; its state is numbered over those.
+        held = sum(len(g.get("params", [])) for g in opt.get("param_groups") or [])
+        numbered = every if held == len(every) and held != len(names) else names
         self.names, self.shapes = names, [tuple(self.module[n].shape) for n in names]
         self.fp32, out = {}, {}
         if "fp32_groups_flat" in opt:  # DeepSpeed's 16-bit optimizer: flat fp32 groups, params in order
@@ -181,7 +187,7 @@ class DeepSpeedCheckpoint:
             state = opt.get("state") or {}
             for i, n in enumerate(names):
                 self.fp32[n] = self.module[n].float().clone()
-                out[n] = {k: v.float().clone() for k, v in (state.get(i) or {}).items()
+                out[n] = {k: v.float().clone() for k, v in (state.get(numbered.index(n)) or {}).items()
                           if torch.is_tensor(v) and tuple(v.shape) == tuple(self.shapes[i])}
             if state:
                 self.step = self._step(state[min(state)], 0)

@@ -7,6 +7,7 @@ DeepSpeed's classes, which every DeepSpeed checkpoint holds)."""
 import collections
 import concurrent.futures
 import io
+import os
 import pickle
 import zipfile
 import zlib
@@ -145,6 +146,14 @@ def _read_member(f, member, numel, dtype, where, checker, checks):
     return out
 
 
+def loads_plain(data, where):
+    """A plain pickle (no tensors) through the same allowlist: containers, numbers, strings."""
+    try:
+        return Unpickler(io.BytesIO(data)).load()
+    except pickle.UnpicklingError as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
 def load(path):
     """A DeepSpeed .pt file (torch's zip format) read on the CPU through the unpickler above,
     its storages read here (torch.load would let the file choose its unpickler's classes)."""
@@ -163,7 +172,7 @@ def load(path):
         if packed:
             raise ValueError(f"DeepSpeed checkpoint: {path} has compressed members ({packed[:3]}); torch.save "
                              "writes none")
-        loaded = {}
+        loaded, budget, size = {}, [0], os.fstat(raw_file.fileno()).st_size
 
         class _Reader(Unpickler):
             def find_class(self, module, name):
@@ -193,6 +202,11 @@ def load(path):
                     if member.file_size != numel * item:
                         raise ValueError(f"DeepSpeed checkpoint: {path}: storage {key} holds {member.file_size} "
                                          f"bytes, not {numel * item}: truncated or altered")
+                    # Every storage's bytes lie in the file, once: the file bounds what it makes us allocate.
+                    budget[0] += numel * item
+                    if budget[0] > size or member.header_offset + numel * item > size:
+                        raise ValueError(f"DeepSpeed checkpoint: {path}: its storages would hold {budget[0]} bytes, "
+                                         f"more than the file's {size}: truncated or altered")
                     loaded[key] = _read_member(raw_file, member, numel, dtype, f"{path}: storage {key}", checker,
                                                checks)
                 return loaded[key]

@@ -54,6 +54,7 @@ class Whole:
     clip_grad: float = 0.0
     scaler: dict = None  # fp16: the dynamic loss scaler's state (DeepSpeed's names)
     sub_group_size: int = 1_000_000_000
+    held: list = None  # the parameters DeepSpeed's own optimizer would hold, in order (frozen ones too)
 
     @property
     def state_keys(self):
@@ -94,8 +95,10 @@ def _zero12_partition(total, world):
 
 
 def _fetch_all(whole, fetch, order, use):
-    """Calls use(i, values) for each parameter in order, fetching CHUNK_ELEMS at a time."""
-    chunk, size = [], 0
+    """Calls use(i, values) for each parameter in order, fetching CHUNK_ELEMS at a time. A
+    failure in use() is raised after the last fetch: fetch is a collective in an engine, and
+    every rank must make all of them."""
+    chunk, size, error = [], 0, None
     for i in order + [None]:
         if i is not None and (not chunk or size + _numel(whole.shapes[i]) <= CHUNK_ELEMS):
             chunk.append(i)
@@ -104,8 +107,14 @@ def _fetch_all(whole, fetch, order, use):
         if chunk:
             got = fetch(chunk)
             for j in chunk:
-                use(j, got[j])
+                if error is None:
+                    try:
+                        use(j, got[j])
+                    except Exception as e:  # noqa: BLE001 (raised once the others' fetches are met)
+                        error = e
         chunk, size = ([i], _numel(whole.shapes[i])) if i is not None else ([], 0)
+    if error is not None:
+        raise error
 
 
 def _param_group(hyper, params):
@@ -129,20 +138,35 @@ def _scaler(whole):
     return pw.loss_scaler(whole.scaler if whole.scaler else {"cur_scale": 1.0, "dynamic": False})
 
 
+def layout_refusal(config):
+    """Why DeepSpeed would lay this config's ZeRO groups out otherwise than written here, or None."""
+    zero = config.get("zero_optimization") or {}
+    for key, why in (("round_robin_gradients", "reorders each group's parameters"),
+                     ("parameter_alignment", "pads each parameter")):
+        if zero.get(key):
+            return (f"with zero_optimization.{key} DeepSpeed {why} in its flat groups, which chorus does not "
+                    "write yet; save in chorus's format (or a universal checkpoint), or leave the key out")
+    return None
+
+
 def write(whole, fetch, path, stage, world, ranks, save=pw.save):
     """The files of `ranks` (of `world`) for a checkpoint at ZeRO `stage` into folder `path`
     (each through save(obj, path))."""
     if stage not in (0, 1, 2, 3):
         raise ValueError(f"DeepSpeed's checkpoint layout: ZeRO stage {stage} does not exist")
+    why = layout_refusal(whole.config) if stage in (1, 2) else None
+    if why is not None:
+        raise ValueError(f"DeepSpeed's checkpoint layout: {why}")
     keys = whole.state_keys
-    os.makedirs(path, exist_ok=True)
     if stage == 0:
         files = _unpartitioned(whole, fetch, keys) if 0 in ranks else None
         if files is not None:
+            os.makedirs(path, exist_ok=True)
             save(_model_states(whole, stage, world, files), os.path.join(path, _name(0, 0, whole.dtype, "model")))
         return
     build = _zero12 if stage in (1, 2) else _zero3
     optim, module_parts = build(whole, fetch, keys, world, ranks, stage)
+    os.makedirs(path, exist_ok=True)  # (after the fetches: a failure here fails this rank's writes only)
     for r in ranks:
         sd = dict(optimizer_state_dict=optim[r], ds_config=whole.config, ds_version=DS_VERSION)
         save(sd, os.path.join(path, _name(stage, r, whole.dtype, "optim")))
@@ -164,12 +188,19 @@ def _unpartitioned(whole, fetch, keys):
 
     _fetch_all(whole, fetch, list(range(len(whole.names))), use)
     if whole.dtype == torch.float32:  # DeepSpeed's optimizer steps the module's parameters
-        state, groups, n = {}, [], 0
-        for gi, idx in whole.groups():
-            for i in idx:
-                state[n] = {"step": whole.step, **{k: per_param[i][k].view(whole.shapes[i]).clone() for k in keys}}
-                n += 1
-            groups.append(_param_group(whole.hypers[gi], range(n - len(idx), n)))
+        held = whole.held or whole.names  # (numbered over what initialize gave it: frozen ones too by default)
+        trained = {name: i for i, name in enumerate(whole.names)}
+        state, groups = {}, []
+        groups_ = whole.groups()
+        for g, (gi, idx) in enumerate(groups_):
+            mine = held if len(groups_) == 1 else [whole.names[i] for i in idx]
+            first = sum(len(x["params"]) for x in groups)
+            for n, name in enumerate(mine):
+                if name in trained:
+                    i = trained[name]
+                    state[first + n] = {"step": whole.step,
+                                        **{k: per_param[i][k].view(whole.shapes[i]).clone() for k in keys}}
+            groups.append(_param_group(whole.hypers[gi], range(first, first + len(mine))))
         return module, {"state": state, "param_groups": groups}
     # 16-bit: DeepSpeed's FP16_Optimizer, a flat fp32 copy of each group
     flats, state, groups = [], {}, []

@@ -38,6 +38,22 @@ def _view(block, dtype, shape=None):
     return t if shape is None else t.view(shape)
 
 
+def _held_names(model, model_parameters):
+    """The names of the parameters DeepSpeed's own optimizer would hold, in order: what
+    initialize was given, by default every module parameter (frozen ones too)."""
+    named = {}
+    for n, p in model.named_parameters():
+        named.setdefault(id(p), n)
+    if model_parameters is None:
+        return list(named.values())
+    out = []
+    for item in model_parameters:
+        for p in (item.get("params", []) if isinstance(item, dict) else [item]):
+            if id(p) in named and named[id(p)] not in out:
+                out.append(named[id(p)])
+    return out
+
+
 def _choose_device(model):
     """Where the engine keeps the model, as DeepSpeed's accelerator does: the GPU
     the model is on, else this rank's GPU (LOCAL_RANK) when CUDA is usable and
@@ -121,6 +137,7 @@ class DeepSpeedEngine(EngineQueries, EngineMonitor, EngineRandomLTD, EngineCurri
 
         if model_parameters is not None:
             model_parameters = list(model_parameters)  # (a generator is read more than once)
+        self._given_param_names = _held_names(model, model_parameters)
         (self._params, self._names), experts = expert_parts.split(*self._trainable(model, optimizer,
                                                                                      model_parameters))
         self._shapes = [_full_shape(p) for p in self._params]

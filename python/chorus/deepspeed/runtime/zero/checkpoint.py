@@ -141,8 +141,7 @@ def save(engine, save_dir, tag, client_state, save_latest, exclude_frozen_parame
         sink.start()
         engine._pending_save = checkpoint_io.Pending(sink, tag, commit, across)
         return True
-    commit()
-    hvd.barrier(process_set=ps)
+    checkpoint_io.commit(engine, commit, across)
     return True
 
 
@@ -217,6 +216,7 @@ def _save_model_states(engine, path, client_state, exclude_frozen_parameters, id
         "param_group_of": list(engine._core_args[0]), "optimizer_kind": engine._core_args[1],
         "module_keys": list(engine.module.state_dict(keep_vars=True).keys()),
         "shared": _shared_names(engine.module), "ds_config": _jsonable(engine._raw_config),
+        "held_names": getattr(engine, "_given_param_names", None),
         "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None and
         hasattr(engine.lr_scheduler, "state_dict") else None,
         "experts": expert_parts.describe(engine),

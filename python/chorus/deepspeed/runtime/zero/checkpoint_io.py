@@ -6,10 +6,11 @@ boundary asks all ranks (one small allgather) whether their writes are done; onc
 are, `latest` is written; a failed write is raised there on every rank, naming the ranks,
 and `latest` keeps naming the last complete save. A later save, wait_for_checkpoint() and
 destroy() wait for it."""
+import atexit
 import io
-import os
 import threading
 import time
+import weakref
 
 import torch
 
@@ -83,7 +84,8 @@ class Snapshot(Writer):
             self.seconds = time.perf_counter() - t0
 
     def start(self):
-        self.thread = threading.Thread(target=self._write, name="chorus-checkpoint-writer", daemon=True)
+        # Not a daemon: a script that ends with an asynchronous save still gets its files (see _at_exit).
+        self.thread = threading.Thread(target=self._write, name="chorus-checkpoint-writer")
         self.thread.start()
 
 
@@ -116,6 +118,23 @@ class Pending:
 
     def __init__(self, snapshot, tag, commit, across=None):
         self.snapshot, self.tag, self.commit, self.across = snapshot, tag, commit, across
+        _IN_FLIGHT.add(self)
+
+
+_IN_FLIGHT = weakref.WeakSet()
+
+
+@atexit.register
+def _at_exit():
+    """An asynchronous save still in flight at exit: its files are written (the thread is
+    joined), but `latest` needs every rank's word, which a collective at exit cannot give."""
+    for pending in list(_IN_FLIGHT):
+        if pending.snapshot.thread is not None and pending.snapshot.thread.is_alive():
+            pending.snapshot.thread.join()
+        import warnings
+        warnings.warn(f"save_checkpoint: the asynchronous save of tag '{pending.tag}' was written but not "
+                      "committed ('latest' still names the save before it): call engine.wait_for_checkpoint() "
+                      "(or destroy()) before the script ends")
 
 
 def async_requested(engine, async_save):
@@ -143,6 +162,7 @@ def poll(engine, block):
                                         process_set=pending.across, name="ckpt.async.poll.slices").tolist()
     if failed:
         engine._pending_save = None
+        _IN_FLIGHT.discard(pending)
         bad = [r for r, s in enumerate(states) if s == 2]
         why = f": {snap.error}" if snap.error is not None else ""
         raise RuntimeError(f"save_checkpoint: the asynchronous save of tag '{pending.tag}' failed on "
@@ -151,8 +171,20 @@ def poll(engine, block):
     if running:
         return
     engine._pending_save = None
-    pending.commit()
-    hvd.barrier(process_set=ps)  # (every rank returns with `latest` written)
+    _IN_FLIGHT.discard(pending)
+    commit(engine, pending.commit, pending.across)
+
+
+def commit(engine, write, across=None):
+    """Writes what names the save (rank 0's `latest`); every rank learns whether it could, and
+    returns with it written (the agreement is collective)."""
+    from chorus.deepspeed.runtime.zero.checkpoint import _agree
+    error = None
+    try:
+        write()
+    except Exception as e:  # noqa: BLE001 (rank 0's failure is every rank's, not a wait)
+        error = e
+    _agree(engine.process_set, error, "writing 'latest'", across)
 
 
 def wait(engine):

@@ -3,13 +3,12 @@ dcp.py lays it out): the engine's side. A failure on one rank is an error on eve
 `latest` is written after rank 0 has joined the ranks' metadata."""
 import json
 import os
-import pickle
 
 import torch
 
-import chorus.torch as hvd
 from chorus import _core
-from chorus.deepspeed.checkpoint import dcp, ds_writer
+from chorus.deepspeed.checkpoint import dcp, ds_pickle, ds_pickle_write as pw, ds_writer
+from chorus.deepspeed.runtime.zero import checkpoint_io
 from chorus.deepspeed.runtime.zero.checkpoint import _agree, _validate_tag
 from chorus.deepspeed.runtime.zero.ds_checkpoint import Targets
 from chorus.deepspeed.runtime.zero.ds_save import _refusal, fetcher, whole_of
@@ -18,7 +17,7 @@ from chorus.deepspeed.runtime.zero.ds_save import _refusal, fetcher, whole_of
 def save(engine, save_dir, tag, client_state, save_latest, exclude_frozen_parameters=False):
     tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
     _validate_tag(engine, tag)
-    why = _refusal(engine)
+    why = _refusal(engine, layout=False)
     if why is not None:
         raise ValueError(f"save_checkpoint: checkpoint.format \"dcp\": {why.replace('deepspeed', 'dcp')}")
     dcp._require()
@@ -44,14 +43,14 @@ def save(engine, save_dir, tag, client_state, save_latest, exclude_frozen_parame
                     "skipped_steps": engine.skipped_steps, "micro_steps": engine.micro_steps,
                     "lr_scheduler": whole.lr_scheduler, "param_groups": whole.hypers,
                     "world": ps.size(), "stage": engine.core.stage}
-            _core.write_checkpoint_file(os.path.join(path, dcp.CHORUS_STATE), json.dumps(meta),
-                                        {"client_state": pickle.dumps(dict(client_state))})
+            # The client state as torch.save writes it, read back through chorus's allowlist (never plain pickle).
+            pw.save(dict(client_state), os.path.join(path, dcp.CLIENT_STATE))
+            _core.write_checkpoint_file(os.path.join(path, dcp.CHORUS_STATE), json.dumps(meta), {})
         except Exception as e:  # noqa: BLE001
             error = e
     _agree(ps, error, "writing the checkpoint's metadata")
-    if save_latest and ps.rank() == 0:
-        _core.write_file_atomic(os.path.join(save_dir, "latest"), tag.encode())
-    hvd.barrier(process_set=ps)
+    checkpoint_io.commit(engine, lambda: _core.write_file_atomic(os.path.join(save_dir, "latest"), tag.encode())
+                         if save_latest and ps.rank() == 0 else None)
     return True
 
 
@@ -63,15 +62,30 @@ def load(engine, path, load_lr_scheduler_states):
                 engine._client is not None or kind not in ds_writer.STATE_KEYS:
             raise ValueError(f"load_checkpoint: {path} is a DCP checkpoint; chorus reads it into data-parallel "
                              "engines running their own Adam, AdamW, LAMB, Lion, Adagrad or SGD so far")
-        ck = dcp.DcpCheckpoint(path)
+        ck = dcp.DcpCheckpoint(path, engine._names)
         for name, shape in zip(engine._names, engine._shapes):
             if ck.shape(name) != tuple(shape):
                 raise ValueError(f"load_checkpoint: the DCP checkpoint {path} has "
                                  f"{'no ' + repr(ck.prefix + name) if ck.shape(name) is None else ck.shape(name)}"
                                  f" for the model's parameter '{name}' {tuple(shape)}")
+            for key in ds_writer.STATE_KEYS.get(kind, ()):  # (sizes checked before anything is allocated)
+                have = ck.tensors.get(f"optimizer.state.{name}.{key}")
+                if have is not None and tuple(have.size) != tuple(shape):
+                    raise ValueError(f"load_checkpoint: the DCP checkpoint {path} has {key} of '{name}' "
+                                     f"{tuple(have.size)}, not {tuple(shape)}")
     except Exception as e:  # noqa: BLE001 (every rank learns of it before reading)
         error = e
     _agree(engine.process_set, error, "reading the DCP checkpoint", verb="load_checkpoint")
+    error = None
+    try:
+        client = _apply(engine, ck, path, kind, load_lr_scheduler_states)
+    except Exception as e:  # noqa: BLE001 (one rank's failed read is every rank's)
+        error = e
+    _agree(engine.process_set, error, "applying the DCP checkpoint", verb="load_checkpoint")
+    return path, client
+
+
+def _apply(engine, ck, path, kind, load_lr_scheduler_states):
     keys = ds_writer.STATE_KEYS[kind]
     with_state = all(ck.has_state(n, k) for n in engine._names for k in keys)
     core = engine.core
@@ -111,5 +125,5 @@ def load(engine, path, load_lr_scheduler_states):
             g.update({k: tuple(v) if k == "betas" else v for k, v in saved.items()})
         if load_lr_scheduler_states and engine.lr_scheduler is not None and meta["lr_scheduler"] is not None:
             engine.lr_scheduler.load_state_dict(meta["lr_scheduler"])
-        client = pickle.loads(blobs["client_state"])
-    return path, client
+        client = ds_pickle.load(os.path.join(path, dcp.CLIENT_STATE))
+    return client

@@ -15,7 +15,7 @@ from chorus.deepspeed.runtime.zero import checkpoint_io
 from chorus.deepspeed.runtime.zero.checkpoint import _agree, _buffers, _shared_names, _validate_tag
 
 
-def _refusal(engine):
+def _refusal(engine, layout=True):
     if engine._expert_parts or engine._mp_rank is not None or engine._pipe_set is not None:
         return ("MoE experts, tensor and pipeline slices are saved in chorus's own format only so far; "
                 "remove checkpoint.format or set it to \"chorus\"")
@@ -23,7 +23,7 @@ def _refusal(engine):
         return "a client optimizer's state has no DeepSpeed layout; the engine's own optimizers (from the config) do"
     if engine._core_args[1] not in ds_writer.STATE_KEYS:
         return f"the {engine._core_args[1]!r} optimizer's state is not written in DeepSpeed's layout"
-    return None
+    return ds_writer.layout_refusal(engine._raw_config) if layout and engine.core.stage in (1, 2) else None
 
 
 def whole_of(engine, client_state, exclude_frozen_parameters):
@@ -49,6 +49,7 @@ def whole_of(engine, client_state, exclude_frozen_parameters):
         client_state=dict(client_state), config=dict(engine._raw_config), clip_grad=float(engine.gradient_clipping()),
         scaler=ds_writer.scaler_state(engine.core.loss_scaler_state, engine._raw_config)
         if engine.dtype == torch.float16 else None,
+        held=getattr(engine, "_given_param_names", None),
         sub_group_size=int((engine._raw_config.get("zero_optimization") or {}).get("sub_group_size", 1_000_000_000)))
 
 
@@ -96,11 +97,10 @@ def save(engine, save_dir, tag, client_state, save_latest, exclude_frozen_parame
     error = None
     try:
         whole = whole_of(engine, client_state, exclude_frozen_parameters)
-        keys = whole.state_keys
+        fetch = fetcher(engine, whole.state_keys)
     except Exception as e:  # noqa: BLE001 (every rank must learn of it before the collectives)
         error = e
     _agree(ps, error, "describing the checkpoint")
-    fetch = fetcher(engine, keys)
     ranks = [ps.rank()] if stage > 0 else ([0] if ps.rank() == 0 else [])
     sink = checkpoint_io.Snapshot() if deferred else None
     put = pw.save if sink is None else (lambda obj, where: sink.pickled(where, obj, save=pw.dump))
@@ -118,6 +118,5 @@ def save(engine, save_dir, tag, client_state, save_latest, exclude_frozen_parame
         sink.start()
         engine._pending_save = checkpoint_io.Pending(sink, tag, commit)
         return True
-    commit()
-    hvd.barrier(process_set=ps)
+    checkpoint_io.commit(engine, commit)
     return True

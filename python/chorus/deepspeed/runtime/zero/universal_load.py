@@ -86,5 +86,11 @@ def load(engine, path, load_lr_scheduler_states):
     for name in ms.get("buffer_names") or []:
         if name in buffers and name in module and tuple(module[name].shape) == tuple(buffers[name].shape):
             buffers[name].data.copy_(module[name].to(buffers[name].dtype))
+    params = dict(engine.module.named_parameters())
+    with torch.no_grad():
+        for name, value in module.items():  # the parameters not trained, from the module as saved
+            p = params.get(name)
+            if p is not None and not p.requires_grad and p.numel() and tuple(value.shape) == tuple(p.shape):
+                p.data.copy_(value.to(p.dtype))
     from chorus.deepspeed.checkpoint.deepspeed_format import ENGINE_KEYS
     return path, {k: v for k, v in ms.items() if k not in ENGINE_KEYS}
