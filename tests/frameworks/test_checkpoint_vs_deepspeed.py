@@ -14,9 +14,13 @@ def test_deepspeed_checkpoints_resume_in_chorus(tmp_path):
     assert "/overlays/deepspeed/" in want["deepspeed"]
     want = want["results"]
     assert len(want) == 16
+    # every case at DeepSpeed's 2 ranks; at 1 rank (another size: resharded) some of each kind
+    at1 = "z0_bf16,z0_fp32_frozen,z1_fp32,z2_bf16,z3_fp32,z3_bf16_offload,z3_fp32_subgroups,z2_fp32_Lion_offload"
     for n in (2, 1):
-        chorusrun(n, "ds_checkpoint_resume.py", "load", tmp_path, tmp_path / f"chorus{n}.json")
+        chorusrun(n, "ds_checkpoint_resume.py", "load", tmp_path, tmp_path / f"chorus{n}.json",
+                  **({"CASES": at1} if n == 1 else {}))
         got = json.loads((tmp_path / f"chorus{n}.json").read_text())
+        assert len(got["results"]) == (16 if n == 2 else 8), sorted(got["results"])
         assert "chorus" in got["deepspeed"]
         for key, result in got["results"].items():
             assert "resumed" in result, (n, key, result)

@@ -62,8 +62,10 @@ def test_converter_writes_deepspeeds_layout(tmp_path):
     in DeepSpeed's layout for 2 ranks and for 1, which the real DeepSpeed loads at those sizes
     and trains on as chorus went on (at 1 rank within the other summation order's rounding)."""
     src = tmp_path / "chorus_format"
-    chorusrun(2, "ds_checkpoint_resume.py", "save", src, CKPT_FORMAT="chorus")
+    some = "z0_bf16,z1_fp32,z2_bf16_frozen,z3_bf16,z3_fp32_subgroups,z1_fp32_Adagrad_offload"
+    chorusrun(2, "ds_checkpoint_resume.py", "save", src, CKPT_FORMAT="chorus", CASES=some)
     saved = json.loads((src / "saved.json").read_text())["results"]
+    assert len(saved) == 6
     assert all((src / "z1_fp32" / "global_step3" / f).exists()
                for f in ("model_states.chorus", "zero_rank_00001_optim_states.chorus"))
     cases = [key.replace("stage ", "z").replace(" ", "_") for key in saved]
@@ -78,7 +80,8 @@ def test_converter_writes_deepspeeds_layout(tmp_path):
          str(src), str(tmp_path / "converted"), *cases])
     for world in (2, 1):
         dst = tmp_path / f"converted{world}"
-        real_deepspeed(world, "ds_checkpoint_resume.py", "load", dst, tmp_path / f"deepspeed{world}.json")
+        real_deepspeed(world, "ds_checkpoint_resume.py", "load", dst, tmp_path / f"deepspeed{world}.json",
+                       env_extra={"CASES": some})
         got = json.loads((tmp_path / f"deepspeed{world}.json").read_text())["results"]
         for key, result in got.items():
             assert "resumed" in result, (world, key, result)

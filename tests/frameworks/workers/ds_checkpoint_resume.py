@@ -30,6 +30,16 @@ PARAMS = {"AdamW": {"lr": 0.02, "weight_decay": 0.01}, "Lion": {"lr": 0.003, "we
           "Adagrad": {"lr": 0.05, "weight_decay": 0.001}}
 
 
+def folder_of(key):
+    return key.replace("stage ", "z").replace(" ", "_")
+
+
+def chosen():
+    """CASES, or those of them the CASES environment variable names (their folders, comma-separated)."""
+    only = [c for c in os.environ.get("CASES", "").split(",") if c]
+    return [c for c in CASES if not only or folder_of(name_of(*c)) in only]
+
+
 def name_of(stage, dtype, opt, offload, extra=""):
     return f"stage {stage} {dtype}" + ("" if opt == "AdamW" else f" {opt}") + (" offload" if offload else "") + \
         (f" {extra}" if extra else "")
@@ -85,9 +95,9 @@ def main():
     deepspeed.init_distributed()
     rank, world = deepspeed.comm.get_rank(), deepspeed.comm.get_world_size()
     results = {}
-    for stage, dtype, opt, offload, *extra in CASES:
+    for stage, dtype, opt, offload, *extra in chosen():
         key = name_of(stage, dtype, opt, offload, *extra)
-        where = f"{folder}/{key.replace('stage ', 'z').replace(' ', '_')}"
+        where = f"{folder}/{folder_of(key)}"
         if mode == "save":
             engine = engine_for(stage, dtype, world, opt, offload, *extra)
             steps(engine, 0, 3, rank, world, dtype)
