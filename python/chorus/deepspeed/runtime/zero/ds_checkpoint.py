@@ -27,28 +27,11 @@ def load(engine, path, load_lr_scheduler_states):
         raise error
     if int(failed.item()):
         raise RuntimeError(f"load_checkpoint: another rank could not read the DeepSpeed checkpoint {path}")
-    core = engine.core
     targets = Targets(engine, STATE_KEYS[engine._core_args[1]])
     for i, name in enumerate(engine._names):
         targets.put(i, ds.fp32[name], ds.states[name])
-    core.optimizer_steps = ds.step
-    if engine.dtype == torch.float16 and ds.scaler is not None:  # the dynamic loss scale goes on where it was
-        sc = ds.scaler
-        hysteresis = sc.get("cur_hysteresis")
-        if hysteresis is None:
-            hysteresis = int((engine._raw_config.get("fp16") or {}).get("hysteresis", 2))
-        core.loss_scaler_state = (f"{float(sc['cur_scale'])!r} {int(sc.get('cur_iter', 0))} "
-                                  f"{int(sc.get('last_overflow_iter', -1))} {int(hysteresis)}")
-    # The optimizer's settings as saved (DeepSpeed restores its param_groups, the LR included).
-    for group, saved in zip(engine.optimizer.param_groups, ds.param_groups):
-        group.update({k: tuple(saved[k]) if k == "betas" else saved[k]
-                      for k in ("lr", "betas", "eps", "weight_decay") if k in saved and k in group})
+    restore_states(engine, ds.step, ds.scaler, ds.param_groups, ds.model_states, load_lr_scheduler_states)
     ms = ds.model_states
-    engine.global_steps = int(ms.get("global_steps", 0))
-    engine.global_samples = int(ms.get("global_samples", engine.global_steps * engine.train_batch_size()))
-    engine.skipped_steps = int(ms.get("skipped_steps", 0))
-    if load_lr_scheduler_states and engine.lr_scheduler is not None and ms.get("lr_scheduler") is not None:
-        engine.lr_scheduler.load_state_dict(ms["lr_scheduler"])
     params = dict(engine.module.named_parameters())
     with torch.no_grad():
         for name, value in ds.frozen().items():  # parameters not trained, as DeepSpeed restores them
@@ -106,3 +89,25 @@ class Targets:
             self.master[off:off + n] = flat[poff:poff + n].to(self.master.device)
             for key, view in zip(self.keys if states is not None else (), self.views):
                 view[off:off + n] = states[key].reshape(-1)[poff:poff + n].to(view.device)
+
+
+def restore_states(engine, step, scaler, param_groups, ms, load_lr_scheduler_states):
+    """What DeepSpeed restores beside the tensors: the optimizer's step and settings (the LR
+    included), fp16's dynamic loss scale, the engine's counters and the LR scheduler (ms: the
+    model states' dict)."""
+    core = engine.core
+    core.optimizer_steps = step if step is not None else 0
+    if engine.dtype == torch.float16 and scaler is not None:  # the dynamic loss scale goes on where it was
+        hysteresis = scaler.get("cur_hysteresis")
+        if hysteresis is None:
+            hysteresis = int((engine._raw_config.get("fp16") or {}).get("hysteresis", 2))
+        core.loss_scaler_state = (f"{float(scaler['cur_scale'])!r} {int(scaler.get('cur_iter', 0))} "
+                                  f"{int(scaler.get('last_overflow_iter', -1))} {int(hysteresis)}")
+    for group, saved in zip(engine.optimizer.param_groups, param_groups):
+        group.update({k: tuple(saved[k]) if k == "betas" else saved[k]
+                      for k in ("lr", "betas", "eps", "weight_decay") if k in saved and k in group})
+    engine.global_steps = int(ms.get("global_steps", 0))
+    engine.global_samples = int(ms.get("global_samples", engine.global_steps * engine.train_batch_size()))
+    engine.skipped_steps = int(ms.get("skipped_steps", 0))
+    if load_lr_scheduler_states and engine.lr_scheduler is not None and ms.get("lr_scheduler") is not None:
+        engine.lr_scheduler.load_state_dict(ms["lr_scheduler"])

@@ -8,7 +8,7 @@ from chorus.deepspeed.checkpoint import ds_writer
 from chorus.deepspeed.checkpoint.universal import UniversalCheckpoint
 from chorus.deepspeed.runtime.utils import partition_dim
 from chorus.deepspeed.runtime.zero.checkpoint import _agree
-from chorus.deepspeed.runtime.zero.ds_checkpoint import Targets
+from chorus.deepspeed.runtime.zero.ds_checkpoint import Targets, restore_states
 
 
 def _slice(engine, param, whole, name, where):
@@ -54,7 +54,6 @@ def load(engine, path, load_lr_scheduler_states):
     _agree(engine.process_set, error, "reading the universal checkpoint",
            engine._pipe_set if engine._mp_rank is not None else None, verb="load_checkpoint")
     keys = ds_writer.STATE_KEYS[kind]
-    core = engine.core
     targets = Targets(engine, keys)
     error = None
     try:
@@ -66,21 +65,9 @@ def load(engine, path, load_lr_scheduler_states):
         error = e
     _agree(engine.process_set, error, "applying the universal checkpoint",
            engine._pipe_set if engine._mp_rank is not None else None, verb="load_checkpoint")
-    step = uc.step(engine._names[0])
-    core.optimizer_steps = step if step is not None else 0
-    if engine.dtype == torch.float16 and uc.scaler is not None:
-        sc = uc.scaler
-        core.loss_scaler_state = (f"{float(sc['cur_scale'])!r} {int(sc.get('cur_iter', 0))} "
-                                  f"{int(sc.get('last_overflow_iter', -1))} {int(sc.get('cur_hysteresis', 2))}")
-    for group, saved in zip(engine.optimizer.param_groups, uc.param_groups):
-        group.update({k: tuple(saved[k]) if k == "betas" else saved[k]
-                      for k in ("lr", "betas", "eps", "weight_decay") if k in saved and k in group})
+    restore_states(engine, uc.step(engine._names[0]), uc.scaler, uc.param_groups, uc.model_states,
+                   load_lr_scheduler_states)
     ms = uc.model_states
-    engine.global_steps = int(ms.get("global_steps", 0))
-    engine.global_samples = int(ms.get("global_samples", engine.global_steps * engine.train_batch_size()))
-    engine.skipped_steps = int(ms.get("skipped_steps", 0))
-    if load_lr_scheduler_states and engine.lr_scheduler is not None and ms.get("lr_scheduler") is not None:
-        engine.lr_scheduler.load_state_dict(ms["lr_scheduler"])
     module = ms.get("module") or {}
     buffers = dict(engine.module.named_buffers())
     for name in ms.get("buffer_names") or []:
