@@ -223,6 +223,7 @@ void bindZero(py::module_& m) {
            py::arg("priorities") = std::vector<int32_t>{}, py::arg("device") = -1, py::arg("stream") = 0,
            py::arg("grad_factor") = 1.0)
       .def_property_readonly("stage", &Engine::stage)
+      .def_property_readonly("partition_elems", &Engine::partitionElems)
       .def_property_readonly("world", &Engine::world)
       .def_property_readonly("rank", &Engine::rank)
       .def_property_readonly("loss_scale", &Engine::lossScale)
@@ -310,6 +311,37 @@ void bindZero(py::module_& m) {
         if (!p) return py::none();
         return lendAny(*e, e, p, e->partitionElems() * 4);
       })
+      .def_property_readonly("state_on_disk", &Engine::stateOnDisk)
+      // A copy of [offset, offset + count) of the master weights (k = -1) or state k, wherever they live.
+      .def("read_state", [](const Engine& e, int k, size_t offset, size_t count) {
+        if (k < -1 || k > 1 || offset + count > e.partitionElems())
+          throw InvalidArgument("read_state: state " + std::to_string(k) + " [" + std::to_string(offset) + ", +" +
+                                std::to_string(count) + ") is not within the partition");
+        py::array_t<float> out(static_cast<py::ssize_t>(count));
+        float* dst = out.mutable_data();
+        {
+          py::gil_scoped_release release;
+          e.forState(offset, offset + count, false, [&](size_t off, size_t n, float* m, float* s1, float* s2) {
+            const float* src = k == -1 ? m : k == 0 ? s1 : s2;
+            if (!src) throw InvalidArgument("read_state: the optimizer has no state " + std::to_string(k));
+            e.copyOut(dst + (off - offset), src, n * 4);
+          });
+        }
+        return out;
+      })
+      .def("write_state", [](const Engine& e, int k, size_t offset, py::array_t<float, py::array::c_style | py::array::forcecast> values) {
+        const size_t count = static_cast<size_t>(values.size());
+        if (k < -1 || k > 1 || offset + count > e.partitionElems())
+          throw InvalidArgument("write_state: state " + std::to_string(k) + " [" + std::to_string(offset) + ", +" +
+                                std::to_string(count) + ") is not within the partition");
+        const float* src = values.data();
+        py::gil_scoped_release release;
+        e.forState(offset, offset + count, true, [&](size_t off, size_t n, float* m, float* s1, float* s2) {
+          float* dst = k == -1 ? m : k == 0 ? s1 : s2;
+          if (!dst) throw InvalidArgument("write_state: the optimizer has no state " + std::to_string(k));
+          e.copyIn(dst, src + (off - offset), n * 4);
+        });
+      })
       .def("master_view", [](std::shared_ptr<Engine> e) {
         return lendAny(*e, e, e->master(), e->partitionElems() * 4);
       })
@@ -347,6 +379,7 @@ void bindZero(py::module_& m) {
         d["grads"] = r.grads;
         d["optimizer"] = r.optimizer;
         d["fixed_buffers"] = r.fixedBuffers;
+        d["disk"] = r.disk;
         d["psi"] = r.psi;
         return d;
       })

@@ -208,12 +208,35 @@ DsConfig DsConfig::parse(const std::string& text, int world) {
       const std::string path = join(zp, section);
       requireObject(o, path);
       *out = get<std::string>(o, "device", path, "none");
-      if (*out != "none" && *out != "cpu")
-        throw InvalidArgument("DeepSpeed config: '" + path + ".device' " + *out + " is not none or cpu");
+      if (*out != "none" && *out != "cpu" && *out != "nvme")
+        throw InvalidArgument("DeepSpeed config: '" + path + ".device' " + *out + " is not none, cpu or nvme");
       if (pin) *pin = get<bool>(o, "pin_memory", path, false);
     };
     device("offload_optimizer", &c.zero.offloadOptimizer, &c.zero.pinMemory);
     device("offload_param", &c.zero.offloadParam, nullptr);
+    if (c.zero.offloadParam == "nvme")
+      throw InvalidArgument("DeepSpeed config: 'zero_optimization.offload_param.device' nvme: chorus offloads the "
+                            "optimizer's state to disk, not the 16-bit parameters; use offload_param \"cpu\"");
+    if (c.zero.offloadOptimizer == "nvme") {
+      const json& o = z["offload_optimizer"];
+      const std::string path = join(zp, "offload_optimizer");
+      c.zero.optimizerNvmePath = get<std::string>(o, "nvme_path", path, "");
+      if (c.zero.optimizerNvmePath.empty())
+        throw InvalidArgument("DeepSpeed config: '" + path + ".nvme_path' is needed with device nvme: a folder "
+                              "on the disk the optimizer's state goes to");
+      c.zero.pipelineRead = get<bool>(o, "pipeline_read", path, false);
+      c.zero.pipelineWrite = get<bool>(o, "pipeline_write", path, false);
+    }
+    c.zero.subGroupSize = bytes("sub_group_size", c.zero.subGroupSize);
+    if (c.zero.subGroupSize <= 0) throw InvalidArgument("DeepSpeed config: 'zero_optimization.sub_group_size' must be > 0");
+  }
+  if (j.contains("aio")) {
+    const json& a = j["aio"];
+    requireObject(a, "aio");
+    c.aioBlockSize = get<int64_t>(a, "block_size", "aio", c.aioBlockSize);
+    c.aioQueueDepth = get<int64_t>(a, "queue_depth", "aio", c.aioQueueDepth);
+    if (c.aioBlockSize <= 0 || c.aioQueueDepth <= 0 || c.aioQueueDepth > 4096)
+      throw InvalidArgument("DeepSpeed config: 'aio.block_size' must be > 0 and 'aio.queue_depth' 1-4096");
   }
   return c;
 }

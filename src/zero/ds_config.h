@@ -49,15 +49,25 @@ struct DsConfig {
     int64_t allgatherBucketSize = 500'000'000;
     bool overlapComm = false;
     bool contiguousGradients = true;
-    std::string offloadOptimizer = "none";  // none | cpu
+    std::string offloadOptimizer = "none";  // none | cpu | nvme
     bool pinMemory = false;
     std::string offloadParam = "none";
+    // offload_optimizer.device nvme: the folder, and whether the step overlaps the
+    // next tile's read and the last tile's write with its work (DeepSpeed's names).
+    std::string optimizerNvmePath;
+    bool pipelineRead = false, pipelineWrite = false;
+    // The tile the optimizer steps at a time under nvme offload (DeepSpeed's sub-group).
+    int64_t subGroupSize = 1'000'000'000;
     int64_t paramPersistenceThreshold = 100'000;
     int64_t prefetchBucketSize = 50'000'000;
     int64_t maxLiveParameters = 1'000'000'000;
   } zero;
 
   bool forceDsCpuOptimizer = true;
+
+  // The aio section: bytes per request and requests in flight of the nvme offload.
+  int64_t aioBlockSize = 1 << 20;
+  int64_t aioQueueDepth = 8;
 
   // communication_data_type: the dtype gradients are reduced in ("" = the model's).
   // fp32, fp16 or bf16; the Python layer substitutes seq_parallel_communication_data_type

@@ -87,13 +87,27 @@ Engine::Engine(Runtime& rt, EngineSpec spec)
   if (stage_ >= 2) gradPart_ = mem_->scratch(part * es);
   // An fp32 model's master weights are its parameters (stages 0 and 3) where both
   // live in the same memory; on a device, offloading one and not the other parts them.
-  const bool offOpt = z.offloadOptimizer == "cpu";
+  const bool nvme = z.offloadOptimizer == "nvme";
+  const bool offOpt = z.offloadOptimizer == "cpu" || nvme;
   const bool paramsOffloaded = stage_ == 3 && z.offloadParam == "cpu";
   masterIsParams_ = spec_.dtype == DataType::kFloat32 && (stage_ == 0 || stage_ == 3) &&
                     (!spec_.device || offOpt == paramsOffloaded);
-  if (!masterIsParams_) master_ = mem_->state(part * 4, offOpt, pinOpt);
-  state1_ = mem_->state(part * 4, offOpt, pinOpt);
-  if (stateCount(spec_.optimizer) == 2) state2_ = mem_->state(part * 4, offOpt, pinOpt);
+  if (nvme) {
+    NvmeConfig nc;
+    nc.path = z.optimizerNvmePath;
+    nc.chunkElems = std::min<size_t>(static_cast<size_t>(z.subGroupSize), std::max<size_t>(part, 1));
+    nc.pipelineRead = z.pipelineRead;
+    nc.pipelineWrite = z.pipelineWrite;
+    nc.blockBytes = static_cast<size_t>(spec_.config.aioBlockSize);
+    nc.queueDepth = static_cast<unsigned>(spec_.config.aioQueueDepth);
+    const int arrays = (masterIsParams_ ? 0 : 1) + (stateCount(spec_.optimizer) == 2 ? 2 : 1);
+    swap_ = std::make_unique<NvmeSwap>(nc, "rank" + std::to_string(rt_.rank()), part, arrays);
+    host_ = hostMemory();
+  } else {
+    if (!masterIsParams_) master_ = mem_->state(part * 4, offOpt, pinOpt);
+    state1_ = mem_->state(part * 4, offOpt, pinOpt);
+    if (stateCount(spec_.optimizer) == 2) state2_ = mem_->state(part * 4, offOpt, pinOpt);
+  }
 
   // Runs of the partition that share an optimizer group; padding joins the run before it.
   for (size_t u = 0; u < plan_->units().size(); ++u) {
@@ -123,7 +137,9 @@ Engine::Engine(Runtime& rt, EngineSpec spec)
   if (stage_ == 3)
     for (size_t i = 0; i < spec_.numels.size(); ++i)
       persistent_[i] = static_cast<int64_t>(spec_.numels[i]) < z.paramPersistenceThreshold;
-  placement_ = std::string(spec_.device ? "cuda:" + std::to_string(spec_.ordinal) : "cpu") + " (" + (z.offloadOptimizer == "cpu" ? "optimizer offloaded" : "optimizer in place") +
+  placement_ = std::string(spec_.device ? "cuda:" + std::to_string(spec_.ordinal) : "cpu") + " (" +
+               (nvme ? "optimizer offloaded to " + z.optimizerNvmePath + (swap_->direct() ? ", direct I/O" : ", buffered I/O")
+                     : z.offloadOptimizer == "cpu" ? "optimizer offloaded" : "optimizer in place") +
                (pinOpt ? (state1_.pinned() ? ", pinned" : ", pinning refused by RLIMIT_MEMLOCK") : "") + ")";
 }
 
@@ -236,12 +252,12 @@ void Engine::assignParam(size_t i, const void* src) {
   const char* from = static_cast<const char*>(src) + begin * es;
   if (stage_ == 3) mem_->copy(paramSlice(u) + at * es, from, (end - begin) * es);
   if (!masterIsParams_) {
-    if (stage_ == 3) {  // (from the slice: src may be host memory and the master on the device)
-      mem_->toFloat(master_.as<float>() + unit.partOffset + at, paramSlice(u) + at * es, spec_.dtype, end - begin);
-    } else {
-      mem_->toFloat(master_.as<float>() + unit.partOffset + at,
-                    static_cast<char*>(paramStorage(i)) + begin * es, spec_.dtype, end - begin);
-    }
+    // (from the slice at stage 3: src may be host memory and the master on the device)
+    const char* from16 = stage_ == 3 ? paramSlice(u) + at * es : static_cast<char*>(paramStorage(i)) + begin * es;
+    const size_t b = unit.partOffset + at;
+    forState(b, b + (end - begin), true, [&](size_t off, size_t n, float* m, float*, float*) {
+      paramsToMaster(m, from16 + (off - b) * es, n);
+    });
   }
   if (stage_ == 3) regatherLive();
 }
@@ -262,10 +278,13 @@ void Engine::finishInit() {
     }
   }
   if (!masterIsParams_)
-    for (size_t u = 0; u < plan_->units().size(); ++u) {
-      const Unit& unit = plan_->units()[u];
-      mem_->toFloat(master_.as<float>() + unit.partOffset, paramSlice(u), spec_.dtype, unit.slice);
-    }
+    forState(0, plan_->partitionElems(), true, [&](size_t off, size_t n, float* m, float*, float*) {
+      for (size_t u = 0; u < plan_->units().size(); ++u) {
+        const Unit& unit = plan_->units()[u];
+        const size_t lo = std::max(off, unit.partOffset), hi = std::min(off + n, unit.partOffset + unit.slice);
+        if (lo < hi) paramsToMaster(m + (lo - off), paramSlice(u) + (lo - unit.partOffset) * esize(), hi - lo);
+      }
+    });
   regatherLive();
 }
 
@@ -509,26 +528,30 @@ StepResult Engine::stepWith(const std::vector<GroupHyper>& groups, const double*
   if (res.skipped) return res;
   if (spec_.optimizer == OptimKind::kLamb) {
     lambStep(groups, gradScale);
-    keepBf16Precision();
     publishParams();
     zeroGrads();
     return res;
   }
-  for (const auto& run : runs_) {
-    const Unit& unit = plan_->units()[run.unit];
-    const size_t at = unit.partOffset + run.offset, es = esize();
-    RunArgs a{masterPtr() + at,
-              state1_.as<float>() + at,
-              state2_.size() ? state2_.as<float>() + at : nullptr,
-              gradSlice(run.unit) + run.offset * es,
-              masterIsParams_ ? nullptr : paramSlice(run.unit) + run.offset * es,
-              spec_.dtype,
-              run.length,
-              gradScale,
-              optSteps_};
-    mem_->optimizer(spec_.optimizer, groups[run.group], a);
-  }
-  keepBf16Precision();
+  forState(0, plan_->partitionElems(), true, [&](size_t off, size_t n, float* m, float* s1, float* s2) {
+    for (const auto& run : runs_) {
+      const size_t at = plan_->units()[run.unit].partOffset + run.offset, es = esize();
+      const size_t lo = std::max(at, off), hi = std::min(at + run.length, off + n);
+      if (lo >= hi) continue;
+      const size_t in = run.offset + (lo - at), d = lo - off;
+      RunArgs a{m + d,
+                s1 + d,
+                s2 ? s2 + d : nullptr,
+                gradSlice(run.unit) + in * es,
+                masterIsParams_ ? nullptr : paramSlice(run.unit) + in * es,
+                spec_.dtype,
+                hi - lo,
+                gradScale,
+                optSteps_};
+      mem_->optimizer(spec_.optimizer, groups[run.group], a);
+    }
+    roundBf16(m, s1, s2, n);
+    if (swap_) mem_->sync();  // (the tile goes back to disk next)
+  });
   publishParams();
   zeroGrads();
   return res;
@@ -547,43 +570,21 @@ void Engine::convert(void* dst, DataType to, const void* src, DataType from, siz
 }
 
 void Engine::keepBf16Precision() {
-  const DsConfig& c = spec_.config;
-  if (!c.bf16 || !c.bf16MasterWeights) return;
-  const size_t part = plan_->partitionElems();
-  if (bf16Scratch_.size() < part * 2) bf16Scratch_ = mem_->scratch(part * 2);
-  auto round = [&](float* p) {  // through bf16 and back: what a bf16 buffer would hold
-    mem_->fromFloat(bf16Scratch_.bytes(), p, DataType::kBFloat16, part);
-    mem_->toFloat(p, bf16Scratch_.bytes(), DataType::kBFloat16, part);
-  };
-  if (!masterIsParams_) round(masterPtr());
-  if (c.bf16OptimizerStates) {
-    round(state1_.as<float>());
-    if (state2_.size()) round(state2_.as<float>());
-  }
-}
-
-RunArgs Engine::pieceArgs(const Piece& p, float gradScale) {
-  const size_t u = plan_->unitOf(p.param);
-  const Unit& unit = plan_->units()[u];
-  const size_t off = p.partOffset - unit.partOffset, es = esize();
-  return RunArgs{masterPtr() + p.partOffset,
-                 state1_.as<float>() + p.partOffset,
-                 state2_.size() ? state2_.as<float>() + p.partOffset : nullptr,
-                 gradSlice(u) + off * es,
-                 masterIsParams_ ? nullptr : paramSlice(u) + off * es,
-                 spec_.dtype,
-                 p.count,
-                 gradScale,
-                 optSteps_};
+  forState(0, plan_->partitionElems(), true,
+           [&](size_t, size_t n, float* m, float* s1, float* s2) { roundBf16(m, s1, s2, n); });
 }
 
 void Engine::lambStep(const std::vector<GroupHyper>& groups, float gradScale) {
   // Each parameter's trust ratio is over the whole parameter: the squared norms
   // of this rank's pieces are summed over the set first.
   std::vector<double> sums(2 * numParams(), 0.0);
-  for (const auto& p : pieces_)
-    mem_->lambMoments(groups[spec_.groupOf[p.param]], pieceArgs(p, gradScale), &sums[2 * p.param],
-                      &sums[2 * p.param + 1]);
+  const size_t part = plan_->partitionElems();
+  forState(0, part, true, [&](size_t off, size_t n, float* m, float* s1, float* s2) {
+    forPieces(off, n, m, s1, s2, gradScale, [&](const Piece& p, const RunArgs& a) {
+      mem_->lambMoments(groups[spec_.groupOf[p.param]], a, &sums[2 * p.param], &sums[2 * p.param + 1]);
+    });
+    if (swap_) mem_->sync();
+  });
   if (stage_ > 0 && world_ > 1) {
     AllreduceOptions o;
     o.name = name("lamb", 0);
@@ -592,14 +593,19 @@ void Engine::lambStep(const std::vector<GroupHyper>& groups, float gradScale) {
     Tensor t{sums.data(), DataType::kFloat64, {static_cast<int64_t>(sums.size())}};
     rt_.allreduce(t, t, o);
   }
-  for (const auto& p : pieces_) {
-    const GroupHyper& h = groups[spec_.groupOf[p.param]];
-    const float trust = lambTrust(lambCoefficients(h, gradScale, optSteps_), sums[2 * p.param], sums[2 * p.param + 1]);
-    mem_->lambApply(h, pieceArgs(p, gradScale), trust);
-  }
+  forState(0, part, true, [&](size_t off, size_t n, float* m, float* s1, float* s2) {
+    forPieces(off, n, m, s1, s2, gradScale, [&](const Piece& p, const RunArgs& a) {
+      const GroupHyper& h = groups[spec_.groupOf[p.param]];
+      mem_->lambApply(h, a, lambTrust(lambCoefficients(h, gradScale, optSteps_), sums[2 * p.param],
+                                      sums[2 * p.param + 1]));
+    });
+    roundBf16(m, s1, s2, n);
+    if (swap_) mem_->sync();
+  });
 }
 
 StepResult Engine::stepExternalWith(const double* totalSumSquares) {
+  requireStateInMemory("an optimizer stepped outside the engine");
   float gradScale = 1.0f;
   StepResult res = prepareStep(&gradScale, totalSumSquares);
   if (res.skipped) return res;
@@ -615,6 +621,7 @@ StepResult Engine::stepExternalWith(const double* totalSumSquares) {
 }
 
 void Engine::prepareExternal() {
+  requireStateInMemory("an optimizer stepped outside the engine");
   finishReductions();
   float* grads = externalGrad();
   const float unscale = static_cast<float>(spec_.gradFactor / scaler_.scale());
@@ -653,6 +660,7 @@ StepResult Engine::finishExternalWith(const double* totalSumSquares) {
 }
 
 void Engine::publishExternal() {
+  requireStateInMemory("an optimizer stepped outside the engine");
   keepBf16Precision();
   if (!masterIsParams_)
     for (size_t u = 0; u < plan_->units().size(); ++u)
@@ -664,6 +672,7 @@ void Engine::publishExternal() {
 
 float* Engine::externalGrad() {
   // Beside the master weights: where the caller's optimizer runs on them.
+  requireStateInMemory("an optimizer stepped outside the engine");
   if (!externalGrad_.size())
     externalGrad_ = mem_->state(plan_->partitionElems() * 4, spec_.config.zero.offloadOptimizer == "cpu", false);
   return externalGrad_.as<float>();
@@ -721,6 +730,10 @@ MemoryReport Engine::memory() const {
   m.grads = grads_.size() + gradPart_.size();
   m.optimizer = master_.size() + state1_.size() + state2_.size();
   m.fixedBuffers = agIn_[0].size() + agIn_[1].size() + liveBytes_;
+  if (swap_) {
+    m.fixedBuffers += swap_->bufferBytes();
+    m.disk = swap_->diskBytes();
+  }
   for (const auto& b : pool_) m.fixedBuffers += b.data.size();
   return m;
 }

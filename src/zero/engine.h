@@ -12,6 +12,7 @@
 //             (stage 0: everything; an fp32 model's master is its parameters at stages 0 and 3)
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -25,6 +26,7 @@
 #include "zero/loss_scaler.h"
 #include "zero/shard_file.h"
 #include "zero/memory.h"
+#include "zero/nvme_swap.h"
 #include "zero/partition.h"
 
 namespace chorus::zero {
@@ -38,6 +40,7 @@ struct StepResult {
 // Bytes of model states this rank holds, and the fixed buffers beside them.
 struct MemoryReport {
   size_t params = 0, grads = 0, optimizer = 0, fixedBuffers = 0, psi = 0;
+  size_t disk = 0;  // the optimizer's state offloaded to nvme_path
 };
 
 struct EngineSpec {
@@ -123,12 +126,21 @@ class Engine {
   std::vector<Piece> piecesOf(int r) const { return plan_->pieces(stage_ == 0 ? 0 : r); }
   // The sum of squares of externalGrad() over this rank's pieces, weighted as the norm is.
   double externalSumSquares();
-  float* master() const { return masterPtr(); }
+  // (Under nvme offload the state is in a file: these throw; use forState.)
+  float* master() const;
   // The optimizer's state k (0, 1) over the partition, fp32; null where the optimizer has none.
-  float* optimizerState(int k) const {
-    const Buffer& b = k == 0 ? state1_ : state2_;
-    return b.size() ? b.as<float>() : nullptr;
-  }
+  float* optimizerState(int k) const;
+  bool stateOnDisk() const { return swap_ != nullptr; }
+  // The master weights and the optimizer's states over [begin, end) of the partition,
+  // a tile at a time: fn(offset, count, master, state1, state2) with the pointers at
+  // element `offset` (state2 null where the optimizer has one state). In memory: one
+  // call over the range; under nvme offload: tiles read from the file, and written
+  // back after fn when `write`.
+  using StateFn = std::function<void(size_t offset, size_t count, float* master, float* s1, float* s2)>;
+  void forState(size_t begin, size_t end, bool write, const StateFn& fn) const;
+  // Between host memory and a pointer forState gave.
+  void copyOut(void* host, const float* state, size_t bytes) const { copyState(host, state, bytes); }
+  void copyIn(float* state, const void* host, size_t bytes) const { copyState(state, host, bytes); }
   float* externalGrad();
   size_t partitionElems() const { return plan_->partitionElems(); }
   // (partition offset, length, optimizer group) of each run of the partition.
@@ -210,7 +222,15 @@ class Engine {
   StepResult finishExternalWith(const double* totalSumSquares);
   StepResult stepWith(const std::vector<GroupHyper>& groups, const double* totalSumSquares);
   StepResult stepExternalWith(const double* totalSumSquares);
-  RunArgs pieceArgs(const Piece& p, float gradScale);
+  // The RunArgs of each piece's part within the tile [off, off + n) that forState gave.
+  void forPieces(size_t off, size_t n, float* m, float* s1, float* s2, float gradScale,
+                 const std::function<void(const Piece&, const RunArgs&)>& fn);
+  void roundBf16(float* m, float* s1, float* s2, size_t n);
+  // Between the model-dtype parameters (in mem_) and fp32 master weights (in mem_, or a host tile).
+  void paramsToMaster(float* m, const char* params, size_t n) const;
+  void masterToParams(char* params, const float* m, size_t n) const;
+  void requireStateInMemory(const char* what) const;
+  void copyState(void* dst, const void* src, size_t bytes) const;  // a tile's or a buffer's bytes
   void lambStep(const std::vector<GroupHyper>& groups, float gradScale);
   void keepBf16Precision();  // bf16 master weights (and states): rounded to bf16 after each step
   int acquireBucket(size_t u);
@@ -233,6 +253,8 @@ class Engine {
   std::vector<Piece> pieces_;
   std::vector<size_t> unitBase_;  // stages 0-2: element offset of each unit's flat buffer
   std::unique_ptr<Memory> mem_;  // where the buffers below live
+  std::unique_ptr<NvmeSwap> swap_;  // offload_optimizer nvme: master_ (unless masterIsParams_) and the states
+  std::unique_ptr<Memory> host_;    // with swap_: the tiles' conversions
   Buffer params_, paramPart_, grads_, gradPart_, master_, state1_, state2_, externalGrad_;
   Buffer agIn_[2];
   DataType commDtype_;

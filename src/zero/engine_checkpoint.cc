@@ -45,14 +45,23 @@ void Engine::shardSnapshotInto(ShardFile& f, const std::string& extraMeta) const
                {"pieces", pieces},
                {"extra", extraMeta}};
   f.meta = meta.dump();
-  auto put = [&](const char* name, const float* src) {
-    std::string& b = f.blobs[name];
-    b.resize(part * 4);  // (same size as last time: nothing allocated or touched)
-    mem_->copy(b.data(), src, part * 4);
-  };
-  put("master", masterPtr());
-  put("state1", state1_.as<float>());
-  if (state2_.size()) put("state2", state2_.as<float>()); else f.blobs.erase("state2");
+  const bool two = stateCount(spec_.optimizer) == 2;
+  std::string* into[3] = {&f.blobs["master"], &f.blobs["state1"], two ? &f.blobs["state2"] : nullptr};
+  if (!two) f.blobs.erase("state2");
+  for (std::string* b : into)
+    if (b) b->resize(part * 4);  // (same size as last time: nothing allocated or touched)
+  forState(0, part, false, [&](size_t off, size_t n, float* m, float* s1, float* s2) {
+    const float* from[3] = {m, s1, s2};
+    for (int k = 0; k < 3; ++k)
+      if (into[k]) copyState(into[k]->data() + off * 4, from[k], n * 4);
+  });
+}
+
+void Engine::copyState(void* dst, const void* src, size_t bytes) const {
+  if (swap_ && !mem_->onDevice(dst) && !mem_->onDevice(src))
+    std::memcpy(dst, src, bytes);  // (a tile from disk)
+  else
+    mem_->copy(dst, src, bytes);
 }
 
 void Engine::loadShards(const std::vector<std::string>& paths, const std::string& expectedExtra,
@@ -79,14 +88,17 @@ void Engine::loadShards(const std::vector<std::string>& paths, const std::string
     mine[p.param].push_back(&p);
     needed += p.count;
   }
-  // On a device, the shards' values gather in host memory first and go up at the end.
-  float* into[3] = {masterPtr(), state1_.as<float>(), state2_.size() ? state2_.as<float>() : nullptr};
+  // On a device or on disk, the shards' values gather in host memory first and go in at the end.
+  const bool two = stateCount(spec_.optimizer) == 2;
+  float* into[3] = {swap_ ? nullptr : masterPtr(), swap_ ? nullptr : state1_.as<float>(),
+                    !swap_ && two ? state2_.as<float>() : nullptr};
+  const bool has[3] = {true, true, two};
   const size_t partElems = plan_->partitionElems();
   std::vector<float> staged[3];
   float* dst[3];
   for (int k = 0; k < 3; ++k) {
-    dst[k] = into[k];
-    if (into[k] && mem_->device() != kHostDevice) {
+    dst[k] = has[k] ? into[k] : nullptr;
+    if (has[k] && (swap_ || mem_->device() != kHostDevice)) {
       staged[k].assign(partElems, 0.0f);
       dst[k] = staged[k].data();
     }
@@ -142,14 +154,26 @@ void Engine::loadShards(const std::vector<std::string>& paths, const std::string
   if (got != needed)
     throw InvalidArgument("checkpoint is incomplete: the shards given hold " + std::to_string(got) + " of the " +
                           std::to_string(needed) + " elements this rank needs");
-  for (int k = 0; k < 3; ++k)
-    if (!staged[k].empty()) mem_->copy(into[k], staged[k].data(), partElems * 4);
+  if (swap_) {
+    forState(0, partElems, true, [&](size_t off, size_t n, float* m, float* s1, float* s2) {
+      float* to[3] = {m, s1, s2};
+      for (int k = 0; k < 3; ++k)
+        if (to[k]) copyState(to[k], staged[k].data() + off, n * 4);
+    });
+  } else {
+    for (int k = 0; k < 3; ++k)
+      if (!staged[k].empty()) mem_->copy(into[k], staged[k].data(), partElems * 4);
+  }
   // The model's parameters from the loaded master weights: this rank's slices,
   // then (stages 1-3) everyone's slices through the usual gathers.
+  const float* master = swap_ ? staged[0].data() : masterPtr();
   for (const auto& p : pieces_) {
     char* at = stage_ == 3 ? paramPart_.bytes() + p.partOffset * esize()
                            : static_cast<char*>(paramStorage(p.param)) + p.paramOffset * esize();
-    mem_->fromFloat(at, masterPtr() + p.partOffset, spec_.dtype, p.count);
+    if (swap_)
+      masterToParams(at, master + p.partOffset, p.count);
+    else
+      mem_->fromFloat(at, master + p.partOffset, spec_.dtype, p.count);
   }
   optSteps_ = first.at("optimizer_steps").get<int64_t>();
   scaler_.deserialize(first.at("loss_scaler").get<std::string>());

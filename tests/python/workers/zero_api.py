@@ -82,8 +82,10 @@ for bad, expect in [({"train_batch_size": 3, "zero_optimization": {"stgae": 1}},
                     ({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2},
                      "10 != 2 * 2 * 3"),
                     ({"optimizer": {"type": "Adam"}}, "train_batch_size or train_micro_batch_size_per_gpu"),
+                    ({"train_batch_size": 3, "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}},
+                     "offload_param.device' is switched on"),
                     ({"train_batch_size": 3, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}}},
-                     "offload_optimizer.device' is switched on")]:
+                     "offload_optimizer.nvme_path' is needed")]:
     try:
         deepspeed.initialize(model=make_model(), config=bad)
         raise AssertionError(f"{bad} was accepted")

@@ -142,7 +142,7 @@ class DeepSpeedEngine(EngineQueries, EngineMonitor, EngineRandomLTD, EngineCurri
                                                                                      model_parameters))
         self._shapes = [_full_shape(p) for p in self._params]
         self._index = {id(p): i for i, p in enumerate(self._params)}
-        offload = cfg["offload_optimizer"] == "cpu"
+        offload = cfg["offload_optimizer"] in ("cpu", "nvme")
         if optimizer is None and str((self._raw_config.get("optimizer") or {}).get("type", "")).lower() == "muon":
             muon.mark(model)
         kind, groups, self._client = translate(optimizer, self._raw_config.get("optimizer"), offload,
@@ -159,6 +159,12 @@ class DeepSpeedEngine(EngineQueries, EngineMonitor, EngineRandomLTD, EngineCurri
             kind = "adamw"  # (the engine's two state buffers hold the auxiliary AdamW's moments)
         else:
             kind, self._client = self._device_kernel(kind, groups, offload)
+        if cfg["offload_optimizer"] == "nvme" and self._client is not None:
+            raise ValueError(
+                "DeepSpeed config: 'zero_optimization.offload_optimizer.device' nvme keeps the optimizer's state in "
+                "files that chorus's own optimizers (Adam, AdamW, SGD, Lion, Adagrad, LAMB, from the config's "
+                f"'optimizer' section) step a tile at a time; {type(self._client).__name__} is stepped in Python "
+                "over the whole state in memory: name the optimizer in the config, or use offload device \"cpu\"")
         self._core_args = (self._group_of(groups), kind or "adam")
         self.optimizer_groups = groups
         self.core = self._make_core()

@@ -81,7 +81,7 @@ class EngineQueries:
         return self.core.stage >= 3
 
     def zero_offload_optimizer(self):
-        return self._cfg["offload_optimizer"] == "cpu"
+        return self._cfg["offload_optimizer"] in ("cpu", "nvme")
 
     def zero_offload_param(self):
         return self._cfg["offload_param"] == "cpu"

@@ -26,7 +26,7 @@ def _client(engine):
 def _layout(engine):
     cores = [engine.core] + [part.core for part in engine._expert_parts]
     return {"world": engine.process_set.size(), "stage": engine.core.stage,
-            "partitions": [int(core.master_view().nbytes) // 4 for core in cores]}
+            "partitions": [int(core.partition_elems) for core in cores]}
 
 
 def save(engine, path, identity, sink):

@@ -65,15 +65,38 @@ def _check(engine, ds, path):
                 f"parameter; the checkpoint has {have} (saved by another optimizer?)")
 
 
+class _DiskState:
+    """One fp32 array of the partition that the engine keeps in a file (offload_optimizer nvme),
+    sliced as a tensor is: reads and writes of [a:b) go through the engine a tile at a time."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, core, k):
+        self.core, self.k = core, k
+
+    def __getitem__(self, s):
+        return torch.from_numpy(self.core.read_state(self.k, s.start, s.stop - s.start))
+
+    def __setitem__(self, s, value):
+        self.core.write_state(self.k, s.start, value.detach().to(torch.float32).reshape(-1).contiguous().numpy())
+
+
+def state_arrays(core, count):
+    """The engine's fp32 master weights and its first `count` optimizer states over the partition."""
+    if core.state_on_disk:
+        return [_DiskState(core, k) for k in range(-1, count)]
+    from chorus.deepspeed.runtime.engine import _view
+    return [_view(core.master_view(), torch.float32)] + [_view(core.state_view(k), torch.float32)
+                                                          for k in range(count)]
+
+
 class Targets:
     """Where a whole parameter's values go in this rank's engine: its 16-bit parameter, and its
     pieces of the fp32 master and of the optimizer's state (keys, in the engine's order)."""
 
     def __init__(self, engine, keys):
-        from chorus.deepspeed.runtime.engine import _view
         self.engine, self.core, self.keys = engine, engine.core, tuple(keys)
-        self.master = _view(self.core.master_view(), torch.float32)
-        self.views = [_view(self.core.state_view(k), torch.float32) for k in range(len(self.keys))]
+        self.master, *self.views = state_arrays(self.core, len(self.keys))
         rank = engine.process_set.rank() if self.core.stage > 0 else 0
         self.pieces = {}
         for param, poff, off, n in self.core.pieces_of(rank):

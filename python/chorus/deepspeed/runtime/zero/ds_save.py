@@ -56,10 +56,9 @@ def whole_of(engine, client_state, exclude_frozen_parameters):
 def fetcher(engine, keys):
     """fetch(indices): those parameters' whole fp32 values and states, on every rank (a
     collective over the process set: each rank sends the pieces it holds)."""
-    from chorus.deepspeed.runtime.engine import _view
+    from chorus.deepspeed.runtime.zero.ds_checkpoint import state_arrays
     core, ps = engine.core, engine.process_set
-    views = [_view(core.master_view(), torch.float32)] + [_view(core.state_view(k), torch.float32)
-                                                           for k in range(len(keys))]
+    views = state_arrays(core, len(keys))
     world = ps.size() if core.stage > 0 else 1
     pieces = [core.pieces_of(r) for r in range(world)]
 

@@ -1,0 +1,109 @@
+// The master weights and optimizer state over this rank's partition, wherever
+// they live: in memory (the engine's memory, or offloaded host memory) or in a
+// file under nvme_path, worked on a tile at a time.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "chorus/error.h"
+#include "zero/engine.h"
+
+namespace chorus::zero {
+
+void Engine::requireStateInMemory(const char* what) const {
+  if (swap_)
+    throw InvalidArgument(std::string("ZeRO engine: offload_optimizer device nvme keeps the optimizer's state in "
+                                      "files that chorus's own optimizers (Adam, AdamW, SGD, Lion, Adagrad, LAMB) "
+                                      "step a tile at a time; ") +
+                          what + " needs the whole state in memory: use offload_optimizer device \"cpu\"");
+}
+
+float* Engine::master() const {
+  requireStateInMemory("a view of the whole master weights");
+  return masterPtr();
+}
+
+float* Engine::optimizerState(int k) const {
+  requireStateInMemory("a view of the whole optimizer state");
+  const Buffer& b = k == 0 ? state1_ : state2_;
+  return b.size() ? b.as<float>() : nullptr;
+}
+
+void Engine::forState(size_t begin, size_t end, bool write, const StateFn& fn) const {
+  if (end <= begin) return;
+  if (!swap_) {
+    fn(begin, end - begin, masterPtr() + begin, state1_.as<float>() + begin,
+       state2_.size() ? state2_.as<float>() + begin : nullptr);
+    return;
+  }
+  const bool two = stateCount(spec_.optimizer) == 2;
+  swap_->forRange(begin, end, write ? NvmeSwap::kReadWrite : NvmeSwap::kRead,
+                  [&](size_t off, size_t n, float* const* a) {
+                    int k = 0;
+                    float* m = masterIsParams_ ? masterPtr() + off : a[k++];
+                    float* s1 = a[k++];
+                    float* s2 = two ? a[k++] : nullptr;
+                    fn(off, n, m, s1, s2);
+                  });
+}
+
+void Engine::forPieces(size_t off, size_t n, float* m, float* s1, float* s2, float gradScale,
+                       const std::function<void(const Piece&, const RunArgs&)>& fn) {
+  const size_t es = esize();
+  for (const auto& p : pieces_) {
+    const size_t lo = std::max(p.partOffset, off), hi = std::min(p.partOffset + p.count, off + n);
+    if (lo >= hi) continue;
+    const size_t u = plan_->unitOf(p.param), in = lo - plan_->units()[u].partOffset, d = lo - off;
+    fn(p, RunArgs{m + d, s1 + d, s2 ? s2 + d : nullptr, gradSlice(u) + in * es,
+                  masterIsParams_ ? nullptr : paramSlice(u) + in * es, spec_.dtype, hi - lo, gradScale, optSteps_});
+  }
+}
+
+void Engine::roundBf16(float* m, float* s1, float* s2, size_t n) {
+  const DsConfig& c = spec_.config;
+  if (!c.bf16 || !c.bf16MasterWeights) return;
+  // Through bf16 and back: what a bf16 buffer would hold. A tile from disk is host memory.
+  Memory& mem = swap_ ? *host_ : *mem_;
+  std::vector<uint16_t> hostScratch;
+  char* scratch;
+  if (swap_) {
+    hostScratch.resize(n);
+    scratch = reinterpret_cast<char*>(hostScratch.data());
+  } else {
+    if (bf16Scratch_.size() < n * 2) bf16Scratch_ = mem_->scratch(n * 2);
+    scratch = bf16Scratch_.bytes();
+  }
+  auto round = [&](float* p) {
+    mem.fromFloat(scratch, p, DataType::kBFloat16, n);
+    mem.toFloat(p, scratch, DataType::kBFloat16, n);
+  };
+  if (!masterIsParams_) round(m);
+  if (c.bf16OptimizerStates) {
+    round(s1);
+    if (s2) round(s2);
+  }
+}
+
+void Engine::paramsToMaster(float* m, const char* params, size_t n) const {
+  if (!swap_ || mem_->device() == kHostDevice) {
+    (swap_ ? *host_ : *mem_).toFloat(m, params, spec_.dtype, n);
+    return;
+  }
+  std::vector<char> staged(n * esize());  // (a device's parameters into a host tile)
+  mem_->copy(staged.data(), params, staged.size());
+  mem_->sync();
+  host_->toFloat(m, staged.data(), spec_.dtype, n);
+}
+
+void Engine::masterToParams(char* params, const float* m, size_t n) const {
+  if (!swap_ || mem_->device() == kHostDevice) {
+    (swap_ ? *host_ : *mem_).fromFloat(params, m, spec_.dtype, n);
+    return;
+  }
+  std::vector<char> staged(n * esize());
+  host_->fromFloat(staged.data(), m, spec_.dtype, n);
+  mem_->copy(params, staged.data(), staged.size());
+  mem_->sync();
+}
+
+}  // namespace chorus::zero

@@ -1,0 +1,119 @@
+"""ZeRO-Infinity's offload of the optimizer state to disk (offload_optimizer device nvme):
+every stage, fp32 and bf16 (with bf16 master weights), each optimizer chorus steps,
+tiles smaller than a parameter and not on block boundaries, pipelined or not: the
+same parameters, bit for bit, as the same config with the state in memory; then a
+checkpoint saved from disk-held state (chorus's format and DeepSpeed's) resumes, in
+memory and on disk, to the same continuation; then errors that name the folder."""
+import os
+import sys
+import warnings
+
+import torch
+
+import chorus.deepspeed as deepspeed
+import chorus.torch as hvd
+from zero_common import data, full_params, make_model, tmpdir, train
+
+warnings.simplefilter("ignore")
+hvd.init()
+world = hvd.size()
+STEPS = 4
+swap = os.path.join(tmpdir(), "nvme")
+
+OPTIMIZERS = {"adamw": {"type": "AdamW", "params": {"lr": 5e-3, "weight_decay": 0.01}},
+              "adam-l2": {"type": "Adam", "params": {"lr": 5e-3, "weight_decay": 0.05, "adam_w_mode": False}},
+              "lamb": {"type": "Lamb", "params": {"lr": 5e-3, "weight_decay": 0.01}},
+              "lion": {"type": "Lion", "params": {"lr": 1e-3, "weight_decay": 0.01}},
+              "adagrad": {"type": "Adagrad", "params": {"lr": 5e-2}},
+              "sgd": {"type": "SGD", "params": {"lr": 0.05, "momentum": 0.9}}}
+
+
+def config(stage, prec, opt, device, tile, pipeline=True, fmt=None):
+    cfg = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
+           "optimizer": OPTIMIZERS[opt], "gradient_clipping": 0.5,
+           "zero_optimization": {"stage": stage, "reduce_bucket_size": 700, "sub_group_size": tile,
+                                 "stage3_param_persistence_threshold": 41,
+                                 "offload_optimizer": {"device": device}},
+           # Requests smaller than a tile and few in flight: the queue fills and drains.
+           "aio": {"block_size": 4096, "queue_depth": 2}}
+    if device == "nvme":
+        cfg["zero_optimization"]["offload_optimizer"].update(
+            {"nvme_path": swap, "pipeline_read": pipeline, "pipeline_write": pipeline})
+    if prec == "bf16":
+        cfg["bf16"] = {"enabled": True, "bf16_master_weights_and_grads": stage > 0}
+    if fmt:
+        cfg["checkpoint"] = {"format": fmt}
+    return cfg
+
+
+def run(cfg, x, y, steps=STEPS, tag=None):
+    engine, _, _, _ = deepspeed.initialize(model=make_model(), config=cfg)
+    losses = train(engine, x, y, steps)
+    return engine, losses
+
+
+x, y = data(4 * world, 2 * STEPS)
+# (stage, precision, optimizer, tile elements, pipelined): the model has 2243 parameters.
+cases = [(0, "fp32", "adamw", 1000, True), (1, "bf16", "adamw", 300, True), (2, "fp32", "lamb", 257, False),
+         (2, "bf16", "lion", 1024, True), (3, "fp32", "adagrad", 333, True), (3, "bf16", "adam-l2", 100, False),
+         (1, "fp32", "sgd", 5000, True)]
+for stage, prec, opt, tile, pipe in cases:
+    case = f"stage={stage} {prec} {opt} tile={tile} pipelined={pipe}"
+    mem, mem_losses = run(config(stage, prec, opt, "cpu", tile), x, y)
+    disk, disk_losses = run(config(stage, prec, opt, "nvme", tile, pipe), x, y)
+    assert disk.core.state_on_disk and not mem.core.state_on_disk
+    assert disk.core.memory()["optimizer"] == 0 and disk.core.memory()["disk"] >= 4 * disk.core.partition_elems
+    a = full_params(mem, tmpdir(), f"mem-{stage}-{prec}-{opt}")
+    b = full_params(disk, tmpdir(), f"disk-{stage}-{prec}-{opt}")
+    err = max((p - q).abs().max().item() for p, q in zip(a, b))
+    if opt == "lamb":  # (a parameter's norms summed tile by tile: another order of the same sums)
+        lerr = max(abs(p - q) for p, q in zip(mem_losses, disk_losses))
+        assert err < 1e-6 and lerr < 1e-6, f"{case}: nvme differs from memory by {err} (losses {lerr})"
+    else:  # elementwise updates: the same arithmetic, tile by tile
+        assert err == 0.0 and mem_losses == disk_losses, f"{case}: nvme differs from memory by {err}"
+    print(f"{case}: nvme == memory", flush=True)
+
+# Checkpoints of disk-held state: both formats, resumed on disk and in memory.
+for fmt in ("chorus", "deepspeed"):
+    for stage in (1, 3):
+        cfg = config(stage, "bf16", "adamw", "nvme", 500, True, fmt)
+        engine, _ = run(cfg, x, y)
+        ckpt = os.path.join(tmpdir(), f"ckpt-{fmt}-{stage}")
+        engine.save_checkpoint(ckpt, "t")
+        cont = train(engine, x, y, 2 * STEPS, start=STEPS)
+        for device in ("nvme", "cpu"):
+            again, _, _, _ = deepspeed.initialize(model=make_model(seed=5),
+                                                  config=config(stage, "bf16", "adamw", device, 500, True, fmt))
+            again.load_checkpoint(ckpt, "t")
+            got = train(again, x, y, 2 * STEPS, start=STEPS)
+            assert got == cont, f"{fmt} stage {stage}: resumed on {device}: {got} != {cont}"
+        print(f"checkpoint {fmt} stage={stage}: resumed from disk-held state", flush=True)
+
+# Errors: no nvme_path; a path that cannot be a folder; an optimizer stepped in Python.
+cfg = config(2, "fp32", "adamw", "nvme", 500)
+del cfg["zero_optimization"]["offload_optimizer"]["nvme_path"]
+try:
+    deepspeed.initialize(model=make_model(), config=cfg)
+    raise AssertionError("no nvme_path was accepted")
+except ValueError as e:
+    assert "nvme_path" in str(e), e
+blocker = os.path.join(tmpdir(), f"not-a-folder-{hvd.rank()}")
+open(blocker, "w").close()
+cfg = config(2, "fp32", "adamw", "nvme", 500)
+cfg["zero_optimization"]["offload_optimizer"]["nvme_path"] = os.path.join(blocker, "swap")
+try:
+    deepspeed.initialize(model=make_model(), config=cfg)
+    raise AssertionError("an nvme_path under a file was accepted")
+except Exception as e:  # noqa: BLE001 - chorus.Error
+    assert os.path.join(blocker, "swap") in str(e), e
+cfg = config(2, "fp32", "adamw", "nvme", 500)
+del cfg["optimizer"]
+model = make_model()
+try:
+    deepspeed.initialize(model=model, optimizer=torch.optim.RMSprop(model.parameters()), config=cfg)
+    raise AssertionError("a client optimizer was accepted with nvme offload")
+except ValueError as e:
+    assert "RMSprop" in str(e) and "nvme" in str(e), e
+assert not [f for f in os.listdir(swap)], f"swap files left behind: {os.listdir(swap)}"
+print("zero nvme ok", flush=True)
+sys.stdout.flush()

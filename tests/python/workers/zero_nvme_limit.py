@@ -1,0 +1,46 @@
+"""A model whose optimizer state is larger than the memory this process may use
+(the test runs it in a memory cgroup): bf16, ZeRO-1, AdamW; argv: nvme SWAP_DIR | memory.
+Prints the losses, the bytes of optimizer state and the peak resident memory."""
+import resource
+import sys
+import warnings
+
+import torch
+import torch.nn as nn
+
+import chorus.deepspeed as deepspeed
+import chorus.torch as hvd
+
+warnings.simplefilter("ignore")
+hvd.init()
+WIDTH, LAYERS, STEPS = 2048, 16, 3  # 67M parameters: 805 MB of fp32 master weights and AdamW moments
+
+
+def make_model():
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(LAYERS):  # (to bf16 one layer at a time: the fp32 model never exists whole)
+        layers += [nn.Linear(WIDTH, WIDTH).to(torch.bfloat16), nn.Tanh()]
+    return nn.Sequential(*layers)
+
+
+cfg = {"train_micro_batch_size_per_gpu": 4, "bf16": {"enabled": True},
+       "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01}},
+       "zero_optimization": {"stage": 1, "sub_group_size": 2_000_000}}
+if sys.argv[1] == "nvme":
+    cfg["zero_optimization"]["offload_optimizer"] = {"device": "nvme", "nvme_path": sys.argv[2],
+                                                     "pipeline_read": True, "pipeline_write": True}
+engine, _, _, _ = deepspeed.initialize(model=make_model(), config=cfg)
+g = torch.Generator().manual_seed(1)
+x = torch.randn(STEPS, 4, WIDTH, generator=g)
+losses = []
+for step in range(STEPS):
+    out = engine(x[step].to(torch.bfloat16))
+    loss = (out.float() - 0.5).pow(2).mean()
+    engine.backward(loss)
+    engine.step()
+    losses.append(loss.item())
+mem = engine.core.memory()
+print("losses:", repr(losses))
+print("state bytes:", mem["optimizer"] + mem["disk"])
+print("peak rss bytes:", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, flush=True)
