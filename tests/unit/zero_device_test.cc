@@ -3,6 +3,7 @@
 // accumulation, clipping and fp16's overflow skip, against the host engine on
 // the same inputs. Two ranks, so that every sum is exact and the results equal
 // bit for bit. Not a GPU test: tests/gpu runs the engine on one.
+#include <filesystem>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -42,6 +43,7 @@ struct Choice {
   bool pin = true;  // offload_optimizer's pin_memory
   bool offloadParam = false;
   std::string comm;  // communication_data_type ("": the model's)
+  bool nvme = false;  // offload_optimizer to disk, in tiles smaller than a run
 };
 
 std::string configOf(const Choice& c) {
@@ -49,6 +51,10 @@ std::string configOf(const Choice& c) {
                   std::to_string(c.stage) + R"(, "reduce_bucket_size": 90, "stage3_param_persistence_threshold": 6)";
   if (c.offload) j += std::string(R"(, "offload_optimizer": {"device": "cpu", "pin_memory": )") + (c.pin ? "true" : "false") + "}";
   if (c.offloadParam) j += R"(, "offload_param": {"device": "cpu", "pin_memory": true})";
+  if (c.nvme)
+    j += R"(, "sub_group_size": 50, "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
+         (std::filesystem::temp_directory_path() / "chorus_zero_device_nvme").string() +
+         R"(", "pipeline_read": true, "pipeline_write": true})";
   j += "}";
   if (c.dtype == DataType::kFloat16) j += R"(, "fp16": {"enabled": true, "initial_scale_power": 4})";
   if (c.dtype == DataType::kBFloat16) j += R"(, "bf16": {"enabled": true})";
@@ -157,7 +163,7 @@ std::string nameOf(const ::testing::TestParamInfo<Choice>& info) {
   const Choice& c = info.param;
   return "stage" + std::to_string(c.stage) + "_" + dtypeName(c.dtype) + (c.offload ? "_offload" : "") +
          (c.optimizer == OptimKind::kSgd ? "_sgd" : c.optimizer == OptimKind::kAdamW ? "_adamw" : "_adam") +
-         (c.offload && !c.pin ? "_pageable" : "") + (c.offloadParam ? "_offload_param" : "") + (c.comm.empty() ? "" : "_comm_" + c.comm);
+         (c.offload && !c.pin ? "_pageable" : "") + (c.offloadParam ? "_offload_param" : "") + (c.comm.empty() ? "" : "_comm_" + c.comm) + (c.nvme ? "_nvme" : "");
 }
 
 std::vector<Choice> choices() {
@@ -178,6 +184,10 @@ std::vector<Choice> choices() {
     out.push_back({stage, DataType::kBFloat16, false, OptimKind::kAdam, true, false, "fp16"});
     out.push_back({stage, DataType::kFloat16, false, OptimKind::kAdam, true, false, "fp32"});
   }
+  // The optimizer's state on disk: tiles on the host, the parameters and gradients on the device.
+  for (int stage : {0, 1, 2, 3}) out.push_back({stage, DataType::kBFloat16, false, OptimKind::kAdam, true, false, "", true});
+  out.push_back({3, DataType::kFloat16, false, OptimKind::kAdam, true, false, "", true});
+  out.push_back({1, DataType::kFloat32, false, OptimKind::kAdamW, true, false, "", true});
   return out;
 }
 
