@@ -214,18 +214,33 @@ DsConfig DsConfig::parse(const std::string& text, int world) {
     };
     device("offload_optimizer", &c.zero.offloadOptimizer, &c.zero.pinMemory);
     device("offload_param", &c.zero.offloadParam, nullptr);
-    if (c.zero.offloadParam == "nvme")
-      throw InvalidArgument("DeepSpeed config: 'zero_optimization.offload_param.device' nvme: chorus offloads the "
-                            "optimizer's state to disk, not the 16-bit parameters; use offload_param \"cpu\"");
+    // device nvme: the section's folder, which must be given.
+    auto nvmePath = [&](const char* section, const char* what) {
+      const std::string path = join(zp, section);
+      std::string folder = get<std::string>(z[section], "nvme_path", path, "");
+      if (folder.empty())
+        throw InvalidArgument("DeepSpeed config: '" + path + ".nvme_path' is needed with device nvme: a folder on "
+                              "the disk " + what + " go to");
+      return folder;
+    };
     if (c.zero.offloadOptimizer == "nvme") {
       const json& o = z["offload_optimizer"];
-      const std::string path = join(zp, "offload_optimizer");
-      c.zero.optimizerNvmePath = get<std::string>(o, "nvme_path", path, "");
-      if (c.zero.optimizerNvmePath.empty())
-        throw InvalidArgument("DeepSpeed config: '" + path + ".nvme_path' is needed with device nvme: a folder "
-                              "on the disk the optimizer's state goes to");
-      c.zero.pipelineRead = get<bool>(o, "pipeline_read", path, false);
-      c.zero.pipelineWrite = get<bool>(o, "pipeline_write", path, false);
+      c.zero.optimizerNvmePath = nvmePath("offload_optimizer", "the optimizer's state and master weights");
+      c.zero.pipelineRead = get<bool>(o, "pipeline_read", join(zp, "offload_optimizer"), false);
+      c.zero.pipelineWrite = get<bool>(o, "pipeline_write", join(zp, "offload_optimizer"), false);
+    }
+    if (c.zero.offloadParam == "nvme") {
+      const json& o = z["offload_param"];
+      const std::string path = join(zp, "offload_param");
+      c.zero.paramNvmePath = nvmePath("offload_param", "the 16-bit parameters");
+      c.zero.paramBufferSize = get<int64_t>(o, "buffer_size", path, c.zero.paramBufferSize);
+      c.zero.paramMaxInCpu = get<int64_t>(o, "max_in_cpu", path, c.zero.paramMaxInCpu);
+      if (c.zero.paramBufferSize <= 0 || c.zero.paramMaxInCpu < 0)
+        throw InvalidArgument("DeepSpeed config: '" + path + ".buffer_size' must be > 0 and 'max_in_cpu' >= 0");
+      if (c.zero.stage == 3 && c.zero.offloadOptimizer != "nvme")
+        throw InvalidArgument("DeepSpeed config: '" + path + ".device' nvme goes with 'zero_optimization."
+                              "offload_optimizer.device' nvme in chorus (the step writes the parameters from the "
+                              "master weights' tiles on disk); set both to nvme, or offload_param to cpu");
     }
     c.zero.subGroupSize = bytes("sub_group_size", c.zero.subGroupSize);
     if (c.zero.subGroupSize <= 0) throw InvalidArgument("DeepSpeed config: 'zero_optimization.sub_group_size' must be > 0");

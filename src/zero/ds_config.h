@@ -58,6 +58,11 @@ struct DsConfig {
     bool pipelineRead = false, pipelineWrite = false;
     // The tile the optimizer steps at a time under nvme offload (DeepSpeed's sub-group).
     int64_t subGroupSize = 1'000'000'000;
+    // offload_param.device nvme (stage 3): the folder, the tile of 16-bit elements moved
+    // at a time (buffer_size), and the partition size kept in host memory (max_in_cpu).
+    std::string paramNvmePath;
+    int64_t paramBufferSize = 100'000'000;
+    int64_t paramMaxInCpu = 1'000'000'000;
     int64_t paramPersistenceThreshold = 100'000;
     int64_t prefetchBucketSize = 50'000'000;
     int64_t maxLiveParameters = 1'000'000'000;

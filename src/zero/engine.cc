@@ -79,8 +79,16 @@ Engine::Engine(Runtime& rt, EngineSpec spec)
     // the gradients' reduction reads every rank's straight from theirs.
     params_ = mem_->collective(total * es);
     if (stage_ < 2) grads_ = mem_->collective(total * es);
+  } else if (z.offloadParam == "nvme" && part > static_cast<size_t>(z.paramMaxInCpu)) {
+    NvmeConfig pc;  // (a partition within max_in_cpu stays in host memory, as offload_param "cpu")
+    pc.path = z.paramNvmePath;
+    pc.elemBytes = es;
+    pc.chunkElems = std::min<size_t>(static_cast<size_t>(z.paramBufferSize), std::max<size_t>(part, 1));
+    pc.blockBytes = static_cast<size_t>(spec_.config.aioBlockSize);
+    pc.queueDepth = static_cast<unsigned>(spec_.config.aioQueueDepth);
+    paramSwap_ = std::make_unique<NvmeSwap>(pc, "rank" + std::to_string(rt_.rank()) + "-params", part, 1);
   } else {
-    const bool offParam = z.offloadParam == "cpu";
+    const bool offParam = z.offloadParam == "cpu" || z.offloadParam == "nvme";
     // (a device's slices are pinned with offload_param's pin_memory; the host's as before, with the optimizer's)
     paramPart_ = mem_->state(part * es, offParam, offParam && (spec_.device ? z.pinMemory : pinOpt));
   }
@@ -89,9 +97,9 @@ Engine::Engine(Runtime& rt, EngineSpec spec)
   // live in the same memory; on a device, offloading one and not the other parts them.
   const bool nvme = z.offloadOptimizer == "nvme";
   const bool offOpt = z.offloadOptimizer == "cpu" || nvme;
-  const bool paramsOffloaded = stage_ == 3 && z.offloadParam == "cpu";
+  const bool paramsOffloaded = stage_ == 3 && (z.offloadParam == "cpu" || z.offloadParam == "nvme");
   masterIsParams_ = spec_.dtype == DataType::kFloat32 && (stage_ == 0 || stage_ == 3) &&
-                    (!spec_.device || offOpt == paramsOffloaded);
+                    (!spec_.device || offOpt == paramsOffloaded) && !paramSwap_;
   if (nvme) {
     NvmeConfig nc;
     nc.path = z.optimizerNvmePath;
@@ -218,8 +226,7 @@ void Engine::loadParam(size_t i, const void* src) {
   mem_->await(w);
   const size_t u = plan_->unitOf(i), j = plan_->indexInUnit(i);
   const size_t s = plan_->units()[u].slices[j], begin = std::min(n, rank_ * s), end = std::min(n, (rank_ + 1) * s);
-  mem_->copy(paramPart_.bytes() + (plan_->units()[u].partOffset + plan_->units()[u].offsets[j]) * es,
-             full.bytes() + begin * es, (end - begin) * es);
+  sliceWrite(plan_->units()[u].partOffset + plan_->units()[u].offsets[j], full.bytes() + begin * es, end - begin);
   mem_->retire(std::make_shared<Buffer>(std::move(full)));
 }
 
@@ -250,10 +257,13 @@ void Engine::assignParam(size_t i, const void* src) {
     return;
   }
   const char* from = static_cast<const char*>(src) + begin * es;
-  if (stage_ == 3) mem_->copy(paramSlice(u) + at * es, from, (end - begin) * es);
+  if (stage_ == 3) sliceWrite(unit.partOffset + at, from, end - begin);
   if (!masterIsParams_) {
-    // (from the slice at stage 3: src may be host memory and the master on the device)
-    const char* from16 = stage_ == 3 ? paramSlice(u) + at * es : static_cast<char*>(paramStorage(i)) + begin * es;
+    // (from the slice at stage 3: src may be host memory and the master on the device; from
+    // src itself when the slices are on disk)
+    const char* from16 = paramSwap_ ? from
+                         : stage_ == 3 ? paramSlice(u) + at * es
+                                       : static_cast<char*>(paramStorage(i)) + begin * es;
     const size_t b = unit.partOffset + at;
     forState(b, b + (end - begin), true, [&](size_t off, size_t n, float* m, float*, float*) {
       paramsToMaster(m, from16 + (off - b) * es, n);
@@ -282,7 +292,14 @@ void Engine::finishInit() {
       for (size_t u = 0; u < plan_->units().size(); ++u) {
         const Unit& unit = plan_->units()[u];
         const size_t lo = std::max(off, unit.partOffset), hi = std::min(off + n, unit.partOffset + unit.slice);
-        if (lo < hi) paramsToMaster(m + (lo - off), paramSlice(u) + (lo - unit.partOffset) * esize(), hi - lo);
+        if (lo >= hi) continue;
+        if (paramSwap_) {
+          std::vector<char> slice((hi - lo) * esize());
+          sliceRead(lo, slice.data(), hi - lo);
+          host_->toFloat(m + (lo - off), slice.data(), spec_.dtype, hi - lo);
+        } else {
+          paramsToMaster(m + (lo - off), paramSlice(u) + (lo - unit.partOffset) * esize(), hi - lo);
+        }
       }
     });
   regatherLive();
@@ -542,7 +559,7 @@ StepResult Engine::stepWith(const std::vector<GroupHyper>& groups, const double*
                 s1 + d,
                 s2 ? s2 + d : nullptr,
                 gradSlice(run.unit) + in * es,
-                masterIsParams_ ? nullptr : paramSlice(run.unit) + in * es,
+                masterIsParams_ || paramSwap_ ? nullptr : paramSlice(run.unit) + in * es,
                 spec_.dtype,
                 hi - lo,
                 gradScale,
@@ -551,6 +568,7 @@ StepResult Engine::stepWith(const std::vector<GroupHyper>& groups, const double*
     }
     roundBf16(m, s1, s2, n);
     if (swap_) mem_->sync();  // (the tile goes back to disk next)
+    if (paramSwap_) masterToSlices(m, off, n);
   });
   publishParams();
   zeroGrads();
@@ -601,6 +619,7 @@ void Engine::lambStep(const std::vector<GroupHyper>& groups, float gradScale) {
     });
     roundBf16(m, s1, s2, n);
     if (swap_) mem_->sync();
+    if (paramSwap_) masterToSlices(m, off, n);
   });
 }
 
@@ -727,6 +746,10 @@ MemoryReport Engine::memory() const {
   MemoryReport m;
   for (size_t n : spec_.numels) m.psi += n;
   m.params = params_.size() + paramPart_.size();
+  if (paramSwap_) {
+    m.fixedBuffers += paramSwap_->bufferBytes();
+    m.disk += paramSwap_->diskBytes();
+  }
   m.grads = grads_.size() + gradPart_.size();
   m.optimizer = master_.size() + state1_.size() + state2_.size();
   m.fixedBuffers = agIn_[0].size() + agIn_[1].size() + liveBytes_;

@@ -231,6 +231,11 @@ class Engine {
   void masterToParams(char* params, const float* m, size_t n) const;
   void requireStateInMemory(const char* what) const;
   void copyState(void* dst, const void* src, size_t bytes) const;  // a tile's or a buffer's bytes
+  // Stage 3's 16-bit slices, elements [at, at + n) of the partition, in paramPart_ or on disk
+  // (offload_param nvme): written from the engine's memory or the host, read to the host.
+  void sliceWrite(size_t at, const void* src, size_t n);
+  void sliceRead(size_t at, void* host, size_t n) const;
+  void masterToSlices(const float* m, size_t at, size_t n);  // a host tile of master weights
   void lambStep(const std::vector<GroupHyper>& groups, float gradScale);
   void keepBf16Precision();  // bf16 master weights (and states): rounded to bf16 after each step
   int acquireBucket(size_t u);
@@ -255,6 +260,7 @@ class Engine {
   std::unique_ptr<Memory> mem_;  // where the buffers below live
   std::unique_ptr<NvmeSwap> swap_;  // offload_optimizer nvme: master_ (unless masterIsParams_) and the states
   std::unique_ptr<Memory> host_;    // with swap_: the tiles' conversions
+  std::unique_ptr<NvmeSwap> paramSwap_;  // offload_param nvme: stage 3's slices (paramPart_ then unused)
   Buffer params_, paramPart_, grads_, gradPart_, master_, state1_, state2_, externalGrad_;
   Buffer agIn_[2];
   DataType commDtype_;

@@ -168,6 +168,10 @@ void Engine::loadShards(const std::vector<std::string>& paths, const std::string
   // then (stages 1-3) everyone's slices through the usual gathers.
   const float* master = swap_ ? staged[0].data() : masterPtr();
   for (const auto& p : pieces_) {
+    if (paramSwap_) {
+      masterToSlices(master + p.partOffset, p.partOffset, p.count);
+      continue;
+    }
     char* at = stage_ == 3 ? paramPart_.bytes() + p.partOffset * esize()
                            : static_cast<char*>(paramStorage(p.param)) + p.paramOffset * esize();
     if (swap_)

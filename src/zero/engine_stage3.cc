@@ -1,6 +1,7 @@
 // Stage 3: parameters live as slices; a module's parameters are gathered before
 // its forward and backward and released after.
 #include <cstring>
+#include <vector>
 
 #include "chorus/error.h"
 #include "zero/engine.h"
@@ -9,8 +10,26 @@ namespace chorus::zero {
 
 void Engine::launchGather(size_t i, Gathered& g) {
   const size_t u = plan_->unitOf(i), j = plan_->indexInUnit(i), s = plan_->units()[u].slices[j];
-  char* in = paramPart_.bytes() + (plan_->units()[u].partOffset + plan_->units()[u].offsets[j]) * esize();
-  if (mem_->device() != kHostDevice && !mem_->onDevice(in)) {  // offload_param: up just in time
+  const size_t at = plan_->units()[u].partOffset + plan_->units()[u].offsets[j];
+  char* in = paramSwap_ ? nullptr : paramPart_.bytes() + at * esize();
+  if (paramSwap_) {  // offload_param nvme: read from disk just in time (then up, on a device)
+    std::vector<char> host;
+    char* to;
+    if (mem_->device() == kHostDevice) {
+      if (!g.up || g.up->size() < s * esize()) g.up = std::make_shared<Buffer>(mem_->scratch(s * esize()));
+      to = g.up->bytes();
+    } else {
+      host.resize(s * esize());
+      to = host.data();
+    }
+    sliceRead(at, to, s);
+    if (mem_->device() != kHostDevice) {
+      if (!g.up || g.up->size() < s * esize()) g.up = std::make_shared<Buffer>(mem_->scratch(s * esize()));
+      mem_->copy(g.up->bytes(), host.data(), s * esize());
+      mem_->sync();  // (host is freed on return)
+    }
+    in = g.up->bytes();
+  } else if (mem_->device() != kHostDevice && !mem_->onDevice(in)) {  // offload_param: up just in time
     if (!g.up || g.up->size() < s * esize()) g.up = std::make_shared<Buffer>(mem_->scratch(s * esize()));
     mem_->copy(g.up->bytes(), in, s * esize());
     in = g.up->bytes();

@@ -38,11 +38,11 @@ void Engine::forState(size_t begin, size_t end, bool write, const StateFn& fn) c
   }
   const bool two = stateCount(spec_.optimizer) == 2;
   swap_->forRange(begin, end, write ? NvmeSwap::kReadWrite : NvmeSwap::kRead,
-                  [&](size_t off, size_t n, float* const* a) {
+                  [&](size_t off, size_t n, char* const* a) {
                     int k = 0;
-                    float* m = masterIsParams_ ? masterPtr() + off : a[k++];
-                    float* s1 = a[k++];
-                    float* s2 = two ? a[k++] : nullptr;
+                    float* m = masterIsParams_ ? masterPtr() + off : reinterpret_cast<float*>(a[k++]);
+                    float* s1 = reinterpret_cast<float*>(a[k++]);
+                    float* s2 = two ? reinterpret_cast<float*>(a[k++]) : nullptr;
                     fn(off, n, m, s1, s2);
                   });
 }
@@ -55,7 +55,8 @@ void Engine::forPieces(size_t off, size_t n, float* m, float* s1, float* s2, flo
     if (lo >= hi) continue;
     const size_t u = plan_->unitOf(p.param), in = lo - plan_->units()[u].partOffset, d = lo - off;
     fn(p, RunArgs{m + d, s1 + d, s2 ? s2 + d : nullptr, gradSlice(u) + in * es,
-                  masterIsParams_ ? nullptr : paramSlice(u) + in * es, spec_.dtype, hi - lo, gradScale, optSteps_});
+                  masterIsParams_ || paramSwap_ ? nullptr : paramSlice(u) + in * es, spec_.dtype, hi - lo, gradScale,
+                  optSteps_});
   }
 }
 
@@ -84,8 +85,45 @@ void Engine::roundBf16(float* m, float* s1, float* s2, size_t n) {
   }
 }
 
+void Engine::sliceWrite(size_t at, const void* src, size_t n) {
+  const size_t es = esize();
+  if (!paramSwap_) {
+    mem_->copy(paramPart_.bytes() + at * es, src, n * es);
+    return;
+  }
+  std::vector<char> staged;
+  const char* from = static_cast<const char*>(src);
+  if (mem_->onDevice(src)) {  // (a device's values come down first)
+    staged.resize(n * es);
+    mem_->copy(staged.data(), src, n * es);
+    mem_->sync();
+    from = staged.data();
+  }
+  paramSwap_->forRange(at, at + n, NvmeSwap::kWrite, [&](size_t off, size_t cnt, char* const* a) {
+    std::memcpy(a[0], from + (off - at) * es, cnt * es);
+  });
+}
+
+void Engine::sliceRead(size_t at, void* host, size_t n) const {
+  const size_t es = esize();
+  if (!paramSwap_) {
+    mem_->copy(host, paramPart_.bytes() + at * es, n * es);
+    mem_->sync();
+    return;
+  }
+  paramSwap_->forRange(at, at + n, NvmeSwap::kRead, [&](size_t off, size_t cnt, char* const* a) {
+    std::memcpy(static_cast<char*>(host) + (off - at) * es, a[0], cnt * es);
+  });
+}
+
+void Engine::masterToSlices(const float* m, size_t at, size_t n) {
+  std::vector<char> low(n * esize());
+  host_->fromFloat(low.data(), m, spec_.dtype, n);
+  sliceWrite(at, low.data(), n);
+}
+
 void Engine::paramsToMaster(float* m, const char* params, size_t n) const {
-  if (!swap_ || mem_->device() == kHostDevice) {
+  if (!swap_ || !mem_->onDevice(params)) {
     (swap_ ? *host_ : *mem_).toFloat(m, params, spec_.dtype, n);
     return;
   }
@@ -96,7 +134,7 @@ void Engine::paramsToMaster(float* m, const char* params, size_t n) const {
 }
 
 void Engine::masterToParams(char* params, const float* m, size_t n) const {
-  if (!swap_ || mem_->device() == kHostDevice) {
+  if (!swap_ || !mem_->onDevice(params)) {
     (swap_ ? *host_ : *mem_).fromFloat(params, m, spec_.dtype, n);
     return;
   }

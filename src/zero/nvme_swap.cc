@@ -17,7 +17,6 @@ namespace chorus::zero {
 namespace {
 
 constexpr size_t kAlign = 4096;  // O_DIRECT: offsets, lengths and addresses in whole blocks
-constexpr size_t kAlignElems = kAlign / 4;
 
 size_t alignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 size_t alignDown(size_t n) { return n / kAlign * kAlign; }
@@ -45,10 +44,12 @@ NvmeSwap::NvmeSwap(const NvmeConfig& config, const std::string& who, size_t elem
   if (arrays_ < 1 || arrays_ > 3) throw InvalidArgument("ZeRO engine: nvme offload holds 1-3 arrays");
   if (cfg_.path.empty())
     throw InvalidArgument("ZeRO engine: offload to nvme needs 'nvme_path', a folder on the disk to offload to");
+  if (cfg_.elemBytes != 2 && cfg_.elemBytes != 4) throw InvalidArgument("ZeRO engine: nvme offload of 2- or 4-byte elements");
+  const size_t kAlignElems = kAlign / cfg_.elemBytes;
   cfg_.chunkElems = std::max(kAlignElems, (cfg_.chunkElems + kAlignElems - 1) / kAlignElems * kAlignElems);
   cfg_.blockBytes = std::max(kAlign, alignUp(cfg_.blockBytes));
   cfg_.queueDepth = std::max(1u, cfg_.queueDepth);
-  stride_ = alignUp(std::max<size_t>(elems_, 1) * 4);
+  stride_ = alignUp(std::max<size_t>(elems_, 1) * cfg_.elemBytes);
   std::error_code ec;
   std::filesystem::create_directories(cfg_.path, ec);
   if (ec)
@@ -83,7 +84,7 @@ NvmeSwap::NvmeSwap(const NvmeConfig& config, const std::string& who, size_t elem
     throw Error(std::string("ZeRO engine: offload to nvme needs io_uring, which this kernel or its seccomp policy "
                             "refuses (") + std::strerror(-qrc) + "); use offload device \"cpu\"");
   }
-  const size_t bufBytes = cfg_.chunkElems * 4 + kAlign;
+  const size_t bufBytes = cfg_.chunkElems * cfg_.elemBytes + kAlign;
   for (int s = 0; s < 3; ++s) {
     auto slot = std::make_unique<Slot>();
     for (int k = 0; k < arrays_; ++k) {
@@ -106,7 +107,7 @@ NvmeSwap::~NvmeSwap() {
     for (char* b : s->bufs) std::free(b);
 }
 
-size_t NvmeSwap::bufferBytes() const { return slots_.size() * arrays_ * (cfg_.chunkElems * 4 + kAlign); }
+size_t NvmeSwap::bufferBytes() const { return slots_.size() * arrays_ * (cfg_.chunkElems * cfg_.elemBytes + kAlign); }
 
 void NvmeSwap::start(Slot& s, bool write) {
   s.error.clear();
@@ -191,6 +192,7 @@ void NvmeSwap::forRange(size_t begin, size_t end, Access access, const Fn& fn) {
     throw InvalidArgument("ZeRO engine: nvme offload range [" + std::to_string(begin) + ", " + std::to_string(end) +
                           ") outside " + std::to_string(elems_) + " elements");
   if (begin == end) return;
+  const size_t eb = cfg_.elemBytes, kAlignElems = kAlign / eb;
   // Writing part of a block means reading the rest of it first.
   const bool edgeOpen = begin % kAlignElems != 0 || (end % kAlignElems != 0 && end != elems_);
   const bool reads = (access & kRead) || edgeOpen, writes = access & kWrite;
@@ -201,8 +203,8 @@ void NvmeSwap::forRange(size_t begin, size_t end, Access access, const Fn& fn) {
     at = next;
   }
   auto place = [&](Slot& s, size_t i) {
-    s.winStart = alignDown(chunks[i].first * 4);
-    s.winBytes = alignUp((chunks[i].first + chunks[i].second) * 4) - s.winStart;
+    s.winStart = alignDown(chunks[i].first * eb);
+    s.winBytes = alignUp((chunks[i].first + chunks[i].second) * eb) - s.winStart;
   };
   auto slot = [&](size_t i) -> Slot& { return *slots_[i % slots_.size()]; };
   try {
@@ -224,9 +226,8 @@ void NvmeSwap::forRange(size_t begin, size_t end, Access access, const Fn& fn) {
         place(n, i + 1);
         if (cfg_.pipelineRead) start(n, false);
       }
-      float* ptrs[3] = {nullptr, nullptr, nullptr};
-      for (int k = 0; k < arrays_; ++k)
-        ptrs[k] = reinterpret_cast<float*>(s.bufs[k] + (chunks[i].first * 4 - s.winStart));
+      char* ptrs[3] = {nullptr, nullptr, nullptr};
+      for (int k = 0; k < arrays_; ++k) ptrs[k] = s.bufs[k] + (chunks[i].first * eb - s.winStart);
       fn(chunks[i].first, chunks[i].second, ptrs);
       if (writes) {
         start(s, true);

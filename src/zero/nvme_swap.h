@@ -1,7 +1,8 @@
 #pragma once
-// ZeRO-Infinity's offload to disk: fp32 arrays over this rank's partition (the
-// master weights and the optimizer's states) kept in one file under nvme_path and
-// worked on a chunk at a time in a few buffers, read and written through io_uring.
+// ZeRO-Infinity's offload to disk: arrays over this rank's partition (the fp32
+// master weights and optimizer states, or stage 3's 16-bit parameter slices) kept
+// in one file under nvme_path and worked on a chunk at a time in a few buffers,
+// read and written through io_uring.
 //
 // io_uring (liburing) over libaio: libaio is asynchronous only with O_DIRECT and
 // blocks in io_submit on filesystems that fall back to buffered I/O; io_uring is
@@ -28,11 +29,12 @@ struct NvmeConfig {
   bool pipelineWrite = true;      // write chunk i back while chunk i+1 is worked on
   size_t blockBytes = 1u << 20;   // aio.block_size: bytes per request
   unsigned queueDepth = 8;        // aio.queue_depth: requests in flight
+  size_t elemBytes = 4;           // of each element (2 or 4)
 };
 
 class NvmeSwap {
  public:
-  // arrays fp32 arrays of elems elements each, zero at first. `who` names the
+  // arrays arrays of elems elements each, zero at first. `who` names the
   // owner in file names and errors. Space for the whole file is reserved here, so
   // a disk too small fails now, not in the middle of a step.
   NvmeSwap(const NvmeConfig& config, const std::string& who, size_t elems, int arrays);
@@ -45,7 +47,7 @@ class NvmeSwap {
   // memory, arrays[k] pointing at element `offset` of array k; with kWrite what fn
   // leaves there is written back. Chunks come in order. All writes are on disk
   // (in the page cache, for a buffered file) when this returns.
-  using Fn = std::function<void(size_t offset, size_t count, float* const* arrays)>;
+  using Fn = std::function<void(size_t offset, size_t count, char* const* arrays)>;
   void forRange(size_t begin, size_t end, Access access, const Fn& fn);
 
   size_t elems() const { return elems_; }

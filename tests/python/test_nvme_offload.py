@@ -1,7 +1,8 @@
-"""ZeRO-Infinity's offload of the optimizer state to disk (offload_optimizer device nvme):
+"""ZeRO-Infinity's offload to disk (offload_optimizer and offload_param device nvme):
 equal to the in-memory state on every stage and optimizer, checkpoints of it, its errors
-(workers/zero_nvme.py); and a model that trains under a memory limit (a memory cgroup
-the test makes) that the same model with its state in memory cannot meet."""
+(workers/zero_nvme.py); and a model whose optimizer state is larger than a memory limit
+(a memory cgroup the test makes) trains under it, where the same model with its state in
+memory is killed."""
 import os
 import re
 import subprocess
@@ -16,7 +17,7 @@ from conftest import BUILD, WORKERS, ok
 def test_nvme_state_matches_memory_and_checkpoints(ranks, tmp_path):
     out = ok(ranks(2, "zero_nvme.py", env={"ZERO_TMP": str(tmp_path)}, timeout=600))
     assert out.count("zero nvme ok") == 2
-    assert out.count("nvme == memory") == 2 * 7 and out.count("resumed from disk-held state") == 2 * 4
+    assert out.count("nvme == memory") == 2 * 11 and out.count("resumed from disk-held state") == 2 * 4
 
 
 def _memory_cgroup():
@@ -46,7 +47,7 @@ def _run(mode, swap, cgroup=None):
     return proc, {k: (eval(m.group(1)) if m else None) for k, m in found.items()}  # noqa: S307 - our worker's repr
 
 
-def test_trains_under_a_memory_limit_the_in_memory_state_exceeds(tmp_path):
+def test_trains_under_a_memory_limit_smaller_than_its_optimizer_state(tmp_path):
     swap = str(tmp_path / "swap")
     disk, d = _run("nvme", swap)
     mem, m = _run("memory", swap)
@@ -56,8 +57,8 @@ def test_trains_under_a_memory_limit_the_in_memory_state_exceeds(tmp_path):
     state = d["state bytes"]
     # The state left memory: the in-memory run's peak is at least most of the state above the disk run's.
     assert m["peak rss bytes"] - d["peak rss bytes"] >= 0.8 * state, (d, m)
-    limit = int(d["peak rss bytes"] * 1.15) + (64 << 20)
-    assert limit < m["peak rss bytes"] - 0.3 * state, (limit, d, m)
+    limit = int(d["peak rss bytes"] * 1.15)
+    assert limit < state, f"the optimizer state ({state >> 20} MiB) fits in the limit ({limit >> 20} MiB)"
     cgroup, knob = _memory_cgroup()
     try:
         with open(os.path.join(cgroup, knob), "w") as f:

@@ -50,7 +50,10 @@ std::string configOf(const Choice& c) {
   std::string j = R"({"train_micro_batch_size_per_gpu": 1, "gradient_clipping": 0.5, "zero_optimization": {"stage": )" +
                   std::to_string(c.stage) + R"(, "reduce_bucket_size": 90, "stage3_param_persistence_threshold": 6)";
   if (c.offload) j += std::string(R"(, "offload_optimizer": {"device": "cpu", "pin_memory": )") + (c.pin ? "true" : "false") + "}";
-  if (c.offloadParam) j += R"(, "offload_param": {"device": "cpu", "pin_memory": true})";
+  if (c.offloadParam && !c.nvme) j += R"(, "offload_param": {"device": "cpu", "pin_memory": true})";
+  if (c.offloadParam && c.nvme)
+    j += R"(, "offload_param": {"device": "nvme", "max_in_cpu": 0, "buffer_size": 40, "nvme_path": ")" +
+         (std::filesystem::temp_directory_path() / "chorus_zero_device_nvme").string() + R"("})";
   if (c.nvme)
     j += R"(, "sub_group_size": 50, "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
          (std::filesystem::temp_directory_path() / "chorus_zero_device_nvme").string() +
@@ -188,6 +191,9 @@ std::vector<Choice> choices() {
   for (int stage : {0, 1, 2, 3}) out.push_back({stage, DataType::kBFloat16, false, OptimKind::kAdam, true, false, "", true});
   out.push_back({3, DataType::kFloat16, false, OptimKind::kAdam, true, false, "", true});
   out.push_back({1, DataType::kFloat32, false, OptimKind::kAdamW, true, false, "", true});
+  // Stage 3's parameter slices on disk too: read for each gather, written from each tile's master.
+  for (DataType t : {DataType::kFloat32, DataType::kBFloat16, DataType::kFloat16})
+    out.push_back({3, t, false, OptimKind::kAdam, true, true, "", true});
   return out;
 }
 

@@ -1,5 +1,5 @@
-"""ZeRO-Infinity's offload of the optimizer state to disk (offload_optimizer device nvme):
-every stage, fp32 and bf16 (with bf16 master weights), each optimizer chorus steps,
+"""ZeRO-Infinity's offload to disk (offload_optimizer device nvme, and at stage 3
+offload_param nvme): every stage, fp32 and bf16 (with bf16 master weights), each optimizer chorus steps,
 tiles smaller than a parameter and not on block boundaries, pipelined or not: the
 same parameters, bit for bit, as the same config with the state in memory; then a
 checkpoint saved from disk-held state (chorus's format and DeepSpeed's) resumes, in
@@ -28,7 +28,7 @@ OPTIMIZERS = {"adamw": {"type": "AdamW", "params": {"lr": 5e-3, "weight_decay": 
               "sgd": {"type": "SGD", "params": {"lr": 0.05, "momentum": 0.9}}}
 
 
-def config(stage, prec, opt, device, tile, pipeline=True, fmt=None):
+def config(stage, prec, opt, device, tile, pipeline=True, fmt=None, params=None):
     cfg = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
            "optimizer": OPTIMIZERS[opt], "gradient_clipping": 0.5,
            "zero_optimization": {"stage": stage, "reduce_bucket_size": 700, "sub_group_size": tile,
@@ -39,6 +39,9 @@ def config(stage, prec, opt, device, tile, pipeline=True, fmt=None):
     if device == "nvme":
         cfg["zero_optimization"]["offload_optimizer"].update(
             {"nvme_path": swap, "pipeline_read": pipeline, "pipeline_write": pipeline})
+    if params:  # stage 3's 16-bit slices: on disk ("disk"), or within max_in_cpu in memory ("kept")
+        cfg["zero_optimization"]["offload_param"] = {"device": "cpu"} if device != "nvme" else {
+            "device": "nvme", "nvme_path": swap, "buffer_size": tile, "max_in_cpu": 0 if params == "disk" else 10 ** 9}
     if prec == "bf16":
         cfg["bf16"] = {"enabled": True, "bf16_master_weights_and_grads": stage > 0}
     if fmt:
@@ -53,16 +56,25 @@ def run(cfg, x, y, steps=STEPS, tag=None):
 
 
 x, y = data(4 * world, 2 * STEPS)
-# (stage, precision, optimizer, tile elements, pipelined): the model has 2243 parameters.
-cases = [(0, "fp32", "adamw", 1000, True), (1, "bf16", "adamw", 300, True), (2, "fp32", "lamb", 257, False),
-         (2, "bf16", "lion", 1024, True), (3, "fp32", "adagrad", 333, True), (3, "bf16", "adam-l2", 100, False),
-         (1, "fp32", "sgd", 5000, True)]
-for stage, prec, opt, tile, pipe in cases:
-    case = f"stage={stage} {prec} {opt} tile={tile} pipelined={pipe}"
-    mem, mem_losses = run(config(stage, prec, opt, "cpu", tile), x, y)
-    disk, disk_losses = run(config(stage, prec, opt, "nvme", tile, pipe), x, y)
+# (stage, precision, optimizer, tile elements, pipelined, stage 3's parameters): the model has 2243 parameters.
+cases = [(0, "fp32", "adamw", 1000, True, None), (1, "bf16", "adamw", 300, True, None),
+         (2, "fp32", "lamb", 257, False, None), (2, "bf16", "lion", 1024, True, None),
+         (3, "fp32", "adagrad", 333, True, None), (3, "bf16", "adam-l2", 100, False, None),
+         (1, "fp32", "sgd", 5000, True, None), (3, "bf16", "adamw", 300, True, "disk"),
+         (3, "fp32", "lion", 700, False, "disk"), (3, "bf16", "lamb", 400, True, "disk"),
+         (3, "bf16", "adamw", 300, True, "kept")]
+for stage, prec, opt, tile, pipe, params in cases:
+    case = f"stage={stage} {prec} {opt} tile={tile} pipelined={pipe} params={params}"
+    mem, mem_losses = run(config(stage, prec, opt, "cpu", tile, params=params), x, y)
+    disk, disk_losses = run(config(stage, prec, opt, "nvme", tile, pipe, params=params), x, y)
     assert disk.core.state_on_disk and not mem.core.state_on_disk
-    assert disk.core.memory()["optimizer"] == 0 and disk.core.memory()["disk"] >= 4 * disk.core.partition_elems
+    report = disk.core.memory()
+    state_bytes = 4 * disk.core.partition_elems
+    assert report["optimizer"] == 0 and report["disk"] >= state_bytes
+    if params == "disk":  # (the slices too: 2 or 4 bytes per element more on disk, none in memory)
+        assert report["params"] == 0 and report["disk"] >= state_bytes * 2 + 2 * disk.core.partition_elems, report
+    elif params == "kept":
+        assert report["params"] > 0, report
     a = full_params(mem, tmpdir(), f"mem-{stage}-{prec}-{opt}")
     b = full_params(disk, tmpdir(), f"disk-{stage}-{prec}-{opt}")
     err = max((p - q).abs().max().item() for p, q in zip(a, b))
@@ -76,14 +88,15 @@ for stage, prec, opt, tile, pipe in cases:
 # Checkpoints of disk-held state: both formats, resumed on disk and in memory.
 for fmt in ("chorus", "deepspeed"):
     for stage in (1, 3):
-        cfg = config(stage, "bf16", "adamw", "nvme", 500, True, fmt)
+        params = "disk" if stage == 3 else None  # (and stage 3's parameters on disk)
+        cfg = config(stage, "bf16", "adamw", "nvme", 500, True, fmt, params)
         engine, _ = run(cfg, x, y)
         ckpt = os.path.join(tmpdir(), f"ckpt-{fmt}-{stage}")
         engine.save_checkpoint(ckpt, "t")
         cont = train(engine, x, y, 2 * STEPS, start=STEPS)
         for device in ("nvme", "cpu"):
             again, _, _, _ = deepspeed.initialize(model=make_model(seed=5),
-                                                  config=config(stage, "bf16", "adamw", device, 500, True, fmt))
+                                                  config=config(stage, "bf16", "adamw", device, 500, True, fmt, params))
             again.load_checkpoint(ckpt, "t")
             got = train(again, x, y, 2 * STEPS, start=STEPS)
             assert got == cont, f"{fmt} stage {stage}: resumed on {device}: {got} != {cont}"
@@ -106,6 +119,13 @@ try:
     raise AssertionError("an nvme_path under a file was accepted")
 except Exception as e:  # noqa: BLE001 - chorus.Error
     assert os.path.join(blocker, "swap") in str(e), e
+cfg = config(3, "fp32", "adamw", "cpu", 500)
+cfg["zero_optimization"]["offload_param"] = {"device": "nvme", "nvme_path": swap}
+try:
+    deepspeed.initialize(model=make_model(), config=cfg)
+    raise AssertionError("offload_param nvme was accepted beside offload_optimizer cpu")
+except ValueError as e:
+    assert "offload_optimizer.device' nvme" in str(e), e
 cfg = config(2, "fp32", "adamw", "nvme", 500)
 del cfg["optimizer"]
 model = make_model()

@@ -1,5 +1,6 @@
 """A model whose optimizer state is larger than the memory this process may use
-(the test runs it in a memory cgroup): bf16, ZeRO-1, AdamW; argv: nvme SWAP_DIR | memory.
+(the test runs it in a memory cgroup): bf16, ZeRO-3, AdamW; argv: nvme SWAP_DIR | memory
+(nvme: the optimizer's state and the 16-bit parameter slices on disk).
 Prints the losses, the bytes of optimizer state and the peak resident memory."""
 import resource
 import sys
@@ -13,7 +14,7 @@ import chorus.torch as hvd
 
 warnings.simplefilter("ignore")
 hvd.init()
-WIDTH, LAYERS, STEPS = 2048, 16, 3  # 67M parameters: 805 MB of fp32 master weights and AdamW moments
+WIDTH, LAYERS, STEPS = 2048, 24, 3  # 101M parameters: 1.2 GB of fp32 master weights and AdamW moments
 
 
 def make_model():
@@ -26,10 +27,13 @@ def make_model():
 
 cfg = {"train_micro_batch_size_per_gpu": 4, "bf16": {"enabled": True},
        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01}},
-       "zero_optimization": {"stage": 1, "sub_group_size": 2_000_000}}
+       "zero_optimization": {"stage": 3, "sub_group_size": 2_000_000, "reduce_bucket_size": 5_000_000,
+                             "stage3_max_live_parameters": 5_000_000, "stage3_prefetch_bucket_size": 5_000_000}}
 if sys.argv[1] == "nvme":
     cfg["zero_optimization"]["offload_optimizer"] = {"device": "nvme", "nvme_path": sys.argv[2],
                                                      "pipeline_read": True, "pipeline_write": True}
+    cfg["zero_optimization"]["offload_param"] = {"device": "nvme", "nvme_path": sys.argv[2], "max_in_cpu": 0,
+                                                 "buffer_size": 4_000_000}
 engine, _, _, _ = deepspeed.initialize(model=make_model(), config=cfg)
 g = torch.Generator().manual_seed(1)
 x = torch.randn(STEPS, 4, WIDTH, generator=g)

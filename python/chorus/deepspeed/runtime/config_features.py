@@ -27,10 +27,6 @@ def _model_dtype(cfg):
 
 # (key, switched on?, why chorus refuses it and what to use instead)
 RULES = [
-    ("zero_optimization.offload_param.device",
-     lambda c: _get(c, "zero_optimization.offload_param.device") == "nvme",
-     "chorus offloads the optimizer's state to NVMe (offload_optimizer), not the 16-bit parameters; "
-     "use offload_param \"cpu\""),
     ("zero_optimization.offload_optimizer.ratio",
      lambda c: float(_get(c, "zero_optimization.offload_optimizer.ratio", 1.0)) < 1.0,
      "chorus offloads the whole optimizer state or none of it; use 1.0"),

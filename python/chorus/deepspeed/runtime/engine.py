@@ -132,7 +132,7 @@ class DeepSpeedEngine(EngineQueries, EngineMonitor, EngineRandomLTD, EngineCurri
             from chorus.deepspeed.runtime.torch_autocast import Autocast
             self._autocast = Autocast(self._raw_config["torch_autocast"], self._device, cfg["stage"])
             self._autocast.mark(model)
-        if cfg["stage"] < 3 and cfg["offload_param"] == "cpu":
+        if cfg["stage"] < 3 and cfg["offload_param"] in ("cpu", "nvme"):
             warnings.warn(f"chorus: offload_param is used by ZeRO stage 3 only; ignored at stage {cfg['stage']}")
 
         if model_parameters is not None:

@@ -84,7 +84,7 @@ class EngineQueries:
         return self._cfg["offload_optimizer"] in ("cpu", "nvme")
 
     def zero_offload_param(self):
-        return self._cfg["offload_param"] == "cpu"
+        return self._cfg["offload_param"] in ("cpu", "nvme")
 
     def zero_cpu_offload(self):
         return self.zero_offload_optimizer()
