@@ -229,7 +229,7 @@ DsConfig DsConfig::parse(const std::string& text, int world) {
       c.zero.pipelineRead = get<bool>(o, "pipeline_read", join(zp, "offload_optimizer"), false);
       c.zero.pipelineWrite = get<bool>(o, "pipeline_write", join(zp, "offload_optimizer"), false);
     }
-    if (c.zero.offloadParam == "nvme") {
+    if (c.zero.offloadParam == "nvme" && c.zero.stage == 3) {  // (ignored below stage 3, as "cpu" is)
       const json& o = z["offload_param"];
       const std::string path = join(zp, "offload_param");
       c.zero.paramNvmePath = nvmePath("offload_param", "the 16-bit parameters");

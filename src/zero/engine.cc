@@ -540,6 +540,9 @@ StepResult Engine::stepWith(const std::vector<GroupHyper>& groups, const double*
   if (groups.size() < numGroups_)
     throw InvalidArgument("ZeRO engine: step got " + std::to_string(groups.size()) + " parameter groups, the model has " +
                           std::to_string(numGroups_));
+  if (stateBroken_)
+    throw Error("ZeRO engine: a read or write of the state on disk failed in an earlier step, leaving it partly "
+                "stepped; load a checkpoint into a new engine");
   float gradScale = 1.0f;
   StepResult res = prepareStep(&gradScale, totalSumSquares);
   if (res.skipped) return res;
@@ -549,26 +552,28 @@ StepResult Engine::stepWith(const std::vector<GroupHyper>& groups, const double*
     zeroGrads();
     return res;
   }
-  forState(0, plan_->partitionElems(), true, [&](size_t off, size_t n, float* m, float* s1, float* s2) {
-    for (const auto& run : runs_) {
-      const size_t at = plan_->units()[run.unit].partOffset + run.offset, es = esize();
-      const size_t lo = std::max(at, off), hi = std::min(at + run.length, off + n);
-      if (lo >= hi) continue;
-      const size_t in = run.offset + (lo - at), d = lo - off;
-      RunArgs a{m + d,
-                s1 + d,
-                s2 ? s2 + d : nullptr,
-                gradSlice(run.unit) + in * es,
-                masterIsParams_ || paramSwap_ ? nullptr : paramSlice(run.unit) + in * es,
-                spec_.dtype,
-                hi - lo,
-                gradScale,
-                optSteps_};
-      mem_->optimizer(spec_.optimizer, groups[run.group], a);
-    }
-    roundBf16(m, s1, s2, n);
-    if (swap_) mem_->sync();  // (the tile goes back to disk next)
-    if (paramSwap_) masterToSlices(m, off, n);
+  onDisk([&] {
+    forState(0, plan_->partitionElems(), true, [&](size_t off, size_t n, float* m, float* s1, float* s2) {
+      for (const auto& run : runs_) {
+        const size_t at = plan_->units()[run.unit].partOffset + run.offset, es = esize();
+        const size_t lo = std::max(at, off), hi = std::min(at + run.length, off + n);
+        if (lo >= hi) continue;
+        const size_t in = run.offset + (lo - at), d = lo - off;
+        RunArgs a{m + d,
+                  s1 + d,
+                  s2 ? s2 + d : nullptr,
+                  gradSlice(run.unit) + in * es,
+                  masterIsParams_ || paramSwap_ ? nullptr : paramSlice(run.unit) + in * es,
+                  spec_.dtype,
+                  hi - lo,
+                  gradScale,
+                  optSteps_};
+        mem_->optimizer(spec_.optimizer, groups[run.group], a);
+      }
+      roundBf16(m, s1, s2, n);
+      if (swap_) mem_->sync();  // (the tile goes back to disk next)
+      if (paramSwap_) masterToSlices(m, off, n);
+    });
   });
   publishParams();
   zeroGrads();
@@ -597,11 +602,13 @@ void Engine::lambStep(const std::vector<GroupHyper>& groups, float gradScale) {
   // of this rank's pieces are summed over the set first.
   std::vector<double> sums(2 * numParams(), 0.0);
   const size_t part = plan_->partitionElems();
-  forState(0, part, true, [&](size_t off, size_t n, float* m, float* s1, float* s2) {
-    forPieces(off, n, m, s1, s2, gradScale, [&](const Piece& p, const RunArgs& a) {
-      mem_->lambMoments(groups[spec_.groupOf[p.param]], a, &sums[2 * p.param], &sums[2 * p.param + 1]);
+  onDisk([&] {
+    forState(0, part, true, [&](size_t off, size_t n, float* m, float* s1, float* s2) {
+      forPieces(off, n, m, s1, s2, gradScale, [&](const Piece& p, const RunArgs& a) {
+        mem_->lambMoments(groups[spec_.groupOf[p.param]], a, &sums[2 * p.param], &sums[2 * p.param + 1]);
+      });
+      if (swap_) mem_->sync();
     });
-    if (swap_) mem_->sync();
   });
   if (stage_ > 0 && world_ > 1) {
     AllreduceOptions o;
@@ -611,15 +618,17 @@ void Engine::lambStep(const std::vector<GroupHyper>& groups, float gradScale) {
     Tensor t{sums.data(), DataType::kFloat64, {static_cast<int64_t>(sums.size())}};
     rt_.allreduce(t, t, o);
   }
-  forState(0, part, true, [&](size_t off, size_t n, float* m, float* s1, float* s2) {
-    forPieces(off, n, m, s1, s2, gradScale, [&](const Piece& p, const RunArgs& a) {
-      const GroupHyper& h = groups[spec_.groupOf[p.param]];
-      mem_->lambApply(h, a, lambTrust(lambCoefficients(h, gradScale, optSteps_), sums[2 * p.param],
-                                      sums[2 * p.param + 1]));
+  onDisk([&] {
+    forState(0, part, true, [&](size_t off, size_t n, float* m, float* s1, float* s2) {
+      forPieces(off, n, m, s1, s2, gradScale, [&](const Piece& p, const RunArgs& a) {
+        const GroupHyper& h = groups[spec_.groupOf[p.param]];
+        mem_->lambApply(h, a, lambTrust(lambCoefficients(h, gradScale, optSteps_), sums[2 * p.param],
+                                        sums[2 * p.param + 1]));
+      });
+      roundBf16(m, s1, s2, n);
+      if (swap_) mem_->sync();
+      if (paramSwap_) masterToSlices(m, off, n);
     });
-    roundBf16(m, s1, s2, n);
-    if (swap_) mem_->sync();
-    if (paramSwap_) masterToSlices(m, off, n);
   });
 }
 
@@ -746,17 +755,14 @@ MemoryReport Engine::memory() const {
   MemoryReport m;
   for (size_t n : spec_.numels) m.psi += n;
   m.params = params_.size() + paramPart_.size();
-  if (paramSwap_) {
-    m.fixedBuffers += paramSwap_->bufferBytes();
-    m.disk += paramSwap_->diskBytes();
-  }
   m.grads = grads_.size() + gradPart_.size();
   m.optimizer = master_.size() + state1_.size() + state2_.size();
   m.fixedBuffers = agIn_[0].size() + agIn_[1].size() + liveBytes_;
-  if (swap_) {
-    m.fixedBuffers += swap_->bufferBytes();
-    m.disk = swap_->diskBytes();
-  }
+  for (const NvmeSwap* s : {swap_.get(), paramSwap_.get()})
+    if (s) {
+      m.fixedBuffers += s->bufferBytes();
+      m.disk += s->diskBytes();
+    }
   for (const auto& b : pool_) m.fixedBuffers += b.data.size();
   return m;
 }

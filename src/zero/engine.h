@@ -230,6 +230,10 @@ class Engine {
   void paramsToMaster(float* m, const char* params, size_t n) const;
   void masterToParams(char* params, const float* m, size_t n) const;
   void requireStateInMemory(const char* what) const;
+  // A pass over the state: under nvme offload, every rank of the set learns whether any
+  // rank's pass failed (then all raise, and the engine refuses further steps).
+  void onDisk(const std::function<void()>& pass);
+  bool stateBroken_ = false;
   void copyState(void* dst, const void* src, size_t bytes) const;  // a tile's or a buffer's bytes
   // Stage 3's 16-bit slices, elements [at, at + n) of the partition, in paramPart_ or on disk
   // (offload_param nvme): written from the engine's memory or the host, read to the host.

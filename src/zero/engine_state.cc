@@ -85,6 +85,34 @@ void Engine::roundBf16(float* m, float* s1, float* s2, size_t n) {
   }
 }
 
+void Engine::onDisk(const std::function<void()>& pass) {
+  if (!swap_) {
+    pass();
+    return;
+  }
+  std::exception_ptr error;
+  try {
+    pass();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  // One rank's failed read or write is an error on every rank (the others would wait in its gathers).
+  double failed = error ? 1.0 : 0.0;
+  if (world_ > 1) {
+    AllreduceOptions o;
+    o.name = name("nvme", 0);
+    o.processSet = spec_.processSet;
+    o.op = ReduceOp::kSum;
+    Tensor t{&failed, DataType::kFloat64, {1}};
+    rt_.allreduce(t, t, o);
+  }
+  if (failed == 0.0) return;
+  stateBroken_ = true;
+  if (error) std::rethrow_exception(error);
+  throw Error("ZeRO engine: the state on disk failed on " + std::to_string(static_cast<int>(failed)) +
+              " other rank(s) of the set; the step did not complete");
+}
+
 void Engine::sliceWrite(size_t at, const void* src, size_t n) {
   const size_t es = esize();
   if (!paramSwap_) {

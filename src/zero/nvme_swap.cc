@@ -47,7 +47,7 @@ NvmeSwap::NvmeSwap(const NvmeConfig& config, const std::string& who, size_t elem
   if (cfg_.elemBytes != 2 && cfg_.elemBytes != 4) throw InvalidArgument("ZeRO engine: nvme offload of 2- or 4-byte elements");
   const size_t kAlignElems = kAlign / cfg_.elemBytes;
   cfg_.chunkElems = std::max(kAlignElems, (cfg_.chunkElems + kAlignElems - 1) / kAlignElems * kAlignElems);
-  cfg_.blockBytes = std::max(kAlign, alignUp(cfg_.blockBytes));
+  cfg_.blockBytes = std::clamp(alignUp(cfg_.blockBytes), kAlign, size_t{1} << 30);  // (a request's length is 32-bit)
   cfg_.queueDepth = std::max(1u, cfg_.queueDepth);
   stride_ = alignUp(std::max<size_t>(elems_, 1) * cfg_.elemBytes);
   std::error_code ec;
@@ -59,41 +59,59 @@ NvmeSwap::NvmeSwap(const NvmeConfig& config, const std::string& who, size_t elem
   if (tmpFd < 0)
     throw Error("ZeRO engine: cannot create a swap file in nvme_path '" + cfg_.path + "': " + std::strerror(errno));
   file_ = name;
-  // O_DIRECT where the filesystem has it (a real disk: no page cache in between); else buffered.
-  fd_ = ::open(name.c_str(), O_RDWR | O_DIRECT | O_CLOEXEC);
-  if (fd_ >= 0) {
-    direct_ = true;
-    ::close(tmpFd);
-  } else {
-    fd_ = tmpFd;
-  }
-  ::unlink(name.c_str());
-  const int rc = ::posix_fallocate(fd_, 0, static_cast<off_t>(diskBytes()));
-  if (rc != 0) {
-    ::close(fd_);
-    fd_ = -1;
-    throw Error("ZeRO engine: cannot reserve " + std::to_string(diskBytes()) + " bytes for " + who_ +
-                "'s offloaded state in nvme_path '" + cfg_.path + "': " + std::strerror(rc));
-  }
-  ring_ = std::make_unique<::io_uring>();
-  const int qrc = io_uring_queue_init(cfg_.queueDepth, ring_.get(), 0);
-  if (qrc < 0) {
-    ring_.reset();
-    ::close(fd_);
-    fd_ = -1;
-    throw Error(std::string("ZeRO engine: offload to nvme needs io_uring, which this kernel or its seccomp policy "
-                            "refuses (") + std::strerror(-qrc) + "); use offload device \"cpu\"");
-  }
-  const size_t bufBytes = cfg_.chunkElems * cfg_.elemBytes + kAlign;
-  for (int s = 0; s < 3; ++s) {
-    auto slot = std::make_unique<Slot>();
-    for (int k = 0; k < arrays_; ++k) {
-      void* p = std::aligned_alloc(kAlign, bufBytes);
-      if (!p) throw Error("ZeRO engine: cannot allocate the nvme offload's buffers");
-      slot->bufs.push_back(static_cast<char*>(p));
+  try {
+    // Reserved through the plain descriptor (glibc's emulation, where a filesystem has no
+    // fallocate, writes through it, which O_DIRECT would refuse).
+    const int rc = ::posix_fallocate(tmpFd, 0, static_cast<off_t>(diskBytes()));
+    if (rc != 0)
+      throw Error("ZeRO engine: cannot reserve " + std::to_string(diskBytes()) + " bytes for " + who_ +
+                  "'s offloaded state in nvme_path '" + cfg_.path + "': " + std::strerror(rc));
+    // O_DIRECT where the filesystem has it (a real disk: no page cache in between); else buffered.
+    fd_ = ::open(name.c_str(), O_RDWR | O_DIRECT | O_CLOEXEC);
+    if (fd_ >= 0) {
+      direct_ = true;
+      ::close(tmpFd);
+    } else {
+      fd_ = tmpFd;
     }
-    slots_.push_back(std::move(slot));
+    ::unlink(name.c_str());
+    ring_ = std::make_unique<::io_uring>();
+    const int qrc = io_uring_queue_init(cfg_.queueDepth, ring_.get(), 0);
+    if (qrc < 0) {
+      ring_.reset();
+      throw Error(std::string("ZeRO engine: offload to nvme needs io_uring, which this kernel or its seccomp policy "
+                              "refuses (") + std::strerror(-qrc) + "); use offload device \"cpu\"");
+    }
+    // Three tiles (read ahead, stepped, written behind), fewer when the whole partition is fewer.
+    const size_t tiles = (elems_ + cfg_.chunkElems - 1) / cfg_.chunkElems;
+    const size_t bufBytes = cfg_.chunkElems * cfg_.elemBytes + kAlign;
+    for (size_t n = 0; n < std::clamp<size_t>(tiles, 1, 3); ++n) {
+      auto slot = std::make_unique<Slot>();
+      for (int k = 0; k < arrays_; ++k) {
+        void* p = std::aligned_alloc(kAlign, bufBytes);
+        if (!p) throw Error("ZeRO engine: cannot allocate the nvme offload's buffers");
+        slot->bufs.push_back(static_cast<char*>(p));
+      }
+      slots_.push_back(std::move(slot));
+    }
+  } catch (...) {
+    if (fd_ < 0) {
+      ::close(tmpFd);
+      ::unlink(name.c_str());
+    }
+    release();
+    throw;
   }
+}
+
+void NvmeSwap::release() {
+  if (ring_) io_uring_queue_exit(ring_.get());
+  ring_.reset();
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  for (auto& s : slots_)
+    for (char* b : s->bufs) std::free(b);
+  slots_.clear();
 }
 
 NvmeSwap::~NvmeSwap() {
@@ -101,10 +119,7 @@ NvmeSwap::~NvmeSwap() {
     while (inflight_ > 0) reap(true);
   } catch (...) {
   }
-  if (ring_) io_uring_queue_exit(ring_.get());
-  if (fd_ >= 0) ::close(fd_);
-  for (auto& s : slots_)
-    for (char* b : s->bufs) std::free(b);
+  release();
 }
 
 size_t NvmeSwap::bufferBytes() const { return slots_.size() * arrays_ * (cfg_.chunkElems * cfg_.elemBytes + kAlign); }
@@ -119,12 +134,12 @@ void NvmeSwap::start(Slot& s, bool write) {
   // (reqs is not resized again until this slot is finished: the ring holds pointers into it)
   for (auto& r : s.reqs) {
     while (inflight_ >= cfg_.queueDepth) {  // (below the depth the ring always has a free entry)
-      io_uring_submit(ring_.get());
+      submit();
       reap(true);
     }
     io_uring_sqe* sqe = io_uring_get_sqe(ring_.get());
     if (!sqe) {
-      io_uring_submit(ring_.get());
+      submit();
       sqe = io_uring_get_sqe(ring_.get());
     }
     if (r.write)
@@ -135,14 +150,25 @@ void NvmeSwap::start(Slot& s, bool write) {
     ++inflight_;
     ++s.pending;
   }
-  io_uring_submit(ring_.get());
+  submit();
+}
+
+void NvmeSwap::submit() {
+  for (;;) {
+    const int rc = io_uring_submit(ring_.get());
+    if (rc >= 0) return;
+    if (rc != -EINTR && rc != -EAGAIN && rc != -EBUSY)
+      throw Error("ZeRO engine: nvme offload: io_uring cannot submit (" + std::string(std::strerror(-rc)) + ")");
+    if (rc != -EINTR && inflight_ > 0) reap(true);  // (busy: let completions drain first)
+  }
 }
 
 void NvmeSwap::reap(bool block) {
   io_uring_cqe* cqe = nullptr;
   const int rc = block ? io_uring_wait_cqe(ring_.get(), &cqe) : io_uring_peek_cqe(ring_.get(), &cqe);
-  if (rc == -EINTR || rc == -EAGAIN || !cqe) return;
+  if (rc == -EINTR || rc == -EAGAIN) return;
   if (rc < 0) throw Error(std::string("ZeRO engine: nvme offload: io_uring wait failed: ") + std::strerror(-rc));
+  if (!cqe) return;
   auto* r = static_cast<Slot::Req*>(io_uring_cqe_get_data(cqe));
   const int res = cqe->res;
   io_uring_cqe_seen(ring_.get(), cqe);
@@ -162,7 +188,7 @@ void NvmeSwap::reap(bool block) {
     r->len -= static_cast<size_t>(res);
     io_uring_sqe* sqe = io_uring_get_sqe(ring_.get());
     if (!sqe) {
-      io_uring_submit(ring_.get());
+      submit();
       sqe = io_uring_get_sqe(ring_.get());
     }
     if (r->write)
@@ -171,7 +197,7 @@ void NvmeSwap::reap(bool block) {
       io_uring_prep_read(sqe, fd_, r->buf, static_cast<unsigned>(r->len), r->off);
     io_uring_sqe_set_data(sqe, r);
     ++inflight_;
-    io_uring_submit(ring_.get());
+    submit();
     return;
   }
   --s.pending;

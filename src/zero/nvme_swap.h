@@ -63,6 +63,8 @@ class NvmeSwap {
   void start(Slot& s, bool write);
   void finish(Slot& s);
   void reap(bool block);
+  void submit();
+  void release();
 
   NvmeConfig cfg_;
   std::string who_, file_;

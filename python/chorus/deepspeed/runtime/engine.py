@@ -216,6 +216,25 @@ class DeepSpeedEngine(EngineQueries, EngineMonitor, EngineRandomLTD, EngineCurri
                          **{k: groups[0][k] for k in names if k in groups[0]})
 
     def _make_core(self):
+        if self._cfg["offload_optimizer"] != "nvme":
+            return self._new_core()
+        # A swap folder one rank cannot use (full, not a folder) fails there: every rank raises, none waits.
+        core, error = None, None
+        try:
+            core = self._new_core()
+        except ValueError:
+            raise  # (the config's: the same on every rank)
+        except Exception as e:  # noqa: BLE001 - chorus's error from the swap file
+            error = e
+        checkpoint._agree(self.process_set, error, "offload to nvme", verb="initialize")
+        tile = int((self._raw_config.get("zero_optimization") or {}).get("sub_group_size", 1_000_000_000))
+        if core.partition_elems > 1_000_000 and tile >= core.partition_elems:
+            warnings.warn(f"chorus: zero_optimization.sub_group_size {tile} is not below this rank's partition "
+                          f"({core.partition_elems} elements): offload_optimizer nvme then steps the whole state "
+                          "in memory at once; set it lower (1e7, say), as DeepSpeed advises for NVMe")
+        return core
+
+    def _new_core(self):
         group_of, kind = self._core_args
         text = self._config_text if self._sp == 1 else ds_config.per_rank(self._raw_config, self._cfg)
         return _core.ZeroEngine(text, self.process_set.process_set_id,

@@ -78,7 +78,10 @@ class _DiskState:
         return torch.from_numpy(self.core.read_state(self.k, s.start, s.stop - s.start))
 
     def __setitem__(self, s, value):
-        self.core.write_state(self.k, s.start, value.detach().to(torch.float32).reshape(-1).contiguous().numpy())
+        flat = value.detach().to(torch.float32).reshape(-1).contiguous()
+        if flat.numel() != s.stop - s.start:
+            raise ValueError(f"state slice [{s.start}:{s.stop}) given {flat.numel()} values")
+        self.core.write_state(self.k, s.start, flat.numpy())
 
 
 def state_arrays(core, count):
