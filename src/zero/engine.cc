@@ -451,23 +451,19 @@ void Engine::finishReductions() {
   }
 }
 
+void Engine::sumOver(double* v, size_t n, int32_t set, const std::string& op) {
+  AllreduceOptions o;
+  o.name = op;
+  o.processSet = set;
+  o.op = ReduceOp::kSum;
+  Tensor t{v, DataType::kFloat64, {static_cast<int64_t>(n)}};
+  rt_.allreduce(t, t, o);
+}
+
 double Engine::setSumSquares(double sumsq) {
-  if (stage_ > 0) {
-    AllreduceOptions o;
-    o.name = name("norm", 0);
-    o.processSet = spec_.processSet;
-    o.op = ReduceOp::kSum;
-    Tensor t{&sumsq, DataType::kFloat64, {1}};
-    rt_.allreduce(t, t, o);
-  }
-  if (spec_.pipeProcessSet >= 0) {  // this stage's share, summed over the stages
-    AllreduceOptions o;
-    o.name = pipeName_;
-    o.processSet = spec_.pipeProcessSet;
-    o.op = ReduceOp::kSum;
-    Tensor t{&sumsq, DataType::kFloat64, {1}};
-    rt_.allreduce(t, t, o);
-  }
+  if (stage_ > 0) sumOver(&sumsq, 1, spec_.processSet, name("norm", 0));
+  // this stage's share, summed over the stages
+  if (spec_.pipeProcessSet >= 0) sumOver(&sumsq, 1, spec_.pipeProcessSet, pipeName_);
   return sumsq;
 }
 
@@ -610,14 +606,7 @@ void Engine::lambStep(const std::vector<GroupHyper>& groups, float gradScale) {
       if (swap_) mem_->sync();
     });
   });
-  if (stage_ > 0 && world_ > 1) {
-    AllreduceOptions o;
-    o.name = name("lamb", 0);
-    o.processSet = spec_.processSet;
-    o.op = ReduceOp::kSum;
-    Tensor t{sums.data(), DataType::kFloat64, {static_cast<int64_t>(sums.size())}};
-    rt_.allreduce(t, t, o);
-  }
+  if (stage_ > 0 && world_ > 1) sumOver(sums.data(), sums.size(), spec_.processSet, name("lamb", 0));
   onDisk([&] {
     forState(0, part, true, [&](size_t off, size_t n, float* m, float* s1, float* s2) {
       forPieces(off, n, m, s1, s2, gradScale, [&](const Piece& p, const RunArgs& a) {

@@ -216,7 +216,8 @@ class Engine {
   }
   StepResult prepareStep(float* gradScale, const double* totalSumSquares);
   void finishReductions();
-  double setSumSquares(double local);  // summed over the set (stages 1-3) and the pipeline's stages
+  double setSumSquares(double local);
+  void sumOver(double* v, size_t n, int32_t set, const std::string& op);  // in place, over the process set  // summed over the set (stages 1-3) and the pipeline's stages
   // Skip (non-finite, as DeepSpeed skips) or not, the norm, and gradScale's clip factor.
   StepResult decide(double sumsq, bool unscaled, float* gradScale);
   StepResult finishExternalWith(const double* totalSumSquares);

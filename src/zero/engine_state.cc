@@ -98,14 +98,7 @@ void Engine::onDisk(const std::function<void()>& pass) {
   }
   // One rank's failed read or write is an error on every rank (the others would wait in its gathers).
   double failed = error ? 1.0 : 0.0;
-  if (world_ > 1) {
-    AllreduceOptions o;
-    o.name = name("nvme", 0);
-    o.processSet = spec_.processSet;
-    o.op = ReduceOp::kSum;
-    Tensor t{&failed, DataType::kFloat64, {1}};
-    rt_.allreduce(t, t, o);
-  }
+  if (world_ > 1) sumOver(&failed, 1, spec_.processSet, name("nvme", 0));
   if (failed == 0.0) return;
   stateBroken_ = true;
   if (error) std::rethrow_exception(error);
