@@ -187,6 +187,7 @@ class Engine {
   // parameters (MoE experts saved at another expert-parallel size).
   void loadShards(const std::vector<std::string>& paths, const std::string& expectedExtra = "",
                   const std::vector<std::vector<int64_t>>& paramMaps = {});
+  std::string shardMeta(const std::string& extraMeta) const;
   // Whether this rank writes a shard (stage 0 keeps one replica, written by rank 0).
   bool writesShard() const { return stage_ > 0 || rank_ == 0; }
 

