@@ -18,49 +18,115 @@ import re
 import torch
 
 from chorus.deepspeed.checkpoint.ds_pickle import load
+from chorus.deepspeed.runtime.expert_parts import global_name, is_expert_name, local_counts, split_expert_name
 
 MODEL_STATES = "mp_rank_00_model_states.pt"
 STAGE3_MODEL_STATES = "zero_pp_rank_0_mp_rank_00_model_states.pt"
 ENGINE_KEYS = {"module", "buffer_names", "optimizer", "param_shapes", "frozen_param_shapes", "shared_params",
                "frozen_param_fragments", "lr_scheduler", "data_sampler", "random_ltd", "sparse_tensor_module_names",
                "skipped_steps", "global_steps", "global_samples", "dp_world_size", "mp_world_size", "ds_config",
-               "ds_version", "checkpoint_parallel_dimensions"}
+               "ds_version", "checkpoint_parallel_dimensions", "num_experts", "ds_autoep_layers"}
 
 
 def _cat(tensors):
     return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
 
 
+def model_states_name(mp, stage3=False):
+    return f"zero_pp_rank_0_mp_rank_{mp:02d}_model_states.pt" if stage3 else f"mp_rank_{mp:02d}_model_states.pt"
+
+
 def is_deepspeed_checkpoint(path):
     return os.path.isfile(os.path.join(path, MODEL_STATES)) or os.path.isfile(os.path.join(path, STAGE3_MODEL_STATES))
 
 
-class DeepSpeedCheckpoint:
-    """names/shapes (the trainable parameters, in order), fp32 {name: tensor}, states
-    {name: {key: tensor}} (the optimizer's per-element state under its own names: exp_avg,
-    exp_avg_sq, momentum_buffer...; a key is kept only where every parameter has it), step,
-    param_groups (the optimizer's settings as saved), scaler (fp16's loss scaler state, under
-    DeepSpeed's names, or None), module (16-bit values and buffers), model_states (the
-    rest of the engine's dict), stage, world."""
+def layer_file(idx, tp_rank=None):
+    """A pipeline layer's file (DeepSpeed's PipelineModule.ckpt_layer_path): the tensor-parallel
+    slice, where there is a model axis, in its name."""
+    return f"layer_{idx:02d}" + ("" if tp_rank is None else f"-model_{tp_rank:02d}") + "-model_states.pt"
 
-    def __init__(self, path, trainable=None):
+
+def layer_files(path):
+    """{layer index: {tensor-parallel slice or None: file}} of a pipeline checkpoint."""
+    out = {}
+    for f in glob.glob(os.path.join(glob.escape(path), "layer_*-model_states.pt")):
+        m = re.match(r"layer_(\d+)(?:-model_(\d+))?-model_states\.pt$", os.path.basename(f))
+        if m:
+            out.setdefault(int(m.group(1)), {})[None if m.group(2) is None else int(m.group(2))] = f
+    return out
+
+
+def expert_optimizer_files(path, mp):
+    """{expert-parallel rank: file} of a MoE checkpoint without ZeRO (expp_rank_E_mp_rank_XX_optim_states.pt)."""
+    out = {}
+    for f in glob.glob(os.path.join(glob.escape(path), f"expp_rank_*_mp_rank_{mp:02d}_optim_states.pt")):
+        m = re.match(rf"expp_rank_(\d+)_mp_rank_{mp:02d}_optim_states\.pt$", os.path.basename(f))
+        if m:
+            out[int(m.group(1))] = f
+    if out and sorted(out) != list(range(len(out))):
+        raise ValueError(f"load_checkpoint: {path} holds the expert optimizer states of expert-parallel ranks "
+                         f"{sorted(out)}; some are missing")
+    return out
+
+
+def expert_files(path, mp):
+    """[(MoE layer, global expert, file)] (layer_L_expert_E_mp_rank_XX_model_states.pt)."""
+    out = []
+    for f in glob.glob(os.path.join(glob.escape(path), f"layer_*_expert_*_mp_rank_{mp:02d}_model_states.pt")):
+        m = re.match(rf"layer_(\d+)_expert_(\d+)_mp_rank_{mp:02d}_model_states\.pt$", os.path.basename(f))
+        if m:
+            out.append((int(m.group(1)), int(m.group(2)), f))
+    return sorted(out)
+
+
+def expert_sets(world, partitions, data_first=False):
+    """{expert-parallel rank: its expert-data-parallel ranks, in order} as DeepSpeed's groups place
+    them: E + D (default; ranks of one expert-parallel group are neighbours) or D + E."""
+    if partitions < 1 or world % partitions:
+        raise ValueError(f"load_checkpoint: an expert group in {partitions} partitions over {world} ranks")
+    ep = world // partitions
+    if data_first:
+        return {e: list(range(e * partitions, (e + 1) * partitions)) for e in range(ep)}
+    return {e: list(range(e, world, ep)) for e in range(ep)}
+
+
+class DeepSpeedCheckpoint:
+    """One model-parallel slice (mp_rank_XX) of a DeepSpeed checkpoint folder: names/shapes (the
+    trainable parameters, in order), fp32 {name: tensor}, states {name: {key: tensor}} (the
+    optimizer's per-element state under its own names: exp_avg, exp_avg_sq, momentum_buffer...;
+    a key is kept only where every parameter has it), step, param_groups (the optimizer's
+    settings as saved), scaler (fp16's loss scaler state, under DeepSpeed's names, or None),
+    module (16-bit values and buffers; a pipeline's from its layer files), model_states (the rest
+    of the engine's dict), stage, world."""
+
+    def __init__(self, path, trainable=None, mp=0, pipeline_module=None):
         """trainable: the loading model's trained parameters' names (without ZeRO the file does
-        not say which of the module's parameters the optimizer held)."""
-        self.path, self.trainable = path, None if trainable is None else set(trainable)
-        stage3 = not os.path.isfile(os.path.join(path, MODEL_STATES))
-        self.model_states = load(os.path.join(path, STAGE3_MODEL_STATES if stage3 else MODEL_STATES))
+        not say which of the module's parameters the optimizer held). mp: the slice.
+        pipeline_module(model_states): a pipeline slice's module, from the layer files."""
+        self.path, self.trainable, self.mp = path, None if trainable is None else set(trainable), mp
+        stage3 = not os.path.isfile(os.path.join(path, model_states_name(mp)))
+        self.model_states = load(os.path.join(path, model_states_name(mp, stage3)))
         ms = self.model_states
-        if ms.get("mp_world_size", 1) != 1:
-            raise ValueError(f"load_checkpoint: {path} is a DeepSpeed checkpoint at tensor-parallel size "
-                             f"{ms.get('mp_world_size')}; chorus reads DeepSpeed's data-parallel checkpoints only")
         self.world = int(ms.get("dp_world_size", 1))
-        self.module = ms.get("module") or {}
+        self.module = ms.get("module")
+        self.pipeline = self.module is None
+        if self.pipeline:
+            if pipeline_module is None:
+                raise ValueError(f"load_checkpoint: {path}: {model_states_name(mp, stage3)} holds no module and the "
+                                 "folder no pipeline layer files (layer_XX-model_states.pt)")
+            self.module = pipeline_module(ms)
         self.stage = int(((ms.get("ds_config") or {}).get("zero_optimization") or {}).get("stage", 3 if stage3 else 0))
         self.states, self.step, self.param_groups, self.scaler = {}, 0, [], None
+        self.experts = {}  # MoE: every expert's saved values under its global number
+        for _, _, f in expert_files(path, mp):
+            self.experts.update(load(f))
         if self.stage == 0:
             self._read_unpartitioned()
         else:
             self._read_partitioned()
+
+    def _data_first(self):
+        return bool((self.model_states.get("ds_config") or {}).get("use_data_before_expert_parallelism", False))
 
     # --- layouts ------------------------------------------------------------------------------
     def _names_from_shapes(self):
@@ -71,8 +137,8 @@ class DeepSpeedCheckpoint:
 
     def _rank_files(self):
         files = {}
-        for f in glob.glob(os.path.join(self.path, "*zero_pp_rank_*_mp_rank_00_optim_states.pt")):
-            m = re.search(r"zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt$", f)
+        for f in glob.glob(os.path.join(glob.escape(self.path), f"*zero_pp_rank_*_mp_rank_{self.mp:02d}_optim_states.pt")):
+            m = re.search(rf"zero_pp_rank_(\d+)_mp_rank_{self.mp:02d}_optim_states\.pt$", f)
             files[int(m.group(1))] = f
         missing = [r for r in range(self.world) if r not in files]
         if missing or len(files) != self.world:
@@ -105,13 +171,24 @@ class DeepSpeedCheckpoint:
         self.fp32, out = {}, {}
         self._scaler(states[0].get("loss_scaler"))
         if self.stage in (1, 2):
+            named = []
             for g, params in enumerate(groups):
-                flat = _cat([s["single_partition_of_fp32_groups"][g].float() for s in states])
-                opt = [s["base_optimizer_state"]["state"].get(g, {}) for s in states]
-                paddings = (states[0].get("param_alignment_paddings") or [None] * len(groups))[g]
-                self._walk(params, flat, self._flat_states(opt), out, paddings)
-                self.step = self._step(opt[0], self.step)
+                # An expert group's partitions: over the ranks holding the same experts (an
+                # expert-parallel rank's expert-data-parallel set), one such set per expert-parallel rank.
+                sets = {0: list(range(self.world))}
+                if any(is_expert_name(n) for n, _ in params):
+                    sets = expert_sets(self.world, int(states[0]["partition_count"][g]), self._data_first())
+                counts = local_counts([n for n, _ in params]) if len(sets) > 1 else {}
+                for e, ranks in sets.items():
+                    mine = [(global_name(n, e, counts) if counts else n, shape) for n, shape in params]
+                    flat = _cat([states[r]["single_partition_of_fp32_groups"][g].float() for r in ranks])
+                    opt = [states[r]["base_optimizer_state"]["state"].get(g, {}) for r in ranks]
+                    paddings = (states[ranks[0]].get("param_alignment_paddings") or [None] * len(groups))[g]
+                    self._walk(mine, flat, self._flat_states(opt), out, paddings)
+                    self.step = self._step(opt[0], self.step)
+                    named += mine
             self.param_groups = states[0]["base_optimizer_state"].get("param_groups") or []
+            groups = [named]
         else:
             flats = [_cat([t.float() for t in s["fp32_flat_groups"]]) for s in states]
             opts = [s["optimizer_state_dict"]["state"] for s in states]
@@ -154,31 +231,69 @@ class DeepSpeedCheckpoint:
                            "cur_hysteresis": record.get("cur_hysteresis"), "dynamic": True}
 
     def _read_unpartitioned(self):
-        opt = self.model_states.get("optimizer") or {}
+        files = expert_optimizer_files(self.path, self.mp)
+        if not files:
+            self.names, self.shapes, self.fp32, out = self._unpartitioned(self.module,
+                                                                          self.model_states.get("optimizer") or {})
+            self._keep(out)
+            return
+        # MoE without ZeRO: expert-parallel rank E's optimizer (expp_rank_E) over its module, the
+        # shared parameters then its experts (DeepSpeed's MoE parameter groups come last)
+        ep, counts = len(files), self._expert_counts()
+        self.names, self.shapes, self.fp32, out = [], [], {}, {}
+        for e in range(ep):
+            module = dict(self.module)
+            for prefix, total in counts.items():
+                nl = total // ep
+                for j in range(nl):
+                    for k, v in self.experts.items():
+                        at = f"{prefix}.{e * nl + j}."
+                        if k.startswith(at):
+                            module[f"{prefix}.{j}." + k[len(at):]] = v
+            names, shapes, fp32, got = self._unpartitioned(module, load(files[e]).get("optimizer") or {})
+            for n, shape in zip(names, shapes):
+                if is_expert_name(n) or e == 0:
+                    g = global_name(n, e, {p: t // ep for p, t in counts.items()}) if is_expert_name(n) else n
+                    self.names.append(g)
+                    self.shapes.append(shape)
+                    self.fp32[g], out[g] = fp32[n], got[n]
+        self._keep(out)
+
+    def _expert_counts(self):
+        """{experts' path: how many experts} from the experts' files."""
+        counts = {}
+        for k in self.experts:
+            prefix, number, _ = split_expert_name(k)
+            counts[prefix] = max(counts.get(prefix, 0), number + 1)
+        return counts
+
+    def _unpartitioned(self, module, opt):
+        """(names, shapes, fp32, states) of the trained parameters of a module and its optimizer."""
         buffers = set(self.model_states.get("buffer_names") or [])
         frozen = set((self.model_states.get("frozen_param_shapes") or {}).keys())
         names, seen, every = [], set(), []
-        for n in self.module:  # a tied parameter is saved under each name, one storage: trained once
-            t = self.module[n]
+        for n in module:  # a tied parameter is saved under each name, one storage: trained once
+            t = module[n]
             key = (t.data_ptr(), tuple(t.shape), str(t.dtype))
             if n in buffers or (t.numel() and key in seen):
                 continue
             seen.add(key)
             every.append(n)  # (every parameter, in the module's order)
-            if n in frozen or (self.trainable is not None and n not in self.trainable):
+            # (the loading engine's experts may be others than this rank's: every expert counts)
+            if n in frozen or (self.trainable is not None and n not in self.trainable and not is_expert_name(n)):
                 continue
             names.append(n)
         # DeepSpeed's torch optimizer (fp32, no ZeRO) holds what initialize was given: by default
         # every module parameter, frozen ones too; its state is numbered over those.
         held = sum(len(g.get("params", [])) for g in opt.get("param_groups") or [])
         numbered = every if held == len(every) and held != len(names) else names
-        self.names, self.shapes = names, [tuple(self.module[n].shape) for n in names]
-        self.fp32, out = {}, {}
+        shapes = [tuple(module[n].shape) for n in names]
+        fp32, out = {}, {}
         if "fp32_groups_flat" in opt:  # DeepSpeed's 16-bit optimizer: flat fp32 groups, params in order
             flat = torch.cat([t.float() for t in opt["fp32_groups_flat"]])
             inner = (opt.get("optimizer_state_dict") or {}).get("state") or {}
-            self._walk(list(zip(names, self.shapes)), flat, self._flat_states([inner[k] for k in sorted(inner)]),
-                       out)
+            self._walk(list(zip(names, shapes)), flat, self._flat_states([inner[k] for k in sorted(inner)]),
+                       out, into=fp32)
             self._scaler(opt)
             if inner:
                 self.step = self._step(inner[sorted(inner)[0]], 0)
@@ -186,15 +301,15 @@ class DeepSpeedCheckpoint:
         else:  # a torch optimizer over the module's fp32 parameters
             state = opt.get("state") or {}
             for i, n in enumerate(names):
-                self.fp32[n] = self.module[n].float().clone()
+                fp32[n] = module[n].float().clone()
                 out[n] = {k: v.float().clone() for k, v in (state.get(numbered.index(n)) or {}).items()
-                          if torch.is_tensor(v) and tuple(v.shape) == tuple(self.shapes[i])}
-            if state:
-                self.step = self._step(state[min(state)], 0)
-            if self.step == 0 and any(out.values()):  # (DeepSpeed's CPU FusedAdam saves step 0 after stepping)
+                          if torch.is_tensor(v) and tuple(v.shape) == tuple(shapes[i])}
+            if state:  # (DeepSpeed's CPU FusedAdam leaves step 0 in some parameters' state after stepping)
+                self.step = max(self._step(v, 0) for v in state.values())
+            if self.step == 0 and any(torch.is_tensor(t) for v in state.values() for t in v.values()):
                 self.step = int(self.model_states.get("global_steps", 0)) - int(self.model_states.get("skipped_steps", 0))
             self.param_groups = opt.get("param_groups") or []
-        self._keep(out)
+        return names, shapes, fp32, out
 
     # --- helpers ------------------------------------------------------------------------------
     @staticmethod
@@ -210,7 +325,7 @@ class DeepSpeedCheckpoint:
         step = state.get("step", default) if isinstance(state, dict) else default
         return int(step.item() if torch.is_tensor(step) else step)
 
-    def _walk(self, params, flat, states, out, paddings=None):
+    def _walk(self, params, flat, states, out, paddings=None, into=None):
         """Each parameter's values from a flat group (with DeepSpeed's alignment padding after each, if any)."""
         offset = 0
         for k, (name, shape) in enumerate(params):
@@ -218,7 +333,7 @@ class DeepSpeedCheckpoint:
             if offset + numel > flat.numel():
                 raise ValueError(f"load_checkpoint: {self.path}: the fp32 partitions hold {flat.numel()} values, "
                                  f"fewer than the parameters need ({name} ends at {offset + numel})")
-            self.fp32[name] = flat[offset:offset + numel].view(shape)  # (views of tensors read for this load)
+            (self.fp32 if into is None else into)[name] = flat[offset:offset + numel].view(shape)  # (views)
             out[name] = {k: t[offset:offset + numel].view(shape) for k, t in states.items()
                          if t.numel() >= offset + numel}
             offset += numel + (int(paddings[k]) if paddings else 0)
@@ -235,7 +350,7 @@ class DeepSpeedCheckpoint:
             return {}
         pieces = {n: [] for n in shapes}
         for r in range(self.world):
-            f = os.path.join(self.path, f"zero_pp_rank_{r}_mp_rank_00_model_states.pt")
+            f = os.path.join(self.path, f"zero_pp_rank_{r}_mp_rank_{self.mp:02d}_model_states.pt")
             if not os.path.isfile(f):
                 raise ValueError(f"load_checkpoint: {self.path} was saved by {self.world} ranks; {f} is missing")
             fragments = (load(f) if r else self.model_states).get("frozen_param_fragments") or {}

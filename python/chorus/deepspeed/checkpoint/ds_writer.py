@@ -55,6 +55,14 @@ class Whole:
     scaler: dict = None  # fp16: the dynamic loss scaler's state (DeepSpeed's names)
     sub_group_size: int = 1_000_000_000
     held: list = None  # the parameters DeepSpeed's own optimizer would hold, in order (frozen ones too)
+    # Model parallelism: this slice (mp_rank_XX: pipeline stage x tensor-parallel rank) of pp x tp;
+    # a pipeline stage's layers {index: (parameter prefix, the layer's state_dict keys)} go in
+    # layer files (layer_XX[-model_YY]-model_states.pt; tp_rank None: no model axis in the name).
+    mp: int = 0
+    pp: int = 1
+    tp: int = 1
+    layers: dict = None
+    tp_rank: int = None
 
     @property
     def state_keys(self):
@@ -127,11 +135,29 @@ def _param_group(hyper, params):
     return g
 
 
-def _name(stage, rank, dtype, kind):
+def _name(stage, rank, dtype, kind, mp=0):
     bf16 = "bf16_" if dtype == torch.bfloat16 else ""
     if kind == "model":
-        return f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt" if stage == 3 else "mp_rank_00_model_states.pt"
-    return f"{bf16}zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
+        return f"zero_pp_rank_{rank}_mp_rank_{mp:02d}_model_states.pt" if stage == 3 else \
+            f"mp_rank_{mp:02d}_model_states.pt"
+    return f"{bf16}zero_pp_rank_{rank}_mp_rank_{mp:02d}_optim_states.pt"
+
+
+def _layer_files(whole, module_values, path, save):
+    """A pipeline stage's layers, each in its own file under its own keys (DeepSpeed's
+    PipelineModule.save_state_dict)."""
+    from chorus.deepspeed.checkpoint.deepspeed_format import layer_file
+    for idx, (prefix, keys) in sorted(whole.layers.items()):
+        state = collections.OrderedDict()
+        for k in keys:
+            name = prefix + k
+            if name in module_values:
+                state[k] = module_values[name]
+            elif name in whole.buffers:
+                state[k] = whole.buffers[name].detach().cpu().clone()
+            elif name in whole.frozen:
+                state[k] = whole.frozen[name].detach().cpu().clone()
+        save(state, os.path.join(path, layer_file(idx, whole.tp_rank)))
 
 
 def _scaler(whole):
@@ -162,20 +188,25 @@ def write(whole, fetch, path, stage, world, ranks, save=pw.save):
         files = _unpartitioned(whole, fetch, keys) if 0 in ranks else None
         if files is not None:
             os.makedirs(path, exist_ok=True)
-            save(_model_states(whole, stage, world, files), os.path.join(path, _name(0, 0, whole.dtype, "model")))
+            if whole.layers is not None:
+                _layer_files(whole, files[0], path, save)
+            save(_model_states(whole, stage, world, files), os.path.join(path, _name(0, 0, whole.dtype, "model",
+                                                                                     whole.mp)))
         return
     build = _zero12 if stage in (1, 2) else _zero3
     optim, module_parts = build(whole, fetch, keys, world, ranks, stage)
     os.makedirs(path, exist_ok=True)  # (after the fetches: a failure here fails this rank's writes only)
     for r in ranks:
         sd = dict(optimizer_state_dict=optim[r], ds_config=whole.config, ds_version=DS_VERSION)
-        save(sd, os.path.join(path, _name(stage, r, whole.dtype, "optim")))
+        save(sd, os.path.join(path, _name(stage, r, whole.dtype, "optim", whole.mp)))
         if stage == 3:
             save(_model_states(whole, stage, world, None, rank=r),
-                    os.path.join(path, _name(3, r, whole.dtype, "model")))
+                 os.path.join(path, _name(3, r, whole.dtype, "model", whole.mp)))
     if stage in (1, 2) and 0 in ranks:
+        if whole.layers is not None:
+            _layer_files(whole, module_parts, path, save)
         save(_model_states(whole, stage, world, module_parts), os.path.join(path, _name(stage, 0, whole.dtype,
-                                                                                            "model")))
+                                                                                            "model", whole.mp)))
 
 
 def _unpartitioned(whole, fetch, keys):
@@ -356,7 +387,7 @@ def _model_states(whole, stage, world, module_values, rank=0):
     frozen_fragments = collections.OrderedDict((n, _frozen_fragment(t, stage, world, rank))
                                                for n, t in whole.frozen.items())
     state = dict(
-        module=module,
+        module=None if whole.layers is not None else module,  # (a pipeline's: in the layer files)
         buffer_names=[k for k in whole.module_keys if k in whole.buffers],
         optimizer=optimizer,
         param_shapes=None if stage == 0 else [
@@ -367,8 +398,8 @@ def _model_states(whole, stage, world, module_values, rank=0):
         frozen_param_fragments=frozen_fragments if partitioned_grads else None,
         lr_scheduler=whole.lr_scheduler, data_sampler=whole.data_sampler, random_ltd=whole.random_ltd,
         skipped_steps=whole.skipped_steps, global_steps=whole.global_steps, global_samples=whole.global_samples,
-        dp_world_size=world, mp_world_size=1,
-        checkpoint_parallel_dimensions={"pp_degree": 1, "tp_degree": 1},
+        dp_world_size=world, mp_world_size=whole.pp * whole.tp,
+        checkpoint_parallel_dimensions={"pp_degree": whole.pp, "tp_degree": whole.tp},
         ds_config=whole.config, ds_version=DS_VERSION)
     for k, v in (whole.client_state or {}).items():
         if k in state:

@@ -144,7 +144,7 @@ def _slice_of(engine, sliced):
     return engine._mp_rank if sliced else None
 
 
-def _where(name):
+def split_expert_name(name):
     """(experts module path, local expert, name in the expert) of an expert parameter's name."""
     at = name.index(_MARK)
     local, _, inner = name[at + len(_MARK):].partition(".")
@@ -162,7 +162,7 @@ def describe(engine):
 def global_name(name, ep_rank, local_counts):
     """A saved expert parameter's name with its global expert number (local_counts:
     experts per rank at each experts path)."""
-    prefix, local, inner = _where(name)
+    prefix, local, inner = split_expert_name(name)
     return f"{prefix}.{ep_rank * local_counts[prefix] + local}.{inner}"
 
 
@@ -170,7 +170,7 @@ def local_counts(names):
     """{experts path: experts per rank} from one rank's expert parameter names."""
     counts = {}
     for name in names:
-        prefix, local, _ = _where(name)
+        prefix, local, _ = split_expert_name(name)
         counts[prefix] = max(counts.get(prefix, 0), local + 1)
     return counts
 
@@ -253,7 +253,7 @@ def load(engine, path, saved, identity):
     for part in engine._expert_parts:
         mine = {}
         for i, name in enumerate(part.names):
-            prefix, local, inner = _where(name)
+            prefix, local, inner = split_expert_name(name)
             mine[(prefix, part.ep_rank * layers[prefix][1].num_local_experts + local, inner)] = i
         paths, maps = [], []
         for group, info in saved.items():
@@ -261,7 +261,7 @@ def load(engine, path, saved, identity):
             for e in range(ep):
                 to = []
                 for name in info["names"]:
-                    prefix, local, inner = _where(name)
+                    prefix, local, inner = split_expert_name(name)
                     if prefix not in layers:
                         raise ValueError(f"load_checkpoint: the checkpoint's experts '{prefix}' are not in the model")
                     num = layers[prefix][1].num_experts

@@ -307,8 +307,10 @@ class PipelineEngine:
             raise ValueError("save_checkpoint: a pipeline engine saves synchronously (each stage's folder, then "
                              "`latest`); asynchronous saves are the data-parallel engine's so far")
         tag = str(tag) if tag is not None else f"global_step{self.engine.global_steps}"
-        self.engine.save_checkpoint(self._stage_dir(save_dir), tag, client_state, save_latest=False,
-                                    async_save=False)
+        from chorus.deepspeed.runtime.zero.checkpoint import checkpoint_format
+        # DeepSpeed's layout: every stage's files in one folder (mp_rank_XX, layer_XX); chorus's: one per stage
+        where = save_dir if checkpoint_format(self.engine) == "deepspeed" else self._stage_dir(save_dir)
+        self.engine.save_checkpoint(where, tag, client_state, save_latest=False, async_save=False)
         hvd.barrier()
         if save_latest and self.global_rank == 0:
             _core.write_file_atomic(os.path.join(save_dir, "latest"), tag.encode())
@@ -323,6 +325,9 @@ class PipelineEngine:
             import warnings
             warnings.warn(f"load_checkpoint: no 'latest' file in {load_dir}; nothing loaded")
             return None, None
+        from chorus.deepspeed.checkpoint.deepspeed_format import is_deepspeed_checkpoint
+        if is_deepspeed_checkpoint(os.path.join(load_dir, tag)):  # (DeepSpeed's pipeline layout, any stage count)
+            return self.engine.load_checkpoint(load_dir, tag, load_lr_scheduler_states=load_lr_scheduler_states)
         stage_dir = self._stage_dir(load_dir)
         if not os.path.isdir(os.path.join(stage_dir, tag)):
             raise ValueError(f"load_checkpoint: {load_dir} has no checkpoint '{tag}' for pipeline stage "

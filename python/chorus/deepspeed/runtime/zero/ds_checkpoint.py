@@ -5,64 +5,118 @@ follow from the master, and the step count, the engine's counters, the LR schedu
 the buffers and the client state come back as DeepSpeed restores them."""
 import torch
 
-import chorus.torch as hvd
-from chorus.deepspeed.checkpoint.deepspeed_format import DeepSpeedCheckpoint
+from chorus.deepspeed.checkpoint.deepspeed_folder import DeepSpeedFolder
 from chorus.deepspeed.checkpoint.ds_writer import STATE_KEYS
+from chorus.deepspeed.runtime import expert_parts
+from chorus.deepspeed.runtime.utils import partition_dim
 
 
 def _refuse(path, why):
     raise ValueError(f"load_checkpoint: {path} is a DeepSpeed checkpoint; {why}")
 
 
+def pipeline_prefixes(module):
+    """{layer index: its parameters' prefix} of a PipelineModule's tied layers saved under their
+    index (DeepSpeed's layer files hold each layer's own keys)."""
+    from chorus.deepspeed.runtime.pipe.module import PipelineModule, TiedLayerSpec
+    if not isinstance(module, PipelineModule):
+        return {}
+    return {i: f"tied_modules.{spec.key}." for i, spec in enumerate(module._layer_specs)
+            if isinstance(spec, TiedLayerSpec) and spec.forward_fn is None}
+
+
+def _slice_of(engine):
+    """(tensor-parallel size, this engine's rank in it)."""
+    return (engine._tp, engine._mp_rank) if engine._mp_rank is not None else (1, 0)
+
+
 def load(engine, path, load_lr_scheduler_states):
+    from chorus.deepspeed.runtime.zero.checkpoint import _agree
     error, ds = None, None
+    across = engine._pipe_set
     try:
-        ds = DeepSpeedCheckpoint(path, trainable=engine._names)
+        trainable = engine._names + [n for p in engine._expert_parts for n in p.names]
+        ds = DeepSpeedFolder(path, trainable=trainable, layers=pipeline_prefixes(engine.module))
         _check(engine, ds, path)
     except Exception as e:  # noqa: BLE001 (a failure on one rank must reach every rank, not leave them waiting)
         error = e
-    failed = hvd.allreduce(torch.tensor([1 if error else 0]), op=hvd.Sum, name="ckpt.ds.read",
-                           process_set=engine.process_set)
-    if error is not None:
-        raise error
-    if int(failed.item()):
-        raise RuntimeError(f"load_checkpoint: another rank could not read the DeepSpeed checkpoint {path}")
-    targets = Targets(engine, STATE_KEYS[engine._core_args[1]])
-    for i, name in enumerate(engine._names):
-        targets.put(i, ds.fp32[name], ds.states[name])
+    try:
+        _agree(engine.process_set, error, "reading the DeepSpeed checkpoint", across, verb="load_checkpoint")
+    except RuntimeError:
+        if error is not None:
+            raise error from None
+        raise
+    tp, tp_rank = _slice_of(engine)
+    keys = STATE_KEYS[engine._core_args[1]]
+    error = None
+    try:
+        for part, names, params, shapes in [(None, engine._names, engine._params, engine._shapes)] + \
+                [(p, expert_names(engine, p), p.params, p.shapes) for p in engine._expert_parts]:
+            targets = Targets(engine, keys, part)
+            for i, (name, param) in enumerate(zip(names, params)):
+                fp32, states = ds.value(name, tuple(shapes[i]), tp, tp_rank, partition_dim(param))
+                targets.put(i, fp32.contiguous(), {k: v.contiguous() for k, v in states.items()})
+            if part is not None:
+                part.core.optimizer_steps = ds.step
+    except Exception as e:  # noqa: BLE001
+        error = e
+    _agree(engine.process_set, error, "applying the DeepSpeed checkpoint", across, verb="load_checkpoint")
     restore_states(engine, ds.step, ds.scaler, ds.param_groups, ds.model_states, load_lr_scheduler_states)
-    ms = ds.model_states
-    params = dict(engine.module.named_parameters())
+    module, frozen, names = ds.module_values(), ds.frozen(), ds.buffer_names()
+
+    def piece(table, name, t):
+        saved = table[name]
+        pick = ds._cutter(name, [tuple(v.shape) for v in saved], tuple(t.shape), tp, tp_rank, partition_dim(t))
+        t.data.copy_(pick(saved).to(t.dtype))
+
     with torch.no_grad():
-        for name, value in ds.frozen().items():  # parameters not trained, as DeepSpeed restores them
-            if name in params and not params[name].requires_grad and params[name].numel():
-                params[name].data.copy_(value.view(params[name].shape).to(params[name].dtype))
-    buffers = dict(engine.module.named_buffers())
-    for name in ms.get("buffer_names") or []:
-        if name in buffers and name in ds.module:
-            buffers[name].data.copy_(ds.module[name].to(buffers[name].dtype))
+        for name, p in engine.module.named_parameters():  # parameters not trained, as DeepSpeed restores them
+            if not p.requires_grad and p.numel() and name in frozen:
+                piece(frozen, name, p)
+        for name, b in engine.module.named_buffers():
+            if b is not None and name in names and name in module:
+                piece(module, name, b)
+        saved = ds.slices[0].experts
+        for _, prefix, expert, _, _ in expert_parts._local_experts(engine):  # experts' frozen parameters, buffers
+            for n, t in expert_parts._untrained(expert):
+                if prefix + n not in saved:
+                    raise ValueError(f"load_checkpoint: {path}'s expert files have no '{prefix + n}'")
+                t.data.copy_(saved[prefix + n].to(t.dtype))
     return path, ds.client_state()
 
 
+def expert_names(engine, part):
+    """An expert group's parameters under their global expert numbers (as DeepSpeed's files name them)."""
+    counts = expert_parts.local_counts(part.names)
+    return [expert_parts.global_name(n, part.ep_rank, counts) for n in part.names]
+
+
 def _check(engine, ds, path):
-    if engine._expert_parts or engine._mp_rank is not None or engine._pipe_set is not None:
-        _refuse(path, "chorus reads DeepSpeed's checkpoints into data-parallel engines only (no MoE, pipeline or "
-                "tensor parallelism yet)")
     kind = engine._core_args[1]
     if engine._client is not None or kind not in STATE_KEYS:
         _refuse(path, "chorus reads the state of DeepSpeed's Adam, AdamW, LAMB, Lion, Adagrad and SGD; this engine "
                 f"runs {'a client optimizer' if engine._client is not None else repr(kind)}")
-    if list(ds.names) != list(engine._names) or [tuple(s) for s in ds.shapes] != [tuple(s) for s in engine._shapes]:
-        for k, (n, s) in enumerate(zip(engine._names, engine._shapes)):
-            got = (ds.names[k], tuple(ds.shapes[k])) if k < len(ds.names) else None
-            if got != (n, tuple(s)):
-                _refuse(path, f"the model's parameter {k} is '{n}' {tuple(s)}, the checkpoint's is {got}")
-        _refuse(path, f"it has {len(ds.names)} trainable parameters, the model {len(engine._names)}")
-    missing = [k for k in STATE_KEYS[kind] if not ds.states or k not in next(iter(ds.states.values()))]
+    from chorus.deepspeed.runtime.pipe.module import PipelineModule
+    stage = isinstance(engine.module, PipelineModule)  # (a pipeline stage holds some of the saved parameters)
+    experts = [n for p in engine._expert_parts for n in expert_names(engine, p)]
+    missing = [n for n in engine._names + experts if not ds.has(n)]
+    held = set(engine._names) | set(experts)
+    # (this rank's experts are some of the saved ones)
+    extra = [n for n in ds.names if n not in held and not (experts and expert_parts.is_expert_name(n))] \
+        if not stage else []
+    if missing or extra:
+        for k, n in enumerate(engine._names + experts):
+            if not ds.has(n):
+                _refuse(path, f"the model's parameter '{n}' is not in it ({len(missing)} missing; it has "
+                        f"{ds.names[:4]}...)")
+        _refuse(path, f"it has {len(ds.names)} trainable parameters, the model {len(engine._names)} "
+                f"(not in the model: {extra[:4]})")
+    have = set.intersection(*[set(s.states[n]) for s in ds.slices for n in s.names if n in s.states]) \
+        if any(s.states for s in ds.slices) else set()
+    missing = [k for k in STATE_KEYS[kind] if k not in have]
     if missing:
-        have = sorted(next(iter(ds.states.values()))) if ds.states else []
         _refuse(path, f"this engine's {kind} needs the optimizer state {list(STATE_KEYS[kind])} for every "
-                f"parameter; the checkpoint has {have} (saved by another optimizer?)")
+                f"parameter; the checkpoint has {sorted(have)} (saved by another optimizer?)")
 
 
 class _DiskState:
@@ -97,10 +151,12 @@ class Targets:
     """Where a whole parameter's values go in this rank's engine: its 16-bit parameter, and its
     pieces of the fp32 master and of the optimizer's state (keys, in the engine's order)."""
 
-    def __init__(self, engine, keys):
-        self.engine, self.core, self.keys = engine, engine.core, tuple(keys)
+    def __init__(self, engine, keys, part=None):
+        """part: an expert group (expert_parts.ExpertPart), whose engine runs over its own set."""
+        self.engine, self.core, self.keys = engine, (part or engine).core, tuple(keys)
         self.master, *self.views = state_arrays(self.core, len(self.keys))
-        rank = engine.process_set.rank() if self.core.stage > 0 else 0
+        ps = part.data_set if part is not None else engine.process_set
+        rank = ps.rank() if self.core.stage > 0 else 0
         self.pieces = {}
         for param, poff, off, n in self.core.pieces_of(rank):
             self.pieces.setdefault(param, []).append((poff, off, n))

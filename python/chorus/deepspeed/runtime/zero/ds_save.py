@@ -16,9 +16,9 @@ from chorus.deepspeed.runtime.zero.checkpoint import _agree, _buffers, _shared_n
 
 
 def _refusal(engine, layout=True):
-    if engine._expert_parts or engine._mp_rank is not None or engine._pipe_set is not None:
-        return ("MoE experts, tensor and pipeline slices are saved in chorus's own format only so far; "
-                "remove checkpoint.format or set it to \"chorus\"")
+    if engine._expert_parts:
+        return ("MoE experts are saved in chorus's own format only so far; remove checkpoint.format or set it to "
+                "\"chorus\"")
     if engine._client is not None:
         return "a client optimizer's state has no DeepSpeed layout; the engine's own optimizers (from the config) do"
     if engine._core_args[1] not in ds_writer.STATE_KEYS:
@@ -50,7 +50,28 @@ def whole_of(engine, client_state, exclude_frozen_parameters):
         scaler=ds_writer.scaler_state(engine.core.loss_scaler_state, engine._raw_config)
         if engine.dtype == torch.float16 else None,
         held=getattr(engine, "_given_param_names", None),
-        sub_group_size=int((engine._raw_config.get("zero_optimization") or {}).get("sub_group_size", 1_000_000_000)))
+        sub_group_size=int((engine._raw_config.get("zero_optimization") or {}).get("sub_group_size", 1_000_000_000)),
+        **_model_parallel(engine))
+
+
+def _model_parallel(engine):
+    """This engine's slice of the model (Whole's mp, pp, tp, layers, tp_rank), as DeepSpeed numbers
+    it: mp_rank = stage x tp + tensor-parallel rank."""
+    from chorus.deepspeed.runtime.pipe.module import PipelineModule
+    from chorus.deepspeed.runtime.zero.ds_checkpoint import pipeline_prefixes
+    module = engine.module
+    tp, tp_rank = (engine._tp, engine._mp_rank) if engine._mp_rank is not None else (1, 0)
+    if not isinstance(module, PipelineModule):
+        return dict(mp=tp_rank, tp=tp)
+    topo = module.topology()
+    pp, stage = topo.get_dim("pipe"), module.stage_id
+    tied = pipeline_prefixes(module)
+    layers = {}
+    for idx, layer in zip(range(module._local_start, module._local_stop), module.forward_funcs):
+        if isinstance(layer, torch.nn.Module):
+            layers[idx] = (tied.get(idx, f"{idx}."), list(layer.state_dict().keys()))
+    return dict(mp=stage * tp + tp_rank, pp=pp, tp=tp, layers=layers,
+                tp_rank=tp_rank if "model" in topo.get_axis_names() else None)
 
 
 def fetcher(engine, keys):
@@ -99,7 +120,8 @@ def save(engine, save_dir, tag, client_state, save_latest, exclude_frozen_parame
         fetch = fetcher(engine, whole.state_keys)
     except Exception as e:  # noqa: BLE001 (every rank must learn of it before the collectives)
         error = e
-    _agree(ps, error, "describing the checkpoint")
+    across = engine._pipe_set  # (the other model-parallel slices, each writing its own files)
+    _agree(ps, error, "describing the checkpoint", across)
     ranks = [ps.rank()] if stage > 0 else ([0] if ps.rank() == 0 else [])
     sink = checkpoint_io.Snapshot() if deferred else None
     put = pw.save if sink is None else (lambda obj, where: sink.pickled(where, obj, save=pw.dump))
@@ -107,15 +129,15 @@ def save(engine, save_dir, tag, client_state, save_latest, exclude_frozen_parame
         ds_writer.write(whole, fetch, path, stage, ps.size(), ranks, save=put)
     except Exception as e:  # noqa: BLE001 (a write failure on one rank is an error on all; no `latest`)
         error = e
-    _agree(ps, error, "copying the checkpoint" if deferred else "writing the checkpoint")
+    _agree(ps, error, "copying the checkpoint" if deferred else "writing the checkpoint", across)
 
     def commit():
-        if save_latest and ps.rank() == 0:
+        if save_latest and ps.rank() == 0 and not engine._mp_rank:
             _core.write_file_atomic(os.path.join(save_dir, "latest"), tag.encode())
 
     if deferred:
         sink.start()
-        engine._pending_save = checkpoint_io.Pending(sink, tag, commit)
+        engine._pending_save = checkpoint_io.Pending(sink, tag, commit, across)
         return True
-    checkpoint_io.commit(engine, commit)
+    checkpoint_io.commit(engine, commit, across)
     return True
