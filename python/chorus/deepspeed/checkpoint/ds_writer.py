@@ -63,6 +63,9 @@ class Whole:
     tp: int = 1
     layers: dict = None
     tp_rank: int = None
+    # MoE: the expert groups' param_shapes (this file's rank's local names) and each MoE layer's experts
+    expert_shapes: list = None
+    num_experts: list = None
 
     @property
     def state_keys(self):
@@ -175,9 +178,23 @@ def layout_refusal(config):
     return None
 
 
-def write(whole, fetch, path, stage, world, ranks, save=pw.save):
+@dataclass
+class ExpertGroup:
+    """One MoE expert group, as this rank holds it: its Whole (local names), fetch, its
+    expert-data-parallel size and this rank's place there, its expert-parallel rank, its name."""
+    whole: Whole
+    fetch: object
+    world: int
+    data_rank: int
+    ep_rank: int
+    name: str
+
+
+def write(whole, fetch, path, stage, world, ranks, save=pw.save, experts=()):
     """The files of `ranks` (of `world`) for a checkpoint at ZeRO `stage` into folder `path`
-    (each through save(obj, path))."""
+    (each through save(obj, path)). experts: this rank's MoE expert groups (ExpertGroup); their
+    state joins its ZeRO file (stages 1-2), or, without ZeRO, each expert-parallel rank's
+    optimizer goes in expp_rank_E_mp_rank_XX_optim_states.pt (its first data-parallel rank's)."""
     if stage not in (0, 1, 2, 3):
         raise ValueError(f"DeepSpeed's checkpoint layout: ZeRO stage {stage} does not exist")
     why = layout_refusal(whole.config) if stage in (1, 2) else None
@@ -185,16 +202,31 @@ def write(whole, fetch, path, stage, world, ranks, save=pw.save):
         raise ValueError(f"DeepSpeed's checkpoint layout: {why}")
     keys = whole.state_keys
     if stage == 0:
-        files = _unpartitioned(whole, fetch, keys) if 0 in ranks else None
+        expp = [x for x in experts if x.data_rank == 0]
+        files = _unpartitioned(whole, fetch, keys) if 0 in ranks or expp else None
         if files is not None:
             os.makedirs(path, exist_ok=True)
-            if whole.layers is not None:
-                _layer_files(whole, files[0], path, save)
-            save(_model_states(whole, stage, world, files), os.path.join(path, _name(0, 0, whole.dtype, "model",
-                                                                                     whole.mp)))
+            module, opt = files
+            for x in expp:  # (fetches without ZeRO are local: each rank holds its whole state)
+                opt = merge_expert_optimizer(opt, _unpartitioned(x.whole, x.fetch, keys)[1], x.name)
+            if expp:
+                save({"optimizer": opt}, os.path.join(path, f"expp_rank_{expp[0].ep_rank}_mp_rank_{whole.mp:02d}"
+                                                            "_optim_states.pt"))
+            if 0 in ranks:
+                if whole.layers is not None:
+                    _layer_files(whole, module, path, save)
+                save(_model_states(whole, stage, world, (module, opt)),
+                     os.path.join(path, _name(0, 0, whole.dtype, "model", whole.mp)))
         return
     build = _zero12 if stage in (1, 2) else _zero3
     optim, module_parts = build(whole, fetch, keys, world, ranks, stage)
+    for x in experts:
+        if stage == 3:
+            raise ValueError("DeepSpeed's checkpoint layout: MoE experts at ZeRO stage 3 (neither DeepSpeed's MoE "
+                             "layers nor chorus's run there)")
+        got, _ = _zero12(x.whole, x.fetch, keys, x.world, [x.data_rank], stage)
+        for r in ranks:
+            optim[r] = merge_experts(optim[r], got[x.data_rank], x.name)
     os.makedirs(path, exist_ok=True)  # (after the fetches: a failure here fails this rank's writes only)
     for r in ranks:
         sd = dict(optimizer_state_dict=optim[r], ds_config=whole.config, ds_version=DS_VERSION)
@@ -392,7 +424,7 @@ def _model_states(whole, stage, world, module_values, rank=0):
         optimizer=optimizer,
         param_shapes=None if stage == 0 else [
             collections.OrderedDict((whole.names[i], torch.Size(whole.shapes[i])) for i in idx)
-            for _, idx in whole.groups()],
+            for _, idx in whole.groups()] + list(whole.expert_shapes or []),
         frozen_param_shapes=frozen_shapes if partitioned_grads else None,
         shared_params=None if stage == 0 else dict(whole.shared),
         frozen_param_fragments=frozen_fragments if partitioned_grads else None,
@@ -401,8 +433,41 @@ def _model_states(whole, stage, world, module_values, rank=0):
         dp_world_size=world, mp_world_size=whole.pp * whole.tp,
         checkpoint_parallel_dimensions={"pp_degree": whole.pp, "tp_degree": whole.tp},
         ds_config=whole.config, ds_version=DS_VERSION)
+    if whole.num_experts is not None:
+        state.update(num_experts=list(whole.num_experts), ds_autoep_layers=None)
     for k, v in (whole.client_state or {}).items():
         if k in state:
             raise KeyError(f"save_checkpoint: client_state key {k!r} is one of DeepSpeed's own checkpoint keys")
         state[k] = v
     return state
+
+
+def merge_experts(main, experts, name):
+    """A rank's ZeRO 1-2 optimizer dict with an expert group's appended (DeepSpeed's MoE parameter
+    groups come after the others, each partitioned over its expert-data-parallel set)."""
+    base, more = main["base_optimizer_state"], experts["base_optimizer_state"]
+    n = len(base["param_groups"])
+    base["state"].update({n + g: v for g, v in more["state"].items()})
+    base["param_groups"] += [dict(pg, params=[n + g], moe=True, name=name) for g, pg in enumerate(more["param_groups"])]
+    for key in ("single_partition_of_fp32_groups", "group_paddings", "param_alignment_paddings", "partition_count",
+                "param_slice_mappings"):
+        main[key] = list(main[key]) + list(experts[key])
+    return main
+
+
+def merge_expert_optimizer(main, experts, name):
+    """An expert-parallel rank's optimizer state_dict without ZeRO: its shared parameters' groups,
+    then its experts' (numbered after them)."""
+    if "fp32_groups_flat" in main:  # (16-bit: flat groups, numbered by group)
+        inner, more = main["optimizer_state_dict"], experts["optimizer_state_dict"]
+        n = len(inner["param_groups"])
+        inner["state"].update({n + g: v for g, v in more["state"].items()})
+        inner["param_groups"] += [dict(pg, params=[n + g], moe=True, name=name)
+                                  for g, pg in enumerate(more["param_groups"])]
+        main["fp32_groups_flat"] = list(main["fp32_groups_flat"]) + list(experts["fp32_groups_flat"])
+        return main
+    n = sum(len(g["params"]) for g in main["param_groups"])
+    main["state"].update({n + i: v for i, v in experts["state"].items()})
+    main["param_groups"] += [dict(pg, params=[n + i for i in pg["params"]], moe=True, name=name)
+                             for pg in experts["param_groups"]]
+    return main

@@ -213,10 +213,16 @@ def save(engine, path, identity, sink):
         if part.core.writes_shard:
             name = shard_name(part.name, part.ep_rank, part.data_rank, _slice_of(engine, part.sliced))
             sink.shard(part.core, os.path.join(path, name), identity)
+    for file, state in expert_states(engine):
+        sink.pickled(os.path.join(path, file), state)
+
+
+def expert_states(engine):
+    """(file, state) of each expert this rank writes: its whole state (weights, frozen ones and
+    buffers) under its global number, by the first rank holding it."""
     for file, prefix, expert, _, data_rank in _local_experts(engine):
         if data_rank == 0:
-            state = {prefix + k: v.detach().clone() for k, v in expert.state_dict().items()}
-            sink.pickled(os.path.join(path, file), state)
+            yield file, {prefix + k: v.detach().clone() for k, v in expert.state_dict().items()}
 
 
 def _untrained(expert):

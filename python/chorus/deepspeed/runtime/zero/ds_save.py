@@ -3,6 +3,7 @@ engine's state as checkpoint/ds_writer.py lays it out, each rank writing its own
 files, rank 0 the model states and `latest` last, after every rank has written. Each
 parameter's whole fp32 value and moments are gathered a chunk at a time (so a rank holds
 its own DeepSpeed partition and one chunk, not the model)."""
+import collections
 import os
 
 import torch
@@ -16,9 +17,6 @@ from chorus.deepspeed.runtime.zero.checkpoint import _agree, _buffers, _shared_n
 
 
 def _refusal(engine, layout=True):
-    if engine._expert_parts:
-        return ("MoE experts are saved in chorus's own format only so far; remove checkpoint.format or set it to "
-                "\"chorus\"")
     if engine._client is not None:
         return "a client optimizer's state has no DeepSpeed layout; the engine's own optimizers (from the config) do"
     if engine._core_args[1] not in ds_writer.STATE_KEYS:
@@ -49,9 +47,38 @@ def whole_of(engine, client_state, exclude_frozen_parameters):
         client_state=dict(client_state), config=dict(engine._raw_config), clip_grad=float(engine.gradient_clipping()),
         scaler=ds_writer.scaler_state(engine.core.loss_scaler_state, engine._raw_config)
         if engine.dtype == torch.float16 else None,
-        held=getattr(engine, "_given_param_names", None),
+        held=[n for n in engine._given_param_names if not expert_parts.is_expert_name(n)]
+        if getattr(engine, "_given_param_names", None) is not None else None,
         sub_group_size=int((engine._raw_config.get("zero_optimization") or {}).get("sub_group_size", 1_000_000_000)),
-        **_model_parallel(engine))
+        **_model_parallel(engine), **_moe(engine))
+
+
+def _expert_whole(engine, part):
+    return ds_writer.Whole(
+        names=list(part.names), shapes=[tuple(s) for s in part.shapes],
+        group_of=list(engine._group_of(engine.optimizer_groups, part.params)),
+        hypers=[dict(g) for g in engine.optimizer.hypers()], kind=engine._core_args[1],
+        step=int(part.core.optimizer_steps), dtype=engine.dtype, module_keys=[], buffers={}, frozen={},
+        config=dict(engine._raw_config), clip_grad=float(engine.gradient_clipping()))
+
+
+def _moe(engine):
+    """MoE: the expert groups' param_shapes (local names, alike on every rank) and each layer's experts."""
+    if not engine._expert_parts:
+        return {}
+    shapes = []
+    for part in engine._expert_parts:
+        w = _expert_whole(engine, part)
+        shapes += [collections.OrderedDict((w.names[i], torch.Size(w.shapes[i])) for i in idx) for _, idx in w.groups()]
+    return dict(expert_shapes=shapes, num_experts=[m.num_experts for _, m in expert_parts._layers(engine.module).values()])
+
+
+def expert_groups(engine, keys):
+    """This rank's expert groups for ds_writer.write (each with a fetch over its own set)."""
+    stage = engine.core.stage
+    return [ds_writer.ExpertGroup(_expert_whole(engine, part), fetcher(engine, keys, part),
+                                  part.data_set.size() if stage > 0 else 1, part.data_rank, part.ep_rank, part.name)
+            for part in engine._expert_parts]
 
 
 def _model_parallel(engine):
@@ -74,11 +101,13 @@ def _model_parallel(engine):
                 tp_rank=tp_rank if "model" in topo.get_axis_names() else None)
 
 
-def fetcher(engine, keys):
+def fetcher(engine, keys, part=None):
     """fetch(indices): those parameters' whole fp32 values and states, on every rank (a
-    collective over the process set: each rank sends the pieces it holds)."""
+    collective over the process set: each rank sends the pieces it holds). part: an expert
+    group's, over its expert-data-parallel set."""
     from chorus.deepspeed.runtime.zero.ds_checkpoint import state_arrays
-    core, ps = engine.core, engine.process_set
+    core, ps = (part or engine).core, (part.data_set if part is not None else engine.process_set)
+    shapes = part.shapes if part is not None else engine._shapes
     views = state_arrays(core, len(keys))
     world = ps.size() if core.stage > 0 else 1
     pieces = [core.pieces_of(r) for r in range(world)]
@@ -91,7 +120,7 @@ def fetcher(engine, keys):
             got = hvd.allgather(send, name="ckpt.ds.fetch", process_set=ps)
         else:
             got = send
-        out = {i: {k: torch.zeros(ds_writer._numel(engine._shapes[i])) for k in ("fp32",) + tuple(keys)}
+        out = {i: {k: torch.zeros(ds_writer._numel(shapes[i])) for k in ("fp32",) + tuple(keys)}
                for i in indices}
         at = 0
         for r in range(world):
@@ -126,7 +155,10 @@ def save(engine, save_dir, tag, client_state, save_latest, exclude_frozen_parame
     sink = checkpoint_io.Snapshot() if deferred else None
     put = pw.save if sink is None else (lambda obj, where: sink.pickled(where, obj, save=pw.dump))
     try:
-        ds_writer.write(whole, fetch, path, stage, ps.size(), ranks, save=put)
+        ds_writer.write(whole, fetch, path, stage, ps.size(), ranks, save=put,
+                        experts=expert_groups(engine, whole.state_keys))
+        for file, state in expert_parts.expert_states(engine):  # (each expert by its first holder)
+            put(state, os.path.join(path, file))
     except Exception as e:  # noqa: BLE001 (a write failure on one rank is an error on all; no `latest`)
         error = e
     _agree(ps, error, "copying the checkpoint" if deferred else "writing the checkpoint", across)
