@@ -33,6 +33,9 @@ def convert(src, dst, tag=None, world=None, stage=None):
     if not chorus_format.is_chorus_checkpoint(path):
         raise ValueError(f"{path} holds no chorus checkpoint (model_states.chorus)")
     whole, values, meta = chorus_format.read(path)
+    if meta.get("experts"):
+        raise ValueError(f"{path} holds MoE experts; save from the engine with checkpoint.format \"deepspeed\" for "
+                         "DeepSpeed's MoE layout, or convert it to a universal checkpoint")
     world = int(world or meta["world"])
     stage = int(meta["stage"] if stage is None else stage)
     if world < 1:
@@ -48,12 +51,20 @@ def convert(src, dst, tag=None, world=None, stage=None):
 
 
 def to_universal(src, dst, tag=None):
-    """A chorus checkpoint (data- and tensor-parallel) as DeepSpeed's universal checkpoint in DST/TAG."""
-    path, tag = _source(src, tag)
-    if not chorus_format.is_chorus_checkpoint(path):
-        raise ValueError(f"{path} holds no chorus checkpoint (model_states.chorus); DeepSpeed's own checkpoints go "
-                         "through its ds_to_universal")
-    whole, values, _, cat_dims = chorus_format.read_whole(path)
+    """A chorus checkpoint (data-, tensor-, pipeline- and expert-parallel) as DeepSpeed's universal
+    checkpoint in DST/TAG: every parameter whole (slices joined, stages together, experts under
+    their global numbers)."""
+    stages = chorus_format.pipeline_stages(src, resolve_tag(src, tag) or "") if not \
+        chorus_format.is_chorus_checkpoint(src) else []
+    if stages:  # a pipeline engine's save_dir: one folder per stage
+        tag = resolve_tag(src, tag)
+        whole, values, _, cat_dims = chorus_format.read_stages(stages)
+    else:
+        path, tag = _source(src, tag)
+        if not chorus_format.is_chorus_checkpoint(path):
+            raise ValueError(f"{path} holds no chorus checkpoint (model_states.chorus); DeepSpeed's own checkpoints "
+                             "go through its ds_to_universal")
+        whole, values, _, cat_dims = chorus_format.read_whole(path)
     out = os.path.join(dst, tag)
     if os.path.exists(out) and os.listdir(out):
         raise ValueError(f"{out} exists and is not empty; write into an empty folder")

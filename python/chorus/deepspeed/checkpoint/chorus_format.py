@@ -27,35 +27,20 @@ def read(path, mp=None):
         raise ValueError(f"{path} holds tensor-parallel slices; chorus writes those in DeepSpeed's layout as a "
                          "universal checkpoint only (python -m chorus.deepspeed.checkpoint universal)")
     meta, blobs = read_model_states(path, mp)
-    if meta.get("experts"):
-        raise ValueError(f"{path} holds MoE experts; chorus converts checkpoints without experts only so far")
-    names, shapes = meta["param_names"], [tuple(s) for s in meta["param_shapes"]]
-    shards = [os.path.join(path, shard_name(r, mp)) for r in range(meta["shards"])]
-    first = None
-    values = {i: None for i in range(len(names))}
-    covered = [0] * len(names)
-    for shard in shards:
-        if not os.path.isfile(shard):
-            raise ValueError(f"{path}: the shard {os.path.basename(shard)} is missing")
-        smeta, sblobs = _core.read_checkpoint_file(shard)
-        smeta = json.loads(smeta)
-        if smeta.get("extra", "") != meta.get("save", ""):
-            raise ValueError(f"{shard} belongs to another save than {path}'s model states")
-        first = first or smeta
-        data = {"fp32": np.frombuffer(sblobs["master"], dtype=np.float32)}
-        for k, blob in (("state1", "state1"), ("state2", "state2")):
-            if blob in sblobs:
-                data[k] = np.frombuffer(sblobs[blob], dtype=np.float32)
-        for param, p_off, q_off, count in smeta["pieces"]:
-            if values[param] is None:
-                values[param] = {k: torch.zeros(int(np.prod(shapes[param], dtype=np.int64))) for k in data}
-            for k, arr in data.items():
-                values[param][k][p_off:p_off + count] = torch.from_numpy(arr[q_off:q_off + count].copy())
-            covered[param] += count
-    for i, n in enumerate(names):
-        if covered[i] != int(np.prod(shapes[i], dtype=np.int64)):
-            raise ValueError(f"{path} is incomplete: parameter '{n}' has {covered[i]} of its "
-                             f"{int(np.prod(shapes[i], dtype=np.int64))} values in the shards")
+    names, shapes = list(meta["param_names"]), [tuple(s) for s in meta["param_shapes"]]
+    values, first = _read_shards(path, [shard_name(r, mp) for r in range(meta["shards"])], names, shapes,
+                                 meta.get("save", ""))
+    group_of = meta.get("param_group_of")
+    experts = _read_experts(path, meta, mp)
+    if experts and group_of is None and len(meta["param_groups"]) != 1:
+        raise ValueError(f"{path} predates the record of each parameter's optimizer group; save it again")
+    for name, shape, value in experts:  # (every expert under its global number)
+        values[len(names)] = value
+        names.append(name)
+        shapes.append(shape)
+        if group_of is not None:
+            moe = [g for g, h in enumerate(meta["param_groups"]) if h.get("moe")]
+            group_of = list(group_of) + [moe[0] if moe else 0]
     kind = meta.get("optimizer_kind") or _KINDS[int(first["optimizer"])]
     keys = ds_writer.STATE_KEYS.get(kind, ())
     for v in values.values():  # the engine's state 1 and 2 under the optimizer's names
@@ -75,7 +60,6 @@ def read(path, mp=None):
         frozen[name] = torch.from_numpy(raw).view(getattr(torch, fdtype)).view(shape) if raw.size else \
             torch.empty(shape, dtype=getattr(torch, fdtype))
     hypers = meta["param_groups"]
-    group_of = meta.get("param_group_of")
     if group_of is None:
         if len(hypers) != 1:
             raise ValueError(f"{path} predates the record of each parameter's optimizer group and has "
@@ -98,6 +82,53 @@ def read(path, mp=None):
     return whole, values, meta
 
 
+def _read_shards(path, files, names, shapes, save):
+    """({param index: {"fp32", "state1", "state2": whole fp32 tensors}}, the first shard's meta) of
+    the parameters `names`, from shard files whose pieces cover each of them exactly."""
+    first = None
+    values = {i: None for i in range(len(names))}
+    covered = [0] * len(names)
+    for file in files:
+        shard = os.path.join(path, file)
+        if not os.path.isfile(shard):
+            raise ValueError(f"{path}: the shard {file} is missing")
+        smeta, sblobs = _core.read_checkpoint_file(shard)
+        smeta = json.loads(smeta)
+        if smeta.get("extra", "") != save:
+            raise ValueError(f"{shard} belongs to another save than {path}'s model states")
+        first = first or smeta
+        data = {"fp32": np.frombuffer(sblobs["master"], dtype=np.float32)}
+        for k, blob in (("state1", "state1"), ("state2", "state2")):
+            if blob in sblobs:
+                data[k] = np.frombuffer(sblobs[blob], dtype=np.float32)
+        for param, p_off, q_off, count in smeta["pieces"]:
+            if values[param] is None:
+                values[param] = {k: torch.zeros(int(np.prod(shapes[param], dtype=np.int64))) for k in data}
+            for k, arr in data.items():
+                values[param][k][p_off:p_off + count] = torch.from_numpy(arr[q_off:q_off + count].copy())
+            covered[param] += count
+    for i, n in enumerate(names):
+        if covered[i] != int(np.prod(shapes[i], dtype=np.int64)):
+            raise ValueError(f"{path} is incomplete: parameter '{n}' has {covered[i]} of its "
+                             f"{int(np.prod(shapes[i], dtype=np.int64))} values in the shards")
+    return values, first
+
+
+def _read_experts(path, meta, mp):
+    """[(global name, shape, values)] of every expert of every expert group's shards."""
+    from chorus.deepspeed.runtime import expert_parts
+    out = []
+    for group, info in (meta.get("experts") or {}).items():
+        names, shapes = info["names"], [tuple(s) for s in info["shapes"]]
+        counts = expert_parts.local_counts(names)
+        for e in range(info["ep_size"]):
+            files = [expert_parts.shard_name(group, e, d, mp if info.get("sliced") else None)
+                     for d in range(info["shards"])]
+            values, _ = _read_shards(path, files, names, shapes, meta.get("save", ""))
+            out += [(expert_parts.global_name(n, e, counts), shapes[i], values[i]) for i, n in enumerate(names)]
+    return out
+
+
 def read_whole(path):
     """read(path), with a tensor-parallel checkpoint's slices joined along each parameter's
     partition_dim: (Whole, values, meta, {name: the dimension it was cut along})."""
@@ -112,8 +143,10 @@ def read_whole(path):
         raise ValueError(f"{path} is not one save of {world} tensor-parallel slices: it has slices {slices} from "
                          f"{len({p[2].get('save') for p in parts})} save(s)")
     dims = meta["partition_dims"]
+    if any(info.get("sliced") for info in (meta.get("experts") or {}).values()):
+        raise ValueError(f"{path} holds tensor-parallel experts; chorus joins the slices of other parameters only")
     cat_dims = {}
-    for i, name in enumerate(whole.names):
+    for i, name in enumerate(whole.names[:len(dims)]):
         dim = dims[i]
         if dim is None:
             continue
@@ -127,3 +160,36 @@ def read_whole(path):
         cat_dims[name] = dim
     return whole, values, meta, cat_dims
 
+
+
+def pipeline_stages(save_dir, tag):
+    """The TAG folders of a pipeline engine's save in chorus's format (pipe_stage_XX/TAG), or []."""
+    import glob
+    found = sorted(glob.glob(os.path.join(glob.escape(save_dir), "pipe_stage_[0-9][0-9]")))
+    if found and [os.path.basename(f) for f in found] != [f"pipe_stage_{s:02d}" for s in range(len(found))]:
+        raise ValueError(f"{save_dir} holds the pipeline stages {[os.path.basename(f) for f in found]}; some are "
+                         "missing")
+    return [os.path.join(f, tag) for f in found]
+
+
+def read_stages(paths):
+    """read_whole of each pipeline stage's folder, joined: every stage's parameters (a tied one,
+    which several stages hold alike, once), buffers and frozen parameters."""
+    whole, values, meta, cat_dims = read_whole(paths[0])
+    for path in paths[1:]:
+        w, v, m, c = read_whole(path)
+        if m["global_steps"] != meta["global_steps"]:
+            raise ValueError(f"{path} is at step {m['global_steps']}, {paths[0]} at {meta['global_steps']}: "
+                             "not one save")
+        for i, name in enumerate(w.names):
+            if name not in whole.names:
+                values[len(whole.names)] = v[i]
+                whole.names.append(name)
+                whole.shapes.append(w.shapes[i])
+                whole.group_of.append(w.group_of[i])
+        whole.module_keys += [k for k in w.module_keys if k not in whole.module_keys]
+        whole.buffers.update(w.buffers)
+        whole.frozen.update(w.frozen)
+        whole.shared.update(w.shared)
+        cat_dims.update(c)
+    return whole, values, meta, cat_dims

@@ -320,13 +320,17 @@ class PipelineEngine:
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
                         load_lr_scheduler_states=True, load_module_only=False):
         from chorus.deepspeed.runtime.zero.checkpoint import resolve_tag
+        if (self.engine._raw_config.get("checkpoint") or {}).get("load_universal"):  # (every stage's in one folder)
+            return self.engine.load_checkpoint(load_dir, tag, load_lr_scheduler_states=load_lr_scheduler_states)
         tag = resolve_tag(load_dir, tag)
         if tag is None:
             import warnings
             warnings.warn(f"load_checkpoint: no 'latest' file in {load_dir}; nothing loaded")
             return None, None
         from chorus.deepspeed.checkpoint.deepspeed_format import is_deepspeed_checkpoint
-        if is_deepspeed_checkpoint(os.path.join(load_dir, tag)):  # (DeepSpeed's pipeline layout, any stage count)
+        from chorus.deepspeed.checkpoint.universal import is_universal_checkpoint
+        path = os.path.join(load_dir, tag)  # DeepSpeed's pipeline layout or a universal one: any stage count
+        if is_deepspeed_checkpoint(path) or is_universal_checkpoint(path):
             return self.engine.load_checkpoint(load_dir, tag, load_lr_scheduler_states=load_lr_scheduler_states)
         stage_dir = self._stage_dir(load_dir)
         if not os.path.isdir(os.path.join(stage_dir, tag)):

@@ -8,12 +8,12 @@ from chorus.deepspeed.checkpoint import ds_writer
 from chorus.deepspeed.checkpoint.universal import UniversalCheckpoint
 from chorus.deepspeed.runtime.utils import partition_dim
 from chorus.deepspeed.runtime.zero.checkpoint import _agree
-from chorus.deepspeed.runtime.zero.ds_checkpoint import Targets, restore_states
+from chorus.deepspeed.runtime.zero.ds_checkpoint import Targets, expert_names, restore_states
 
 
-def _slice(engine, param, whole, name, where):
-    """This engine's tensor-parallel slice of a whole tensor."""
-    shape = tuple(engine._shapes[engine._names.index(name)])
+def _slice(engine, param, whole, name, where, shape):
+    """This engine's tensor-parallel slice (of `shape`) of a whole tensor."""
+    shape = tuple(shape)
     if tuple(whole.shape) == shape:
         return whole
     tp = engine._tp if engine._mp_rank is not None else 1
@@ -39,32 +39,33 @@ def load(engine, path, load_lr_scheduler_states):
     kind = engine._core_args[1]
     error = uc = None
     try:
-        if engine._expert_parts or engine._pipe_set is not None and engine._mp_rank is None or \
-                engine._client is not None or kind not in ds_writer.STATE_KEYS:
-            raise ValueError(f"load_checkpoint: {path} is a universal checkpoint; chorus reads it into data- and "
-                             "tensor-parallel engines running their own Adam, AdamW, LAMB, Lion, Adagrad or SGD "
-                             "so far (not MoE experts or pipeline stages)")
+        if engine._client is not None or kind not in ds_writer.STATE_KEYS:
+            raise ValueError(f"load_checkpoint: {path} is a universal checkpoint; chorus reads it into engines "
+                             "running their own Adam, AdamW, LAMB, Lion, Adagrad or SGD")
         uc = UniversalCheckpoint(path)
-        missing = [n for n in engine._names if not uc.has(n)]
+        missing = [n for n in engine._names + [n for p in engine._expert_parts for n in expert_names(engine, p)]
+                   if not uc.has(n)]
         if missing:
             raise ValueError(f"load_checkpoint: the universal checkpoint {path} has no {missing[:3]} "
                              f"({len(missing)} of the model's parameters)")
     except Exception as e:  # noqa: BLE001 (every rank learns of one's failure)
         error = e
-    _agree(engine.process_set, error, "reading the universal checkpoint",
-           engine._pipe_set if engine._mp_rank is not None else None, verb="load_checkpoint")
+    _agree(engine.process_set, error, "reading the universal checkpoint", engine._pipe_set, verb="load_checkpoint")
     keys = ds_writer.STATE_KEYS[kind]
-    targets = Targets(engine, keys)
     error = None
-    try:
-        for i, (name, param) in enumerate(zip(engine._names, engine._params)):
-            got, _ = uc.read(name, keys)
-            mine = {k: _slice(engine, param, v, name, path).contiguous() for k, v in got.items()}
-            targets.put(i, mine["fp32"], mine)
+    try:  # each expert group's parameters under their global numbers: experts re-placed at any ep size
+        for part, names, params, shapes in [(None, engine._names, engine._params, engine._shapes)] + \
+                [(p, expert_names(engine, p), p.params, p.shapes) for p in engine._expert_parts]:
+            targets = Targets(engine, keys, part)
+            for i, (name, param) in enumerate(zip(names, params)):
+                got, _ = uc.read(name, keys)
+                mine = {k: _slice(engine, param, v, name, path, shapes[i]).contiguous() for k, v in got.items()}
+                targets.put(i, mine["fp32"], mine)
+            if part is not None:
+                part.core.optimizer_steps = uc.step(names[0]) or 0
     except Exception as e:  # noqa: BLE001
         error = e
-    _agree(engine.process_set, error, "applying the universal checkpoint",
-           engine._pipe_set if engine._mp_rank is not None else None, verb="load_checkpoint")
+    _agree(engine.process_set, error, "applying the universal checkpoint", engine._pipe_set, verb="load_checkpoint")
     restore_states(engine, uc.step(engine._names[0]), uc.scaler, uc.param_groups, uc.model_states,
                    load_lr_scheduler_states)
     ms = uc.model_states
