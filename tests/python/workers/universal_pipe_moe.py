@@ -19,11 +19,11 @@ import torch.nn.functional as F
 
 import chorus.deepspeed as deepspeed
 import chorus.torch as hvd
-from chorus.deepspeed.moe.layer import MoE
 from chorus.deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
 from chorus.deepspeed.pipe import PipelineModule
+from moe_common import C, M, Net
 
-D, H, OUT, LR = 8, 16, 4, 0.01
+D, H, OUT, LR = 8, 16, C, 0.01
 
 
 def layers():
@@ -32,23 +32,12 @@ def layers():
             torch.nn.Tanh(), torch.nn.Linear(H, OUT)]
 
 
-class MoENet(torch.nn.Module):
-    def __init__(self, ep):
-        super().__init__()
-        torch.manual_seed(0)
-        self.inp = torch.nn.Linear(D, D)
-        expert = torch.nn.Sequential(torch.nn.Linear(D, H), torch.nn.GELU(), torch.nn.Linear(H, D))
-        self.moe = MoE(D, expert, num_experts=4, ep_size=ep, k=2, min_capacity=4, top2_2nd_expert_sampling=False)
-        self.out = torch.nn.Linear(D, OUT)
-
-    def forward(self, x, y):
-        h, l_aux, _ = self.moe(torch.tanh(self.inp(x)))
-        return F.cross_entropy(self.out(h), y) + 0.01 * l_aux
-
-
 def batch(step):
     g = torch.Generator().manual_seed(100 + step)
     return torch.randn(8, D, generator=g), torch.randint(0, OUT, (8,), generator=g)
+
+
+assert M == D  # (the MoE model's width: moe_common's)
 
 
 def config(stage, universal):
@@ -64,7 +53,7 @@ def engine_of(kind, size, universal=False):
         engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=module.parameters(),
                                                config=config(1, universal))
         return engine
-    model = MoENet(size)
+    model = Net(size, 2, True, hvd.rank() % size)  # (its experts with weights of their own, by global number)
     params = split_params_into_different_moe_groups_for_optimizer({"params": list(model.parameters()), "name": "all"})
     cfg = dict(config(2, universal), gradient_accumulation_steps=1, train_micro_batch_size_per_gpu=8)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=cfg)
