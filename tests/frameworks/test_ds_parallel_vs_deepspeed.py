@@ -4,22 +4,23 @@ and mp_rank_01 files), pp 2 x dp 2 (also layer_XX files) or ep 2 x dp 2 (layer_L
 expert groups in the ZeRO files, expp_rank_E without ZeRO); chorus loads each at that layout and
 at others (tp 1 and 4, pp 1 and 4: slices joined and re-cut, stages re-cut by layer; ep 1 and 4 on
 the same 4 ranks: experts re-placed) and its next 3 losses equal DeepSpeed's own resumed run's.
+DeepSpeed's ds_to_universal output of its tp and pp saves loads in chorus at the other layouts too.
 chorus saves in that layout (checkpoint.format "deepspeed"); DeepSpeed loads it and goes on as
 chorus went on. (MoE at another rank count routes other batches: the function differs.)"""
 import json
 
 import pytest
 
-from conftest import chorusrun, real_deepspeed
+from conftest import PYTHON, chorusrun, deepspeed_env, real_deepspeed, run
 
 
 def _worst(got, want):
     return max(abs(a - b) for a, b in zip(got, want))
 
 
-def _loads(kind, folder, out, n, size, want, cases=None, tol=1e-6, bf16_tol=1e-6):
+def _loads(kind, folder, out, n, size, want, cases=None, tol=1e-6, bf16_tol=1e-6, **extra):
     chorusrun(n, "ds_parallel_checkpoint.py", kind, "load", folder, out, size,
-              **({"CASES": ",".join(cases)} if cases else {}))
+              **({"CASES": ",".join(cases)} if cases else {}), **extra)
     got = json.loads(out.read_text())
     assert "chorus" in got["deepspeed"]
     got = got["results"]
@@ -57,6 +58,14 @@ def test_model_parallel_checkpoints_travel_both_ways(tmp_path, kind):
     for n, size in others:
         _loads(kind, tmp_path / "ds", tmp_path / f"at{n}_{size}.json", n, size, want, sliced if size > 1 else None,
                tol=1e-5, bf16_tol=5e-4)
+    if kind != "moe":  # DeepSpeed's ds_to_universal of its save (given Megatron's universal_checkpoint_info)
+        run([PYTHON, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder",
+             str(tmp_path / "ds" / "z1_bf16" / "global_step3"), "--output_folder",
+             str(tmp_path / "uni" / "z1_bf16" / "global_step3_universal"), "--inject_missing_state"],
+            **deepspeed_env())
+        for n, size in others:
+            _loads(kind, tmp_path / "uni", tmp_path / f"uni{n}_{size}.json", n, size, want, ["z1_bf16"],
+                   bf16_tol=5e-4, UNIVERSAL="1")
     # the reverse: chorus saves in DeepSpeed's layout, DeepSpeed goes on from it
     chorusrun(4, "ds_parallel_checkpoint.py", kind, "save", tmp_path / "chorus", CASES=",".join(sliced))
     saved = json.loads((tmp_path / "chorus" / "saved.json").read_text())["results"]

@@ -145,13 +145,23 @@ def config(stage, dtype, micro, gas=1):
         cfg["bf16"] = {"enabled": True}
     if CHORUS:
         cfg["checkpoint"] = {"format": "deepspeed"}
+    if os.environ.get("UNIVERSAL"):  # (load FOLDER/CASE's latest_universal: ds_to_universal's output)
+        cfg.setdefault("checkpoint", {})["load_universal"] = True
     return cfg
+
+
+# What a Megatron-DeepSpeed model tells DeepSpeed's ds_to_universal of its parameters (the slices'
+# dimension: 0 by default, 1 for a row-parallel weight; replicated ones are averaged over the slices).
+UNIVERSAL_INFO = {"universal_checkpoint_version": 0.2, "tp_replicated_parameter_patterns": [r"^norm\.", r"^down_b$"],
+                  "parameter_with_row_parallelism_patterns": [r"^down_w$"]}
 
 
 def tp_engine(stage, dtype, size):
     mpu = make_mpu(size)
     dp = dist.get_world_size() // size
-    engine, _, _, _ = deepspeed.initialize(model=TPNet(mpu), config=config(stage, dtype, 8 // dp), mpu=mpu)
+    model = TPNet(mpu)
+    model.universal_checkpoint_info = UNIVERSAL_INFO
+    engine, _, _, _ = deepspeed.initialize(model=model, config=config(stage, dtype, 8 // dp), mpu=mpu)
     return engine
 
 
@@ -182,6 +192,7 @@ def pipe_engine(stage, dtype, size):
     layers = [torch.nn.Linear(D, H), torch.nn.Tanh(), torch.nn.Linear(H, H), torch.nn.Tanh(), torch.nn.Linear(H, H),
               torch.nn.Tanh(), torch.nn.Linear(H, OUT)]
     module = PipelineModule(layers=layers, num_stages=size, partition_method="parameters", loss_fn=fp32_loss)
+    module.universal_checkpoint_info = {"universal_checkpoint_version": 0.2}  # (ds_to_universal needs it)
     dp = dist.get_world_size() // size
     engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=module.parameters(),
                                            config=config(stage, dtype, 2, 4 // dp))

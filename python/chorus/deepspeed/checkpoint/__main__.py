@@ -1,5 +1,5 @@
 """python -m chorus.deepspeed.checkpoint convert SRC DST [--tag TAG] [--world N] [--stage S]
-python -m chorus.deepspeed.checkpoint universal SRC DST [--tag TAG]
+python -m chorus.deepspeed.checkpoint universal SRC DST [--tag TAG]   (SRC: also a pipeline engine's save_dir)
 
 Writes the chorus checkpoint in SRC (a save_dir with `latest`, or its TAG folder) in
 DeepSpeed 0.19.8's layout under DST (DST/TAG/..., DST/latest), for DeepSpeed's
@@ -83,8 +83,9 @@ def main(argv=None):
     c.add_argument("--tag")
     c.add_argument("--world", type=int, help="the data-parallel size to write it for (default: as saved)")
     c.add_argument("--stage", type=int, choices=(0, 1, 2, 3), help="the ZeRO stage to write it for")
-    u = sub.add_parser("universal", help="a chorus checkpoint (any data- and tensor-parallel size), written as "
-                       "DeepSpeed's universal checkpoint, for any other (checkpoint.load_universal)")
+    u = sub.add_parser("universal", help="a chorus checkpoint (any data-, tensor-, pipeline- or expert-parallel "
+                       "layout; a pipeline's save_dir), written as DeepSpeed's universal checkpoint, for any other "
+                       "(checkpoint.load_universal)")
     u.add_argument("src")
     u.add_argument("dst")
     u.add_argument("--tag")
