@@ -31,16 +31,14 @@ def read(path, mp=None):
     values, first = _read_shards(path, [shard_name(r, mp) for r in range(meta["shards"])], names, shapes,
                                  meta.get("save", ""))
     group_of = meta.get("param_group_of")
-    experts = _read_experts(path, meta, mp)
-    if experts and group_of is None and len(meta["param_groups"]) != 1:
-        raise ValueError(f"{path} predates the record of each parameter's optimizer group; save it again")
-    for name, shape, value in experts:  # (every expert under its global number)
+    for name, shape, value, group in _read_experts(path, meta, mp):  # (every expert under its global number)
         values[len(names)] = value
         names.append(name)
         shapes.append(shape)
         if group_of is not None:
-            moe = [g for g, h in enumerate(meta["param_groups"]) if h.get("moe")]
-            group_of = list(group_of) + [moe[0] if moe else 0]
+            if group is None:
+                raise ValueError(f"{path} predates the record of each expert's optimizer group; save it again")
+            group_of = list(group_of) + [group]
     kind = meta.get("optimizer_kind") or _KINDS[int(first["optimizer"])]
     keys = ds_writer.STATE_KEYS.get(kind, ())
     for v in values.values():  # the engine's state 1 and 2 under the optimizer's names
@@ -115,7 +113,7 @@ def _read_shards(path, files, names, shapes, save):
 
 
 def _read_experts(path, meta, mp):
-    """[(global name, shape, values)] of every expert of every expert group's shards."""
+    """[(global name, shape, values, optimizer group)] of every expert of every expert group's shards."""
     from chorus.deepspeed.runtime import expert_parts
     out = []
     for group, info in (meta.get("experts") or {}).items():
@@ -125,7 +123,9 @@ def _read_experts(path, meta, mp):
             files = [expert_parts.shard_name(group, e, d, mp if info.get("sliced") else None)
                      for d in range(info["shards"])]
             values, _ = _read_shards(path, files, names, shapes, meta.get("save", ""))
-            out += [(expert_parts.global_name(n, e, counts), shapes[i], values[i]) for i, n in enumerate(names)]
+            groups = info.get("group_of") or [None] * len(names)
+            out += [(expert_parts.global_name(n, e, counts), shapes[i], values[i], groups[i])
+                    for i, n in enumerate(names)]
     return out
 
 

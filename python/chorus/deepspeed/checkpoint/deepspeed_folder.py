@@ -28,7 +28,7 @@ class DeepSpeedFolder:
     scaler, model_states (slice 0's), world, stage; value(name, ...) for a loading engine's
     piece; frozen() and buffers() by name."""
 
-    def __init__(self, path, trainable=None, layers=None):
+    def __init__(self, path, untrained=None, layers=None):
         """layers: {pipeline layer index: its parameters' prefix} where not "INDEX." (a tied
         layer's "tied_modules.KEY."), from the loading PipelineModule."""
         self.path, self.prefixes = path, dict(layers or {})
@@ -37,7 +37,7 @@ class DeepSpeedFolder:
             raise ValueError(f"load_checkpoint: {path} holds no DeepSpeed model states (mp_rank_XX_model_states.pt)")
         self._layer_files = layer_files(path)
         self._layer_cache, self._ranges, self._reading = {}, {}, 0  # (slices are read in order)
-        first = DeepSpeedCheckpoint(path, trainable, 0, self._pipeline_module)
+        first = DeepSpeedCheckpoint(path, untrained, 0, self._pipeline_module)
         ms = first.model_states
         mp_world = int(ms.get("mp_world_size", 1) or 1)
         dims = ms.get("checkpoint_parallel_dimensions") or {}
@@ -52,7 +52,7 @@ class DeepSpeedFolder:
         self.tp, self.pp, self.mp_world = tp, pp, mp_world
         self.slices = [first]
         for m in range(1, mp_world):
-            s = DeepSpeedCheckpoint(path, trainable, m, self._pipeline_module)
+            s = DeepSpeedCheckpoint(path, untrained, m, self._pipeline_module)
             self._same_save(first, s)
             self.slices.append(s)
         self.model_states, self.world, self.stage = ms, first.world, first.stage
@@ -178,8 +178,18 @@ class DeepSpeedFolder:
         return self._by_name(lambda s: s.module)
 
     def frozen(self):
-        """{name: [tensor per tensor-parallel slice]} of the parameters not trained."""
-        return self._by_name(lambda s: s.frozen())
+        """{name: [tensor per tensor-parallel slice]} of the parameters not trained (a pipeline layer
+        holding only those, at a stage's edge, is in no slice's layers: from the layer files)."""
+        out = self._by_name(lambda s: s.frozen())
+        if self._layer_files:
+            trained, buffers, extra = set(self.names), self.buffer_names(), {}
+            for r in [None] if self.tp == 1 else range(self.tp):
+                for _, values in self._all_layers(r):
+                    for n, v in values.items():
+                        if n not in out and n not in trained and n not in buffers and v.numel():
+                            extra.setdefault(n, []).append(v)
+            out.update(extra)
+        return out
 
     def _by_name(self, table):
         """{name: [tensor per tensor-parallel slice]}, from the first stage holding the name (a tied

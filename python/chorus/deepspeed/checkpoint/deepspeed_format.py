@@ -99,11 +99,12 @@ class DeepSpeedCheckpoint:
     module (16-bit values and buffers; a pipeline's from its layer files), model_states (the rest
     of the engine's dict), stage, world."""
 
-    def __init__(self, path, trainable=None, mp=0, pipeline_module=None):
-        """trainable: the loading model's trained parameters' names (without ZeRO the file does
-        not say which of the module's parameters the optimizer held). mp: the slice.
+    def __init__(self, path, untrained=None, mp=0, pipeline_module=None):
+        """untrained: the names of the loading model's parameters it does not train (without ZeRO
+        the file does not say which of the module's parameters the optimizer held; a name the
+        loading model lacks, another pipeline stage's, counts as trained). mp: the slice.
         pipeline_module(model_states): a pipeline slice's module, from the layer files."""
-        self.path, self.trainable, self.mp = path, None if trainable is None else set(trainable), mp
+        self.path, self.untrained, self.mp = path, set(untrained or ()), mp
         stage3 = not os.path.isfile(os.path.join(path, model_states_name(mp)))
         self.model_states = load(os.path.join(path, model_states_name(mp, stage3)))
         ms = self.model_states
@@ -279,8 +280,7 @@ class DeepSpeedCheckpoint:
                 continue
             seen.add(key)
             every.append(n)  # (every parameter, in the module's order)
-            # (the loading engine's experts may be others than this rank's: every expert counts)
-            if n in frozen or (self.trainable is not None and n not in self.trainable and not is_expert_name(n)):
+            if n in frozen or n in self.untrained:
                 continue
             names.append(n)
         # DeepSpeed's torch optimizer (fp32, no ZeRO) holds what initialize was given: by default

@@ -155,7 +155,8 @@ def describe(engine):
     """What the model-states file says of the expert groups (every rank's parts are named alike)."""
     return {part.name: {"ep_size": part.ep_set.size(), "names": part.names, "shapes": [list(s) for s in part.shapes],
                         "shards": part.data_set.size() if engine.core.stage > 0 else 1, "sliced": part.sliced,
-                        "partition_dims": [partition_dim(p) for p in part.params]}
+                        "partition_dims": [partition_dim(p) for p in part.params],
+                        "group_of": engine._group_of(engine.optimizer_groups, part.params)}
             for part in engine._expert_parts}
 
 

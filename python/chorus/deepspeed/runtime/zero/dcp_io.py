@@ -18,8 +18,8 @@ def save(engine, save_dir, tag, client_state, save_latest, exclude_frozen_parame
     tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
     _validate_tag(engine, tag)
     why = _refusal(engine, layout=False)
-    if why is None and (engine._mp_rank is not None or engine._pipe_set is not None):
-        why = "tensor and pipeline slices are saved in chorus's own format or in DeepSpeed's layout so far"
+    if why is None and (engine._mp_rank is not None or engine._pipe_set is not None or engine._expert_parts):
+        why = "MoE experts, tensor and pipeline slices are saved in chorus's own format or in DeepSpeed's layout so far"
     if why is not None:
         raise ValueError(f"save_checkpoint: checkpoint.format \"dcp\": {why.replace('deepspeed', 'dcp')}")
     dcp._require()

@@ -35,8 +35,9 @@ def load(engine, path, load_lr_scheduler_states):
     error, ds = None, None
     across = engine._pipe_set
     try:
-        trainable = engine._names + [n for p in engine._expert_parts for n in p.names]
-        ds = DeepSpeedFolder(path, trainable=trainable, layers=pipeline_prefixes(engine.module))
+        trained = set(engine._names) | {n for p in engine._expert_parts for n in p.names}
+        untrained = {n for n, _ in engine.module.named_parameters() if n not in trained}
+        ds = DeepSpeedFolder(path, untrained=untrained, layers=pipeline_prefixes(engine.module))
         _check(engine, ds, path)
     except Exception as e:  # noqa: BLE001 (a failure on one rank must reach every rank, not leave them waiting)
         error = e
@@ -58,10 +59,18 @@ def load(engine, path, load_lr_scheduler_states):
                 targets.put(i, fp32.contiguous(), {k: v.contiguous() for k, v in states.items()})
             if part is not None:
                 part.core.optimizer_steps = ds.step
-    except Exception as e:  # noqa: BLE001
+        _untrained(engine, ds, path, tp, tp_rank)
+    except Exception as e:  # noqa: BLE001 (one stage's or slice's failure is every rank's)
         error = e
     _agree(engine.process_set, error, "applying the DeepSpeed checkpoint", across, verb="load_checkpoint")
     restore_states(engine, ds.step, ds.scaler, ds.param_groups, ds.model_states, load_lr_scheduler_states)
+    return path, ds.client_state()
+
+
+@torch.no_grad()
+def _untrained(engine, ds, path, tp, tp_rank):
+    """The parameters not trained and the buffers, as DeepSpeed restores them (the experts' from
+    their files)."""
     module, frozen, names = ds.module_values(), ds.frozen(), ds.buffer_names()
 
     def piece(table, name, t):
@@ -69,20 +78,18 @@ def load(engine, path, load_lr_scheduler_states):
         pick = ds._cutter(name, [tuple(v.shape) for v in saved], tuple(t.shape), tp, tp_rank, partition_dim(t))
         t.data.copy_(pick(saved).to(t.dtype))
 
-    with torch.no_grad():
-        for name, p in engine.module.named_parameters():  # parameters not trained, as DeepSpeed restores them
-            if not p.requires_grad and p.numel() and name in frozen:
-                piece(frozen, name, p)
-        for name, b in engine.module.named_buffers():
-            if b is not None and name in names and name in module:
-                piece(module, name, b)
-        saved = ds.slices[0].experts
-        for _, prefix, expert, _, _ in expert_parts._local_experts(engine):  # experts' frozen parameters, buffers
-            for n, t in expert_parts._untrained(expert):
-                if prefix + n not in saved:
-                    raise ValueError(f"load_checkpoint: {path}'s expert files have no '{prefix + n}'")
-                t.data.copy_(saved[prefix + n].to(t.dtype))
-    return path, ds.client_state()
+    for name, p in engine.module.named_parameters():
+        if not p.requires_grad and p.numel() and name in frozen:
+            piece(frozen, name, p)
+    for name, b in engine.module.named_buffers():
+        if b is not None and name in names and name in module:
+            piece(module, name, b)
+    saved = ds.slices[0].experts
+    for _, prefix, expert, _, _ in expert_parts._local_experts(engine):
+        for n, t in expert_parts._untrained(expert):
+            if prefix + n not in saved:
+                raise ValueError(f"load_checkpoint: {path}'s expert files have no '{prefix + n}'")
+            t.data.copy_(saved[prefix + n].to(t.dtype))
 
 
 def expert_names(engine, part):
@@ -92,6 +99,8 @@ def expert_names(engine, part):
 
 
 def _check(engine, ds, path):
+    if (engine._expert_parts or ds.slices[0].experts) and (engine._mp_rank is not None or ds.tp > 1):
+        _refuse(path, "chorus reads DeepSpeed's MoE checkpoints without tensor parallelism so far")
     kind = engine._core_args[1]
     if engine._client is not None or kind not in STATE_KEYS:
         _refuse(path, "chorus reads the state of DeepSpeed's Adam, AdamW, LAMB, Lion, Adagrad and SGD; this engine "

@@ -16,7 +16,17 @@ from chorus.deepspeed.runtime.zero import checkpoint_io
 from chorus.deepspeed.runtime.zero.checkpoint import _agree, _buffers, _shared_names, _validate_tag
 
 
+# DeepSpeed cuts each MoE parameter group into groups of at most this many elements (moe/utils.py)
+MOE_MAX_GROUP = 178956971
+
+
 def _refusal(engine, layout=True):
+    parts = engine._expert_parts
+    if parts and (engine._mp_rank is not None or len(parts) > 1 or
+                  any(sum(int(torch.Size(s).numel()) for s in p.shapes) > MOE_MAX_GROUP for p in parts)):
+        return ("MoE experts are written in DeepSpeed's layout for one expert-parallel size, without tensor "
+                f"parallelism, in expert groups of at most {MOE_MAX_GROUP} elements (DeepSpeed cuts larger ones) so "
+                "far; save in chorus's format (checkpoint.format \"chorus\") and convert it to a universal checkpoint")
     if engine._client is not None:
         return "a client optimizer's state has no DeepSpeed layout; the engine's own optimizers (from the config) do"
     if engine._core_args[1] not in ds_writer.STATE_KEYS:
@@ -94,8 +104,9 @@ def _model_parallel(engine):
     pp, stage = topo.get_dim("pipe"), module.stage_id
     tied = pipeline_prefixes(module)
     layers = {}
+    from chorus.deepspeed.runtime.pipe.module import _TiedForward
     for idx, layer in zip(range(module._local_start, module._local_stop), module.forward_funcs):
-        if isinstance(layer, torch.nn.Module):
+        if isinstance(layer, torch.nn.Module) and not isinstance(layer, _TiedForward):  # (DeepSpeed's partial)
             layers[idx] = (tied.get(idx, f"{idx}."), list(layer.state_dict().keys()))
     return dict(mp=stage * tp + tp_rank, pp=pp, tp=tp, layers=layers,
                 tp_rank=tp_rank if "model" in topo.get_axis_names() else None)

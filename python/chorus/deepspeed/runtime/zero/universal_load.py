@@ -42,6 +42,10 @@ def load(engine, path, load_lr_scheduler_states):
         if engine._client is not None or kind not in ds_writer.STATE_KEYS:
             raise ValueError(f"load_checkpoint: {path} is a universal checkpoint; chorus reads it into engines "
                              "running their own Adam, AdamW, LAMB, Lion, Adagrad or SGD")
+        from chorus.deepspeed.runtime import expert_parts
+        if any(expert_parts._untrained(e) for _, _, e, _, _ in expert_parts._local_experts(engine)):
+            raise ValueError(f"load_checkpoint: {path} is a universal checkpoint, which does not carry the experts' "
+                             "frozen parameters and buffers; load chorus's own checkpoint")
         uc = UniversalCheckpoint(path)
         missing = [n for n in engine._names + [n for p in engine._expert_parts for n in expert_names(engine, p)]
                    if not uc.has(n)]
