@@ -104,6 +104,11 @@ class DeepSpeedFolder:
             lo, hi = self._ranges[stage]
         else:  # stage 0: contiguous layers after the previous stage's, up to what the optimizer held
             opt = ms.get("optimizer") or {}
+            if not opt or "single_partition_of_fp32_groups" in opt:
+                raise ValueError(f"load_checkpoint: {self.path}: pipeline slice {mp} was saved without ZeRO by " + (
+                    "DeepSpeed's BF16_Optimizer (bf16 without ZeRO: partitions in bf16_zero_pp_rank_* files), which "
+                    "chorus does not read; DeepSpeed 0.19.8 does not load it back either" if opt else
+                    "an engine without an optimizer: nothing to resume"))
             if "fp32_groups_flat" in opt:
                 need, count = sum(t.numel() for t in opt["fp32_groups_flat"]), (lambda t: t.numel())
             else:
