@@ -21,11 +21,19 @@ fake.process_set_id = 7
 
 
 def duplicate_name():
-    h = hvd.allreduce_async(torch.ones(2), name="dup")
-    try:
-        hvd.allreduce_async(torch.ones(2), name="dup")
-    finally:
-        hvd.synchronize(h)
+    """Rank 0 submits "dup" twice while it is surely in flight: rank 1 submits its "dup" only after
+    rank 0's second try (an op of another name, which completes while "dup" waits, says when)."""
+    if r == 0:
+        h = hvd.allreduce_async(torch.ones(2), name="dup")
+        try:
+            hvd.allreduce_async(torch.ones(2), name="dup")
+        finally:
+            hvd.allreduce(torch.ones(1), name="dup.tried")
+            hvd.synchronize(h)
+    else:
+        hvd.allreduce(torch.ones(1), name="dup.tried")
+        hvd.synchronize(hvd.allreduce_async(torch.ones(2), name="dup"))
+        raise ValueError("dup: rank 0 checks the name twice in flight")
 
 
 def optimizer(named):
