@@ -156,10 +156,10 @@ class DeepSpeedFolder:
         fp32 = self._parts(name, lambda s: s.fp32[name])
         states = self._parts(name, lambda s: s.states.get(name, {}))
         keys = set.intersection(*[set(x) for x in states]) if states else set()
-        pick = self._cutter(name, [tuple(t.shape) for t in fp32], tuple(shape), tp, tp_rank, dim)
+        pick = self.cutter(name, [tuple(t.shape) for t in fp32], tuple(shape), tp, tp_rank, dim)
         return pick(fp32), {k: pick([x[k] for x in states]) for k in keys}
 
-    def _cutter(self, name, have, shape, tp, tp_rank, dim):
+    def cutter(self, name, have, shape, tp, tp_rank, dim):
         """How to make the engine's piece from the saved slices."""
         saved = len(have)
         if saved == tp and have[tp_rank] == shape:

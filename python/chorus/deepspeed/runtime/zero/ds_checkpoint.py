@@ -75,7 +75,7 @@ def _untrained(engine, ds, path, tp, tp_rank):
 
     def piece(table, name, t):
         saved = table[name]
-        pick = ds._cutter(name, [tuple(v.shape) for v in saved], tuple(t.shape), tp, tp_rank, partition_dim(t))
+        pick = ds.cutter(name, [tuple(v.shape) for v in saved], tuple(t.shape), tp, tp_rank, partition_dim(t))
         t.data.copy_(pick(saved).to(t.dtype))
 
     for name, p in engine.module.named_parameters():
