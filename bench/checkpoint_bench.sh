@@ -12,7 +12,7 @@ trap 'rm -rf "$DIR"' EXIT
 chorus() { PYTHONPATH=build/python OMP_NUM_THREADS=2 build/chorusrun -np 1 --python "$PY" bench/checkpoint_bench.py "$@"; }
 deepspeed() {
   env -u PYTHONPATH PYTHONPATH=build/venv-torch2/overlays/deepspeed DS_ACCELERATOR=cpu \
-    TORCH_EXTENSIONS_DIR=build/torch_extensions OMP_NUM_THREADS=2 \
+    TORCH_EXTENSIONS_DIR=build/torch_extensions CXX="$PWD/scripts/cxx-nodebug" OMP_NUM_THREADS=2 \
     "$PY" -m torch.distributed.run --standalone --nproc_per_node 1 bench/checkpoint_bench.py "$@"
 }
 chorus save --params "$PARAMS" --dir "$DIR/saves" | grep RESULT

@@ -196,7 +196,8 @@ def main():
     py = args.torch2_python
     overlay = os.path.join(os.path.dirname(os.path.dirname(py)), "overlays", "deepspeed")
     ds_env = base_env(PYTHONPATH=overlay, DS_ACCELERATOR="cpu",
-                      TORCH_EXTENSIONS_DIR=os.path.join(BUILD, "torch_extensions"))
+                      TORCH_EXTENSIONS_DIR=os.path.join(BUILD, "torch_extensions"),
+                      CXX=os.path.join(ROOT, "scripts", "cxx-nodebug"))  # (as the tests build its ops)
     ch_env = base_env(PYTHONPATH=os.path.join(BUILD, "python"))
 
     # In the venv `import deepspeed` is chorus's alias; the overlay on PYTHONPATH puts the real one first.

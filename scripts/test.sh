@@ -9,6 +9,8 @@ export CHORUS_TF_PYTHON
 # PyTorch 2 with Transformers, Accelerate and Lightning (PyPI) in a venv of its own.
 CHORUS_TORCH2_PYTHON="$(bash scripts/torch2-venv.sh)"
 export CHORUS_TORCH2_PYTHON
+# The real DeepSpeed's CPU ops, which its reference tests load, built ahead (two at a time).
+bash scripts/deepspeed-ops.sh "$CHORUS_TORCH2_PYTHON"
 bash scripts/build.sh
 cd build
 ctest --output-on-failure -j"${JOBS:-2}" --timeout 600

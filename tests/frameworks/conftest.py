@@ -56,9 +56,11 @@ def single(script, *args, timeout=300, **extra):
 
 def deepspeed_env(overlays=()):
     """The real DeepSpeed on the CPU, without chorus: its overlay first on the path
-    (before the venv's `deepspeed` alias), its CPU ops built once per build folder."""
+    (before the venv's `deepspeed` alias), its CPU ops built once per build folder
+    (scripts/deepspeed-ops.sh builds them ahead, with the same compiler command)."""
     return dict(overlays=("deepspeed",) + tuple(overlays), chorus=False, DS_ACCELERATOR="cpu",
-                TORCH_EXTENSIONS_DIR=os.path.join(BUILD, "torch_extensions"))
+                TORCH_EXTENSIONS_DIR=os.path.join(BUILD, "torch_extensions"),
+                CXX=os.path.join(REPO, "scripts", "cxx-nodebug"))
 
 
 # The real DeepSpeed (with torch's gloo) sometimes aborts the interpreter's exit after
