@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Configures and builds chorus into ./build (Release, -j2 by default).
+# Configures and builds chorus into ./build (Release, -j2 by default): every target, or the
+# targets named (bash scripts/build.sh chorus_python_package).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # CHORUS_TF_PYTHON (scripts/tf-venv.sh prints one): also build the TensorFlow ops.
@@ -7,4 +8,4 @@ cd "$(dirname "$0")/.."
 # CI (CI set): warnings are errors.
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release ${CI:+-DCHORUS_WERROR=ON} ${CHORUS_TF_PYTHON:+-DCHORUS_TF_PYTHON="$CHORUS_TF_PYTHON"} \
   ${CHORUS_TORCH2_PYTHON:+-DCHORUS_TORCH2_PYTHON="$CHORUS_TORCH2_PYTHON"} >/dev/null
-cmake --build build -j"${JOBS:-2}"
+cmake --build build -j"${JOBS:-2}" ${1:+--target "$@"}

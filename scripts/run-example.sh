@@ -4,5 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
-bash scripts/build.sh
+# Only what the example runs: the Python package (libchorus, its extension, chorusrun).
+bash scripts/build.sh chorus_python_package
 PYTHONPATH=build/python ./build/chorusrun -np 2 /usr/bin/python3 examples/pytorch/digits.py

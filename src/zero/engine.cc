@@ -92,7 +92,6 @@ Engine::Engine(Runtime& rt, EngineSpec spec)
     // (a device's slices are pinned with offload_param's pin_memory; the host's as before, with the optimizer's)
     paramPart_ = mem_->state(part * es, offParam, offParam && (spec_.device ? z.pinMemory : pinOpt));
   }
-  if (stage_ >= 2) gradPart_ = mem_->scratch(part * es);
   // An fp32 model's master weights are its parameters (stages 0 and 3) where both
   // live in the same memory; on a device, offloading one and not the other parts them.
   const bool nvme = z.offloadOptimizer == "nvme";
@@ -111,6 +110,14 @@ Engine::Engine(Runtime& rt, EngineSpec spec)
     const int arrays = (masterIsParams_ ? 0 : 1) + (stateCount(spec_.optimizer) == 2 ? 2 : 1);
     swap_ = std::make_unique<NvmeSwap>(nc, "rank" + std::to_string(rt_.rank()), part, arrays);
     host_ = hostMemory();
+    if (stage_ == 3 && !spec_.device) {
+      NvmeConfig gc = nc;
+      gc.elemBytes = es;
+      // (a tile of the state at any alignment in one chunk of gradients)
+      gc.chunkElems = nc.chunkElems + 2 * 4096 / es;
+      gradSwap_ = std::make_unique<NvmeSwap>(gc, "rank" + std::to_string(rt_.rank()) + "-grads", part, 1);
+      gradFresh_.assign(plan_->units().size(), true);
+    }
   } else {
     if (!masterIsParams_) master_ = mem_->state(part * 4, offOpt, pinOpt);
     state1_ = mem_->state(part * 4, offOpt, pinOpt);
@@ -142,6 +149,7 @@ Engine::Engine(Runtime& rt, EngineSpec spec)
   unitLaunched_.assign(plan_->units().size(), false);
   resetMissing();
   persistent_.assign(spec_.numels.size(), false);
+  if (stage_ >= 2 && !gradSwap_) gradPart_ = mem_->scratch(part * es);
   if (stage_ == 3)
     for (size_t i = 0; i < spec_.numels.size(); ++i)
       persistent_[i] = static_cast<int64_t>(spec_.numels[i]) < z.paramPersistenceThreshold;
@@ -385,7 +393,7 @@ void Engine::completeOldest() {
     convert(recvScratch_.bytes(), spec_.dtype, reduced, commDtype_, slice);
     reduced = recvScratch_.bytes();
   }
-  mem_->accumulate(spec_.dtype, gradSlice(u), reduced, slice);
+  addReduced(u, reduced, slice);
   mem_->retire(std::shared_ptr<Work>(std::move(work)));  // (its output is read until then)
 }
 
@@ -469,7 +477,12 @@ double Engine::setSumSquares(double sumsq) {
 
 double Engine::gradSumSquares() {
   finishReductions();
-  return setSumSquares(localSumSquares()) * spec_.gradFactor * spec_.gradFactor;
+  double local = 0.0;
+  if (gradSwap_)
+    onDisk([&] { local = diskSumSquares(); });  // (a failed gradient write or read fails every rank)
+  else
+    local = localSumSquares();
+  return setSumSquares(local) * spec_.gradFactor * spec_.gradFactor;
 }
 
 StepResult Engine::prepareStep(float* gradScale, const double* totalSumSquares) {
@@ -549,23 +562,26 @@ StepResult Engine::stepWith(const std::vector<GroupHyper>& groups, const double*
     return res;
   }
   onDisk([&] {
+    writeFreshGrads();
     forState(0, plan_->partitionElems(), true, [&](size_t off, size_t n, float* m, float* s1, float* s2) {
-      for (const auto& run : runs_) {
-        const size_t at = plan_->units()[run.unit].partOffset + run.offset, es = esize();
-        const size_t lo = std::max(at, off), hi = std::min(at + run.length, off + n);
-        if (lo >= hi) continue;
-        const size_t in = run.offset + (lo - at), d = lo - off;
-        RunArgs a{m + d,
-                  s1 + d,
-                  s2 ? s2 + d : nullptr,
-                  gradSlice(run.unit) + in * es,
-                  masterIsParams_ || paramSwap_ ? nullptr : paramSlice(run.unit) + in * es,
-                  spec_.dtype,
-                  hi - lo,
-                  gradScale,
-                  optSteps_};
-        mem_->optimizer(spec_.optimizer, groups[run.group], a);
-      }
+      withGradTile(off, n, [&] {
+        for (const auto& run : runs_) {
+          const size_t at = plan_->units()[run.unit].partOffset + run.offset, es = esize();
+          const size_t lo = std::max(at, off), hi = std::min(at + run.length, off + n);
+          if (lo >= hi) continue;
+          const size_t in = run.offset + (lo - at), d = lo - off;
+          RunArgs a{m + d,
+                    s1 + d,
+                    s2 ? s2 + d : nullptr,
+                    gradAt(run.unit, in),
+                    masterIsParams_ || paramSwap_ ? nullptr : paramSlice(run.unit) + in * es,
+                    spec_.dtype,
+                    hi - lo,
+                    gradScale,
+                    optSteps_};
+          mem_->optimizer(spec_.optimizer, groups[run.group], a);
+        }
+      });
       roundBf16(m, s1, s2, n);
       if (swap_) mem_->sync();  // (the tile goes back to disk next)
       if (paramSwap_) masterToSlices(m, off, n);
@@ -599,9 +615,12 @@ void Engine::lambStep(const std::vector<GroupHyper>& groups, float gradScale) {
   std::vector<double> sums(2 * numParams(), 0.0);
   const size_t part = plan_->partitionElems();
   onDisk([&] {
+    writeFreshGrads();
     forState(0, part, true, [&](size_t off, size_t n, float* m, float* s1, float* s2) {
-      forPieces(off, n, m, s1, s2, gradScale, [&](const Piece& p, const RunArgs& a) {
-        mem_->lambMoments(groups[spec_.groupOf[p.param]], a, &sums[2 * p.param], &sums[2 * p.param + 1]);
+      withGradTile(off, n, [&] {
+        forPieces(off, n, m, s1, s2, gradScale, [&](const Piece& p, const RunArgs& a) {
+          mem_->lambMoments(groups[spec_.groupOf[p.param]], a, &sums[2 * p.param], &sums[2 * p.param + 1]);
+        });
       });
       if (swap_) mem_->sync();
     });
@@ -609,10 +628,12 @@ void Engine::lambStep(const std::vector<GroupHyper>& groups, float gradScale) {
   if (stage_ > 0 && world_ > 1) sumOver(sums.data(), sums.size(), spec_.processSet, name("lamb", 0));
   onDisk([&] {
     forState(0, part, true, [&](size_t off, size_t n, float* m, float* s1, float* s2) {
-      forPieces(off, n, m, s1, s2, gradScale, [&](const Piece& p, const RunArgs& a) {
-        const GroupHyper& h = groups[spec_.groupOf[p.param]];
-        mem_->lambApply(h, a, lambTrust(lambCoefficients(h, gradScale, optSteps_), sums[2 * p.param],
-                                        sums[2 * p.param + 1]));
+      withGradTile(off, n, [&] {
+        forPieces(off, n, m, s1, s2, gradScale, [&](const Piece& p, const RunArgs& a) {
+          const GroupHyper& h = groups[spec_.groupOf[p.param]];
+          mem_->lambApply(h, a, lambTrust(lambCoefficients(h, gradScale, optSteps_), sums[2 * p.param],
+                                          sums[2 * p.param + 1]));
+        });
       });
       roundBf16(m, s1, s2, n);
       if (swap_) mem_->sync();
@@ -698,6 +719,7 @@ float* Engine::externalGrad() {
 void Engine::zeroGrads() {
   mem_->zero(grads_.bytes(), grads_.size());
   mem_->zero(gradPart_.bytes(), gradPart_.size());
+  gradFresh_.assign(gradFresh_.size(), true);
 }
 
 std::vector<std::tuple<size_t, size_t, int>> Engine::runs() const {
@@ -747,7 +769,7 @@ MemoryReport Engine::memory() const {
   m.grads = grads_.size() + gradPart_.size();
   m.optimizer = master_.size() + state1_.size() + state2_.size();
   m.fixedBuffers = agIn_[0].size() + agIn_[1].size() + liveBytes_;
-  for (const NvmeSwap* s : {swap_.get(), paramSwap_.get()})
+  for (const NvmeSwap* s : {swap_.get(), paramSwap_.get(), gradSwap_.get()})
     if (s) {
       m.fixedBuffers += s->bufferBytes();
       m.disk += s->diskBytes();

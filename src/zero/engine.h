@@ -7,7 +7,7 @@
 //   params_   full parameters, one flat buffer per unit     stages 0-2 (the module's storage)
 //   paramPart_ the rank's slices of the parameters           stage 3
 //   grads_    full gradients, accumulated locally             stages 0-1
-//   gradPart_ the rank's reduced gradient slices              stages 2-3
+//   gradPart_ the rank's reduced gradient slices              stages 2-3 (stage 3, nvme, host: a file)
 //   master_/state fp32 master weights and optimizer state, the rank's partition
 //             (stage 0: everything; an fp32 model's master is its parameters at stages 0 and 3)
 #include <cstdint>
@@ -267,6 +267,19 @@ class Engine {
   std::unique_ptr<NvmeSwap> swap_;  // offload_optimizer nvme: master_ (unless masterIsParams_) and the states
   std::unique_ptr<Memory> host_;    // with swap_: the tiles' conversions
   std::unique_ptr<NvmeSwap> paramSwap_;  // offload_param nvme: stage 3's slices (paramPart_ then unused)
+  // Stage 3 with the optimizer on nvme, on the host: the reduced gradients in a file too (gradPart_
+  // then unused), as DeepSpeed swaps them; written a unit at a time as reductions finish, read a
+  // tile at a time beside the state's tiles at the step.
+  std::unique_ptr<NvmeSwap> gradSwap_;
+  std::vector<bool> gradFresh_;  // units not written since zeroGrads (zero, whatever the file holds)
+  std::string gradError_;        // a failed gradient write, raised on every rank at the norm
+  const char* gradTile_ = nullptr;  // withGradTile: the tile's gradients, from element gradTileAt_
+  size_t gradTileAt_ = 0;
+  void addReduced(size_t u, const void* reduced, size_t n);  // into unit u's gradient slice
+  const char* gradAt(size_t u, size_t in) const;  // element `in` of unit u's gradient slice
+  void withGradTile(size_t off, size_t n, const std::function<void()>& fn);  // gradAt valid within
+  void writeFreshGrads();  // the zeros of units no reduction wrote, on disk
+  double diskSumSquares();
   Buffer params_, paramPart_, grads_, gradPart_, master_, state1_, state2_, externalGrad_;
   Buffer agIn_[2];
   DataType commDtype_;

@@ -54,7 +54,7 @@ void Engine::forPieces(size_t off, size_t n, float* m, float* s1, float* s2, flo
     const size_t lo = std::max(p.partOffset, off), hi = std::min(p.partOffset + p.count, off + n);
     if (lo >= hi) continue;
     const size_t u = plan_->unitOf(p.param), in = lo - plan_->units()[u].partOffset, d = lo - off;
-    fn(p, RunArgs{m + d, s1 + d, s2 ? s2 + d : nullptr, gradSlice(u) + in * es,
+    fn(p, RunArgs{m + d, s1 + d, s2 ? s2 + d : nullptr, gradAt(u, in),
                   masterIsParams_ || paramSwap_ ? nullptr : paramSlice(u) + in * es, spec_.dtype, hi - lo, gradScale,
                   optSteps_});
   }
@@ -163,6 +163,108 @@ void Engine::masterToParams(char* params, const float* m, size_t n) const {
   host_->fromFloat(staged.data(), m, spec_.dtype, n);
   mem_->copy(params, staged.data(), staged.size());
   mem_->sync();
+}
+
+void Engine::addReduced(size_t u, const void* reduced, size_t n) {
+  if (!gradSwap_) {
+    mem_->accumulate(spec_.dtype, gradSlice(u), reduced, n);
+    return;
+  }
+  const size_t es = esize(), at = plan_->units()[u].partOffset;
+  const bool fresh = gradFresh_[u];
+  gradFresh_[u] = false;
+  if (!gradError_.empty()) return;  // (the step fails anyway)
+  try {
+    gradSwap_->forRange(at, at + n, fresh ? NvmeSwap::kWrite : NvmeSwap::kReadWrite,
+                        [&](size_t off, size_t cnt, char* const* a) {
+                          const char* src = static_cast<const char*>(reduced) + (off - at) * es;
+                          if (fresh)
+                            std::memcpy(a[0], src, cnt * es);
+                          else
+                            mem_->accumulate(spec_.dtype, a[0], src, cnt);
+                        });
+  } catch (const std::exception& e) {
+    // Kept for the step: raised here, this rank would leave the others waiting in the backward's
+    // reductions; at the norm every rank learns of it.
+    gradError_ = e.what();
+  }
+}
+
+const char* Engine::gradAt(size_t u, size_t in) const {
+  if (!gradSwap_) return gradSlice(u) + in * esize();
+  return gradTile_ + (plan_->units()[u].partOffset + in - gradTileAt_) * esize();
+}
+
+void Engine::withGradTile(size_t off, size_t n, const std::function<void()>& fn) {
+  if (!gradSwap_) {
+    fn();
+    return;
+  }
+  gradSwap_->forRange(off, off + n, NvmeSwap::kRead, [&](size_t at, size_t cnt, char* const* a) {
+    if (at != off || cnt != n) throw Error("ZeRO engine: a tile of gradients on disk came in pieces");
+    gradTile_ = a[0];
+    gradTileAt_ = off;
+    fn();
+  });
+  gradTile_ = nullptr;
+}
+
+void Engine::writeFreshGrads() {
+  if (!gradSwap_) return;
+  if (!gradError_.empty()) throw Error(gradError_);
+  for (size_t u = 0; u < gradFresh_.size(); ++u) {
+    if (!gradFresh_[u]) continue;
+    const size_t at = plan_->units()[u].partOffset;
+    gradSwap_->forRange(at, at + plan_->units()[u].slice, NvmeSwap::kWrite,
+                        [&](size_t, size_t cnt, char* const* a) { std::memset(a[0], 0, cnt * esize()); });
+    gradFresh_[u] = false;
+  }
+}
+
+double Engine::diskSumSquares() {
+  writeFreshGrads();
+  // The sums as localSumSquares takes them from memory (each unit's slice, or each weighted piece),
+  // over the same blocks from each one's start: the same norm to the last bit on one thread.
+  struct Segment {
+    size_t at, count;
+    double weight;
+  };
+  std::vector<Segment> segs;
+  if (spec_.normWeights.empty())
+    for (const Unit& u : plan_->units()) segs.push_back({u.partOffset, u.slice, 1.0});
+  else
+    for (const auto& p : pieces_) segs.push_back({p.partOffset, p.count, spec_.normWeights[p.param]});
+  std::sort(segs.begin(), segs.end(), [](const Segment& a, const Segment& b) { return a.at < b.at; });
+  constexpr size_t kBlock = 65536;  // (chorus::sumSquares' block)
+  const size_t es = esize();
+  std::vector<char> block(kBlock * es);
+  size_t seg = 0, filled = 0;  // the segment being summed; its elements staged in `block`
+  double sumsq = 0.0, segSum = 0.0;
+  gradSwap_->forRange(0, plan_->partitionElems(), NvmeSwap::kRead, [&](size_t off, size_t n, char* const* a) {
+    size_t at = off;
+    while (at < off + n && seg < segs.size()) {
+      const Segment& s = segs[seg];
+      if (at < s.at) {  // (padding between segments)
+        at = std::min(off + n, s.at);
+        continue;
+      }
+      const size_t done = at - s.at;  // of the segment, summed or staged
+      const size_t take = std::min({off + n - at, s.count - done, kBlock - filled});
+      std::memcpy(block.data() + filled * es, a[0] + (at - off) * es, take * es);
+      filled += take;
+      at += take;
+      if (filled == kBlock || done + take == s.count) {
+        segSum += mem_->sumSquares(block.data(), spec_.dtype, filled);
+        filled = 0;
+      }
+      if (done + take == s.count) {
+        sumsq += s.weight * segSum;
+        segSum = 0.0;
+        ++seg;
+      }
+    }
+  });
+  return sumsq;
 }
 
 }  // namespace chorus::zero

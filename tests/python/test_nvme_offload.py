@@ -19,7 +19,7 @@ from conftest import BUILD, WORKERS, ok
 def test_nvme_state_matches_memory_and_checkpoints(ranks, tmp_path):
     out = ok(ranks(2, "zero_nvme.py", env={"ZERO_TMP": str(tmp_path)}, timeout=600))
     assert out.count("zero nvme ok") == 2
-    assert out.count("nvme == memory") == 2 * 11 and out.count("resumed from disk-held state") == 2 * 4
+    assert out.count("nvme == memory") == 2 * 12 and out.count("resumed from disk-held state") == 2 * 4
 
 
 def _memory_cgroup():
@@ -36,15 +36,15 @@ def _memory_cgroup():
     return child, limit
 
 
-def _run(mode, swap, cgroup=None):
+def _run(mode, swap, cgroup=None, layers=None, timeout=300):
     env = dict(os.environ, PYTHONPATH=os.path.join(BUILD, "python"), OMP_NUM_THREADS="1",
                # Big allocations mapped and unmapped whole: freed memory goes back rather than staying
                # in malloc's heap, so the peak is what the run needs.
                MALLOC_MMAP_THRESHOLD_="1000000")
-    cmd = [sys.executable, os.path.join(WORKERS, "zero_nvme_limit.py"), mode, swap]
+    cmd = [sys.executable, os.path.join(WORKERS, "zero_nvme_limit.py"), mode, swap] + ([str(layers)] if layers else [])
     if cgroup:
         cmd = ["sh", "-c", f'echo $$ > {cgroup}/cgroup.procs && exec "$@"', "sh"] + cmd
-    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
     found = {k: re.search(rf"^{k}: (.*)$", proc.stdout, re.M) for k in ("losses", "state bytes", "peak rss bytes")}
     return proc, {k: (eval(m.group(1)) if m else None) for k, m in found.items()}  # noqa: S307 - our worker's repr
 

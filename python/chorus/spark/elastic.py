@@ -17,7 +17,7 @@ import uuid
 
 from chorus import _core
 from chorus.runner.rank_process import RankProcess, load_value, remove_segments
-from chorus.spark.runner import _PICKLER, _check_controller, _driver_host, _is_connect, _session, _write_output
+from chorus.spark.job import _PICKLER, _check_controller, _driver_host, _is_connect, _session, _write_output
 
 _BEAT_SECONDS = 1.0
 _LOST_AFTER = 20.0  # a slot silent this long is lost (its executor is gone; a loaded host still beats)
@@ -41,7 +41,7 @@ def _slot_task(store, payload, job_id, start_timeout, executable):
         client = core.StoreClient(store[0], store[1], store[2], 30.0)
         n = client.add("spark/nslots", 1)
         client.set(f"spark/slot/{n}", json.dumps({"key": key, "host": host}))
-        records, gen, proc, started = [], 0, None, None
+        records, gen, proc = [], 0, None
         fn, args, kwargs = payload
         last_beat = 0.0
         while not client.check("spark/done"):

@@ -1,9 +1,7 @@
 """chorus.spark.run: one Spark barrier task per rank, each running the function in
 a child process (chorus.runner) with chorus's variables; rank 0's child serves the
 rendezvous store on a port its task holds, with a secret made for this job."""
-import datetime
 import os
-import socket
 import sys
 import threading
 import time
@@ -11,9 +9,7 @@ import uuid
 
 from chorus import _core
 from chorus.runner.rank_process import RankProcess, load_value, rank_env, remove_segments
-
-_PICKLER = "pyspark.cloudpickle"
-
+from chorus.spark.job import _PICKLER, _check_controller, _driver_host, _is_connect, _session, _write_output
 
 class SparkJobError(RuntimeError):
     """A rank of a chorus.spark job failed; .rank, .traceback say which and where."""
@@ -23,30 +19,6 @@ class SparkJobError(RuntimeError):
         self.rank = rank
         self.traceback = traceback_text
         self.job_id = job_id
-
-
-def _check_controller(use_mpi, use_gloo, extra_mpi_args):
-    if use_mpi:
-        raise ValueError("chorus.spark.run: use_mpi=True cannot be honoured: the ranks are Spark barrier tasks, "
-                         "not processes mpirun starts; chorus's own TCP and shared-memory data path (what "
-                         "use_gloo=True chose in Horovod) carries the job. Leave use_mpi unset.")
-    if use_gloo is False:
-        raise ValueError("chorus.spark.run: use_gloo=False leaves no controller (MPI is not available under "
-                         "Spark tasks); leave it unset or True")
-    if extra_mpi_args:
-        raise ValueError(f"chorus.spark.run: extra_mpi_args={extra_mpi_args!r} has no mpirun to go to")
-
-
-def _session():
-    from pyspark.sql import SparkSession
-    spark = SparkSession.getActiveSession()
-    if spark is None:
-        spark = SparkSession.builder.getOrCreate()
-    return spark
-
-
-def _is_connect(spark):
-    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 def _slots(sc):
@@ -68,13 +40,6 @@ def _wait_for_slots(sc, num_proc, timeout):
                 f"rank), but the cluster offered {have} within start_timeout={timeout:g} s; lower num_proc or add "
                 "executors/cores")
         time.sleep(0.2)
-
-
-def _driver_host(spark):
-    try:
-        return spark.sparkContext.getConf().get("spark.driver.host") or socket.gethostname()
-    except Exception:  # noqa: BLE001
-        return socket.gethostname()
 
 
 def _make_task(payload, num_proc, job_id, env, start_timeout, executable, report, capture, pickler):
@@ -126,16 +91,6 @@ def _make_task(payload, num_proc, job_id, env, start_timeout, executable, report
         yield rank, record
 
     return task
-
-
-def _write_output(records, stdout, stderr, prefix_timestamp):
-    for rank, record in records:
-        for text, stream, name in ((record.get("stdout", ""), stdout, "stdout"),
-                                   (record.get("stderr", ""), stderr, "stderr")):
-            for line in text.splitlines():
-                stamp = datetime.datetime.now().strftime("%a %b %d %H:%M:%S %Y") + ":" if prefix_timestamp else ""
-                stream.write(f"[{rank}]<{name}>:{stamp}{line}\n")
-        stdout.flush()
 
 
 def run(fn, args=(), kwargs={}, num_proc=None, start_timeout=None, env=None, stdout=None, stderr=None,  # noqa: B006
@@ -268,8 +223,3 @@ def _run_connect(spark, task, num_proc, group):
 def _dumps(record):
     import pickle
     return pickle.dumps(record)
-
-
-def run_elastic(*args, **kwargs):
-    from chorus.spark.elastic import run_elastic as _run_elastic
-    return _run_elastic(*args, **kwargs)

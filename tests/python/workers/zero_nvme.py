@@ -5,6 +5,8 @@ same parameters, bit for bit, as the same config with the state in memory; then 
 checkpoint saved from disk-held state (chorus's format and DeepSpeed's) resumes, in
 memory and on disk, to the same continuation; then errors that name the folder."""
 import os
+import resource
+import signal
 import sys
 import warnings
 
@@ -28,8 +30,8 @@ OPTIMIZERS = {"adamw": {"type": "AdamW", "params": {"lr": 5e-3, "weight_decay": 
               "sgd": {"type": "SGD", "params": {"lr": 0.05, "momentum": 0.9}}}
 
 
-def config(stage, prec, opt, device, tile, pipeline=True, fmt=None, params=None):
-    cfg = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
+def config(stage, prec, opt, device, tile, pipeline=True, fmt=None, params=None, gas=1):
+    cfg = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": gas,
            "optimizer": OPTIMIZERS[opt], "gradient_clipping": 0.5,
            "zero_optimization": {"stage": stage, "reduce_bucket_size": 700, "sub_group_size": tile,
                                  "stage3_param_persistence_threshold": 41,
@@ -63,18 +65,24 @@ cases = [(0, "fp32", "adamw", 1000, True, None), (1, "bf16", "adamw", 300, True,
          (3, "fp32", "adagrad", 333, True, None), (3, "bf16", "adam-l2", 100, False, None),
          (1, "fp32", "sgd", 5000, True, None), (3, "bf16", "adamw", 300, True, "disk"),
          (3, "fp32", "lion", 700, False, "disk"), (3, "bf16", "lamb", 400, True, "disk"),
-         (3, "bf16", "adamw", 300, True, "kept")]
-for stage, prec, opt, tile, pipe, params in cases:
-    case = f"stage={stage} {prec} {opt} tile={tile} pipelined={pipe} params={params}"
-    mem, mem_losses = run(config(stage, prec, opt, "cpu", tile, params=params), x, y)
-    disk, disk_losses = run(config(stage, prec, opt, "nvme", tile, pipe, params=params), x, y)
+         (3, "bf16", "adamw", 300, True, "kept"),
+         (3, "fp32", "adamw", 500, True, "disk", 2)]  # (2 micro-batches: stage 3's gradients added on disk)
+for stage, prec, opt, tile, pipe, params, *more in cases:
+    gas = more[0] if more else 1
+    case = f"stage={stage} {prec} {opt} tile={tile} pipelined={pipe} params={params} gas={gas}"
+    mem, mem_losses = run(config(stage, prec, opt, "cpu", tile, params=params, gas=gas), x, y)
+    disk, disk_losses = run(config(stage, prec, opt, "nvme", tile, pipe, params=params, gas=gas), x, y)
     assert disk.core.state_on_disk and not mem.core.state_on_disk
     report, part = disk.core.memory(), disk.core.partition_elems
-    # On disk: the master (unless an fp32 model's parameters are its master), the states, the slices.
+    # On disk: the master (unless an fp32 model's parameters are its master), the states, the slices;
+    # at stage 3 the reduced gradients (in the model's dtype), as DeepSpeed swaps them.
     master_on_disk = not (prec == "fp32" and stage in (0, 3) and params != "disk")
-    want = 4 * part * (NSTATES[opt] + master_on_disk) + (part * (2 if prec == "bf16" else 4) if params == "disk" else 0)
-    assert report["optimizer"] == 0 and want <= report["disk"] < want + 4 * 4096, (case, report, want)
+    low = 2 if prec == "bf16" else 4
+    want = 4 * part * (NSTATES[opt] + master_on_disk) + (part * low if params == "disk" else 0) + \
+        (part * low if stage == 3 else 0)
+    assert report["optimizer"] == 0 and want <= report["disk"] < want + 5 * 4096, (case, report, want)  # (each array in whole blocks)
     assert (report["params"] == 0) == (params == "disk"), (case, report)
+    assert (report["grads"] == 0) == (stage == 3), (case, report)
     a = full_params(mem, tmpdir(), f"mem-{stage}-{prec}-{opt}")
     b = full_params(disk, tmpdir(), f"disk-{stage}-{prec}-{opt}")
     err = max((p - q).abs().max().item() for p, q in zip(a, b))
@@ -134,6 +142,27 @@ try:
     raise AssertionError("a client optimizer was accepted with nvme offload")
 except ValueError as e:
     assert "RMSprop" in str(e) and "nvme" in str(e), e
+# A write that fails on one rank (rank 1's file-size limit below the swap files' offsets: EFBIG) is
+# an error on every rank at that step, rank 1's naming the folder; the engine then refuses steps.
+engine, _ = run(config(3, "fp32", "adamw", "nvme", 500, params="disk"), x, y, steps=1)
+old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+if hvd.rank() == 1:
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, old_limit[1]))
+try:
+    train(engine, x, y, 2, start=1)
+    raise AssertionError("a write that failed on rank 1 went unnoticed")
+except RuntimeError as e:
+    assert "the step did not complete" in str(e), e
+    assert hvd.rank() == 0 or (swap in str(e) and "File too large" in str(e)), e
+finally:
+    resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
+try:
+    train(engine, x, y, 3, start=2)
+    raise AssertionError("the engine stepped again on a partly written state")
+except RuntimeError as e:
+    assert "load a checkpoint into a new engine" in str(e), e
+del engine
 assert not [f for f in os.listdir(swap)], f"swap files left behind: {os.listdir(swap)}"
 print("zero nvme ok", flush=True)
 sys.stdout.flush()

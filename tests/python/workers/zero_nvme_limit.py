@@ -1,6 +1,7 @@
 """A model whose optimizer state is larger than the memory this process may use
 (the test runs it in a memory cgroup): bf16, ZeRO-3, AdamW; argv: nvme SWAP_DIR | memory
-(nvme: the optimizer's state and the 16-bit parameter slices on disk).
+[LAYERS] (nvme: the optimizer's state, the reduced gradients and the 16-bit parameter slices on
+disk, the model built under zero.Init(remote_device="nvme") so that it never exists whole in memory).
 Trains, saves a checkpoint, takes one more step, loads the checkpoint and takes that step
 again. Prints the losses, the bytes of optimizer state and the peak resident memory."""
 import os
@@ -16,14 +17,15 @@ import chorus.torch as hvd
 
 warnings.simplefilter("ignore")
 hvd.init()
-WIDTH, LAYERS, STEPS = 2048, 24, 3  # 101M parameters: 1.2 GB of fp32 master weights and AdamW moments
+# 24 layers: 101M parameters, 1.2 GB of fp32 master weights and AdamW moments
+WIDTH, LAYERS, STEPS = 2048, int(sys.argv[3]) if len(sys.argv) > 3 else 24, 3
 
 
 def make_model():
     torch.manual_seed(0)
     layers = []
-    for _ in range(LAYERS):  # (to bf16 one layer at a time: the fp32 model never exists whole)
-        layers += [nn.Linear(WIDTH, WIDTH).to(torch.bfloat16), nn.Tanh()]
+    for _ in range(LAYERS):
+        layers += [nn.Linear(WIDTH, WIDTH), nn.Tanh()]
     return nn.Sequential(*layers)
 
 
@@ -36,7 +38,10 @@ if sys.argv[1] == "nvme":
                                                      "pipeline_read": True, "pipeline_write": True}
     cfg["zero_optimization"]["offload_param"] = {"device": "nvme", "nvme_path": sys.argv[2], "max_in_cpu": 0,
                                                  "buffer_size": 4_000_000}
-engine, _, _, _ = deepspeed.initialize(model=make_model(), config=cfg)
+# (built in bf16, a layer at a time partitioned: in memory, or with nvme on disk)
+with deepspeed.zero.Init(config_dict_or_path=cfg, remote_device="nvme" if sys.argv[1] == "nvme" else None):
+    model = make_model()
+engine, _, _, _ = deepspeed.initialize(model=model, config=cfg)
 g = torch.Generator().manual_seed(1)
 x = torch.randn(STEPS, 4, WIDTH, generator=g)
 losses = []

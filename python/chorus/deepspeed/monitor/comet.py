@@ -1,7 +1,7 @@
 """comet: a comet_ml experiment (project, workspace, api_key, experiment name/key,
 online or offline mode), each event a metric at its step; samples_log_interval
 thins the events as DeepSpeed's does."""
-from chorus.deepspeed.monitor.monitor import Monitor
+from chorus.deepspeed.monitor.base import Monitor
 
 
 class CometMonitor(Monitor):

@@ -3,7 +3,7 @@ with '/' and ' ' made '_', a header row (step, the event name's last part) first
 import csv
 import os
 
-from chorus.deepspeed.monitor.monitor import Monitor
+from chorus.deepspeed.monitor.base import Monitor
 
 
 class csvMonitor(Monitor):  # noqa: N801  (DeepSpeed's name)

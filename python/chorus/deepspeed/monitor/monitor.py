@@ -2,14 +2,7 @@
 set's first rank only, as DeepSpeed's. Events are (name, value, step) tuples, step being
 the samples seen so far (DeepSpeed's Train/Samples/... events)."""
 import chorus.torch as hvd
-
-
-class Monitor:
-    """A monitor of one config section (enabled, output_path, job_name, ...)."""
-
-    def __init__(self, monitor_config):
-        self.monitor_config = monitor_config
-        self.enabled = bool(monitor_config.get("enabled", False))
+from chorus.deepspeed.monitor.base import Monitor
 
 
 def _rank():

@@ -2,7 +2,7 @@
 (flushed after each batch of events, as DeepSpeed's)."""
 import os
 
-from chorus.deepspeed.monitor.monitor import Monitor
+from chorus.deepspeed.monitor.base import Monitor
 
 
 class TensorBoardMonitor(Monitor):

@@ -1,6 +1,6 @@
 """wandb: a Weights & Biases run (project, group, team as entity), each event logged
 at its step. WANDB_MODE=offline keeps it on this machine."""
-from chorus.deepspeed.monitor.monitor import Monitor
+from chorus.deepspeed.monitor.base import Monitor
 
 
 class WandbMonitor(Monitor):

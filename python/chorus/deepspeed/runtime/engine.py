@@ -10,6 +10,8 @@ from chorus import _core
 import chorus.torch as hvd
 from chorus.deepspeed.runtime import config as ds_config
 from chorus.deepspeed.runtime.zero import checkpoint, checkpoint_io, stage3
+from chorus.deepspeed.runtime.zero import linear as zero_linear
+from chorus.deepspeed.runtime.views import view as _view
 from chorus.deepspeed.runtime.engine_monitor import EngineMonitor
 from chorus.deepspeed.runtime.engine_queries import EngineQueries
 from chorus.deepspeed.runtime.engine_random_ltd import EngineRandomLTD
@@ -25,17 +27,6 @@ from chorus.deepspeed.runtime.zero import partition_parameters
 from chorus.torch.handles import _dtype_code
 
 _ZERO_FORMULA = {0: lambda n: (16, 0), 1: lambda n: (4, 12 / n), 2: lambda n: (2, 14 / n), 3: lambda n: (0, 16 / n)}
-
-
-def _view(block, dtype, shape=None):
-    """A tensor over engine memory, in place: a numpy array (host memory) or a
-    DeviceBlock (device memory, through __cuda_array_interface__)."""
-    if isinstance(block, _core.DeviceBlock):
-        t = torch.as_tensor(block, device=torch.device("cuda", block.device))
-    else:
-        t = torch.from_numpy(block)
-    t = t.view(dtype)
-    return t if shape is None else t.view(shape)
 
 
 def _held_names(model, model_parameters):
@@ -191,6 +182,9 @@ class DeepSpeedEngine(EngineQueries, EngineMonitor, EngineRandomLTD, EngineCurri
         self._grad_norm = None
         self._hook_grads()
         self._stage3 = stage3.Stage3Hooks(self) if self.core.stage == 3 else None
+        if self._stage3 is not None and (self._raw_config.get("zero_optimization") or {}).get(
+                "memory_efficient_linear", True):
+            zero_linear.enable()
         self._monitor_init()
         self._random_ltd_init()
 
@@ -324,11 +318,16 @@ class DeepSpeedEngine(EngineQueries, EngineMonitor, EngineRandomLTD, EngineCurri
             core.load_param(i, p.data_ptr())
             if zero_init and core.stage == 3:
                 p.data = torch.empty(0, dtype=self.dtype, device=self._device)
+                # (the engine holds the slice now: one parameter whole at a time, never the model)
+                for attr in ("ds_tensor", "ds_staged", "ds_staging"):
+                    if hasattr(p, attr):
+                        delattr(p, attr)
         core.finish_init()
         for i, p in enumerate(self._params):
             if core.stage < 3:
                 p.data = _view(core.param_storage(i), self.dtype, self._shapes[i])
-                for attr in ("ds_id", "ds_shape", "ds_numel", "ds_tensor", "ds_status", "ds_process_set"):
+                for attr in ("ds_id", "ds_shape", "ds_numel", "ds_tensor", "ds_status", "ds_process_set",
+                             "ds_staged", "ds_staging"):
                     if hasattr(p, attr):
                         delattr(p, attr)  # whole on every rank: no longer a ZeRO-3 parameter
             else:

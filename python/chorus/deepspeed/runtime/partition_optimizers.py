@@ -12,6 +12,7 @@ import chorus.torch as hvd
 from chorus.deepspeed.ops.adagrad import adagrad_update
 from chorus.deepspeed.ops.lamb import lamb_moments, lamb_step_size, lamb_trust
 from chorus.deepspeed.ops.lion import lion_update
+from chorus.deepspeed.runtime.views import view as _view
 
 
 class _PartitionOptimizer(torch.optim.Optimizer):
@@ -23,7 +24,6 @@ class _PartitionOptimizer(torch.optim.Optimizer):
         self._calls = 0
 
     def bind(self, engine):
-        from chorus.deepspeed.runtime.engine import _view
         cores = [(engine.core, engine.process_set, engine._core_args[0])]
         cores += [(part.core, part.data_set, engine._group_of(engine.optimizer_groups, part.params))
                   for part in engine._expert_parts]

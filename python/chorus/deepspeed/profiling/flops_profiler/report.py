@@ -4,10 +4,9 @@ top modules by parameters, MACs and latency at each depth, and the model tree wi
 each module's share."""
 from collections import defaultdict
 
-from chorus.deepspeed.profiling.flops_profiler.profiler import (duration_to_string, flops_to_string,
-                                                                 get_module_duration, get_module_flops,
-                                                                 get_module_macs, macs_to_string, number_to_string,
-                                                                 params_to_string)
+from chorus.deepspeed.profiling.flops_profiler.counts import (duration_to_string, flops_to_string, get_module_duration,
+                                                              get_module_flops, get_module_macs, macs_to_string,
+                                                              number_to_string, params_to_string)
 
 
 def _line(label, value):

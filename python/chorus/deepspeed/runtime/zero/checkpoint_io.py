@@ -178,7 +178,7 @@ def poll(engine, block):
 def commit(engine, write, across=None):
     """Writes what names the save (rank 0's `latest`); every rank learns whether it could, and
     returns with it written (the agreement is collective)."""
-    from chorus.deepspeed.runtime.zero.checkpoint import _agree
+    from chorus.deepspeed.runtime.zero.checkpoint_common import _agree
     error = None
     try:
         write()

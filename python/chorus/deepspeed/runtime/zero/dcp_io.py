@@ -9,7 +9,7 @@ import torch
 from chorus import _core
 from chorus.deepspeed.checkpoint import dcp, ds_pickle, ds_pickle_write as pw, ds_writer
 from chorus.deepspeed.runtime.zero import checkpoint_io
-from chorus.deepspeed.runtime.zero.checkpoint import _agree, _validate_tag
+from chorus.deepspeed.runtime.zero.checkpoint_common import _agree, _validate_tag
 from chorus.deepspeed.runtime.zero.ds_checkpoint import Targets
 from chorus.deepspeed.runtime.zero.ds_save import _refusal, fetcher, whole_of
 

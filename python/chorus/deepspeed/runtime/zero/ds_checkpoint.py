@@ -9,6 +9,7 @@ from chorus.deepspeed.checkpoint.deepspeed_folder import DeepSpeedFolder
 from chorus.deepspeed.checkpoint.ds_writer import STATE_KEYS
 from chorus.deepspeed.runtime import expert_parts
 from chorus.deepspeed.runtime.utils import partition_dim
+from chorus.deepspeed.runtime.views import view as _view
 
 
 def _refuse(path, why):
@@ -31,7 +32,7 @@ def _slice_of(engine):
 
 
 def load(engine, path, load_lr_scheduler_states):
-    from chorus.deepspeed.runtime.zero.checkpoint import _agree
+    from chorus.deepspeed.runtime.zero.checkpoint_common import _agree
     error, ds = None, None
     across = engine._pipe_set
     try:
@@ -151,7 +152,6 @@ def state_arrays(core, count):
     """The engine's fp32 master weights and its first `count` optimizer states over the partition."""
     if core.state_on_disk:
         return [_DiskState(core, k) for k in range(-1, count)]
-    from chorus.deepspeed.runtime.engine import _view
     return [_view(core.master_view(), torch.float32)] + [_view(core.state_view(k), torch.float32)
                                                           for k in range(count)]
 

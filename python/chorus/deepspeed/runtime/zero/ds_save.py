@@ -13,7 +13,7 @@ from chorus import _core
 from chorus.deepspeed.checkpoint import ds_pickle_write as pw, ds_writer
 from chorus.deepspeed.runtime import expert_parts
 from chorus.deepspeed.runtime.zero import checkpoint_io
-from chorus.deepspeed.runtime.zero.checkpoint import _agree, _buffers, _shared_names, _validate_tag
+from chorus.deepspeed.runtime.zero.checkpoint_common import _agree, _buffers, _shared_names, _validate_tag
 
 
 # DeepSpeed cuts each MoE parameter group into groups of at most this many elements (moe/utils.py)

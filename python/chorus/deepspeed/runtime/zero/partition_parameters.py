@@ -97,9 +97,65 @@ def _engine_of(param):
     return ref() if ref is not None else None
 
 
-def _convert(param, process_set):
+class _Staging:
+    """Init(remote_device="nvme"): the slices of a model being built, in a file under
+    offload_param's nvme_path until deepspeed.initialize takes them (one at a time) into its
+    engine, so the model never exists whole in memory. The file is unlinked once open:
+    scratch for this process only."""
+
+    def __init__(self, folder):
+        import tempfile
+        os.makedirs(folder, exist_ok=True)
+        fd, path = tempfile.mkstemp(prefix="chorus-init-", dir=folder)
+        os.unlink(path)
+        self.fd, self.folder, self.end = fd, folder, 0
+
+    def put(self, tensor, at=None):
+        """Writes tensor's bytes (at `at`, its earlier place, else at the end); returns where."""
+        raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+        if at is None:
+            at, self.end = self.end, self.end + raw.nbytes
+        done = 0
+        while done < raw.nbytes:
+            try:
+                done += os.pwrite(self.fd, raw[done:], at + done)
+            except OSError as e:
+                raise OSError(e.errno, f"deepspeed.zero.Init(remote_device='nvme'): cannot write a parameter's "
+                                       f"slice to nvme_path {self.folder!r}: {e.strerror}") from None
+        return at
+
+    def get(self, at, numel, dtype):
+        out = torch.empty(numel, dtype=dtype)
+        raw = out.view(torch.uint8).numpy()
+        done = 0
+        while done < raw.nbytes:
+            n = os.preadv(self.fd, [raw[done:]], at + done)
+            if n <= 0:
+                raise OSError(f"deepspeed.zero.Init(remote_device='nvme'): a parameter's slice in nvme_path "
+                              f"{self.folder!r} is cut short")
+            done += n
+        return out
+
+    def __del__(self):
+        try:
+            os.close(self.fd)
+        except (OSError, AttributeError, TypeError):
+            pass
+
+
+def _slice(param):
+    """This rank's slice of a parameter partitioned by Init (read back when staged on disk)."""
+    staged = getattr(param, "ds_staged", None)
+    if staged is None:
+        return param.ds_tensor
+    staging, at = staged
+    return staging.get(at, _shard_numel(param), param.dtype)
+
+
+def _convert(param, process_set, staging=None):
     """Makes param a ZeRO-3 parameter: this rank's slice (of the set's first rank's
-    values, as DeepSpeed broadcasts them) in ds_tensor, an empty placeholder as its data."""
+    values, as DeepSpeed broadcasts them) in ds_tensor (or, with staging, in its file), an
+    empty placeholder as its data."""
     if hasattr(param, "ds_id"):
         return
     if process_set.size() > 1:
@@ -115,6 +171,7 @@ def _convert(param, process_set):
     param.partition_numel = functools.partial(_shard_numel, param)
     param.all_gather = functools.partial(_gather_one, param)
     param.partition = functools.partial(_partition_one, param)
+    param.ds_staging = staging
     _partition_one(param)
 
 
@@ -127,7 +184,13 @@ def _partition_one(param, has_been_updated=False):
         part = torch.zeros(s, dtype=param.dtype, device=param.device)
         mine = flat[r * s:min((r + 1) * s, param.ds_numel)]
         part[:mine.numel()] = mine
-        param.ds_tensor = part
+        staging = getattr(param, "ds_staging", None)
+        if staging is None:
+            param.ds_tensor = part
+        else:  # (written over its earlier place when GatheredParameters changed it)
+            earlier = getattr(param, "ds_staged", None)
+            param.ds_staged = (staging, staging.put(part, earlier[1] if earlier else None))
+            param.ds_tensor = torch.empty(0, dtype=param.dtype, device=param.device)
     param.data = torch.empty(0, dtype=param.dtype, device=param.device)
     param.ds_status = ZeroParamStatus.NOT_AVAILABLE
 
@@ -140,7 +203,7 @@ def _gather_one(param):
         param.data = engine._zero_gather(param)
     else:
         ps = param.ds_process_set
-        whole = hvd.allgather(param.ds_tensor.reshape(1, -1), name=f"zero.gather.{param.ds_id}", process_set=ps)
+        whole = hvd.allgather(_slice(param).reshape(1, -1), name=f"zero.gather.{param.ds_id}", process_set=ps)
         param.data = whole.reshape(-1)[:param.ds_numel].reshape(param.ds_shape).clone()
     param.ds_status = ZeroParamStatus.AVAILABLE
 
@@ -194,16 +257,26 @@ class Init:
         self.dtype = dtype
         self.process_set = _process_set_of(data_parallel_group)
         self.remote_device = remote_device
+        self.staging = None
+        if remote_device == "nvme":  # (as DeepSpeed: the slices go to offload_param's nvme_path)
+            folder = ((cfg.get("zero_optimization") or {}).get("offload_param") or {}).get("nvme_path")
+            if not folder:
+                raise ValueError("deepspeed.zero.Init(remote_device='nvme') needs the config's "
+                                 "zero_optimization.offload_param.nvme_path: the folder the slices go to")
+            self.staging = _Staging(str(folder))
+        elif remote_device is not None and not str(remote_device).startswith(("cpu", "cuda")):
+            raise ValueError(f"deepspeed.zero.Init: remote_device {remote_device!r} is not one of None, "
+                             f"'cpu', 'cuda' or 'nvme'")
         self._patched = {}
         if module is not None:
             for p in module.parameters():
-                _convert(p, self.process_set)
+                _convert(p, self.process_set, self.staging)
 
     def _partition_module(self, module):
         for p in module.parameters(recurse=False):
-            _convert(p, self.process_set)
+            _convert(p, self.process_set, self.staging)
         for p in _external.get(id(module), []):
-            _convert(p, self.process_set)
+            _convert(p, self.process_set, self.staging)
 
     def _wrap_init(self, cls):
         if "__init__" not in cls.__dict__ or cls in self._patched:

@@ -3,6 +3,7 @@ forward (the next modules' are prefetched), released after it, gathered again be
 its backward and released once their gradients are in."""
 import torch
 
+from chorus.deepspeed.runtime.views import view as _view
 from chorus.deepspeed.runtime.zero.partition_parameters import external_parameters
 
 _EMPTY = {}
@@ -14,9 +15,6 @@ def _empty(dtype, device):
     return _EMPTY[dtype, device]
 
 
-def _view(block, dtype, shape):
-    from chorus.deepspeed.runtime.engine import _view as view
-    return view(block, dtype, shape)
 
 
 class _PreBackward(torch.autograd.Function):

@@ -7,7 +7,7 @@ import torch
 from chorus.deepspeed.checkpoint import ds_writer
 from chorus.deepspeed.checkpoint.universal import UniversalCheckpoint
 from chorus.deepspeed.runtime.utils import partition_dim
-from chorus.deepspeed.runtime.zero.checkpoint import _agree
+from chorus.deepspeed.runtime.zero.checkpoint_common import _agree
 from chorus.deepspeed.runtime.zero.ds_checkpoint import Targets, expert_names, restore_states
 
 
