@@ -33,9 +33,6 @@ RULES = [
     ("zero_optimization.offload_optimizer.super_offload",
      lambda c: bool(_get(c, "zero_optimization.offload_optimizer.super_offload")),
      "SuperOffload (GH200 superchips) is not in chorus; use offload_optimizer.device \"cpu\""),
-    ("zero_optimization.zenflow", lambda c: _get(c, "zero_optimization.zenflow") is not None,
-     "ZenFlow's stall-free offload is not in chorus; remove the section (offload_optimizer \"cpu\" overlaps "
-     "the CPU step with the transfers)"),
     ("zero_optimization.zero_quantized_weights", lambda c: bool(_get(c, "zero_optimization.zero_quantized_weights")),
      "ZeRO++'s quantized weights belong to chorus's slow-link work, not built yet; remove the key"),
     ("zero_optimization.zero_quantized_nontrainable_weights",

@@ -19,7 +19,7 @@ from chorus.deepspeed.runtime.engine_curriculum import EngineCurriculum
 from chorus.deepspeed.runtime.base_optimizer import ZeroOptimizer
 from chorus.deepspeed.runtime.optimizers import translate
 from chorus.deepspeed.runtime import expert_parts, lr_schedules, whole_model
-from chorus.deepspeed.runtime import muon
+from chorus.deepspeed.runtime import muon, zenflow
 from chorus.deepspeed.runtime.torch_autocast import comm_round
 from chorus.deepspeed.runtime.utils import is_model_parallel_parameter
 from chorus.deepspeed.runtime.whole_model import write_state
@@ -106,6 +106,11 @@ class DeepSpeedEngine(EngineQueries, EngineMonitor, EngineRandomLTD, EngineCurri
             self._config_text = config_text = json.dumps(self._raw_config)
         cfg = ds_config.parse(config_text, self._dp_size())
         self._cfg = cfg
+        zf = (self._raw_config.get("zero_optimization") or {}).get("zenflow")
+        self._zf_settings = zenflow.Settings(zf, self._raw_config) if zf is not None else None
+        if self._zf_settings is not None:  # (DeepSpeed's engine then counts micro-steps in update intervals)
+            cfg["gradient_accumulation_steps"] = self._zf_settings.update_interval
+        self._zenflow = None
         self._boundary_override = None
         self._step_applied = False
         self._client_optimizer = optimizer
@@ -150,6 +155,8 @@ class DeepSpeedEngine(EngineQueries, EngineMonitor, EngineRandomLTD, EngineCurri
             kind = "adamw"  # (the engine's two state buffers hold the auxiliary AdamW's moments)
         else:
             kind, self._client = self._device_kernel(kind, groups, offload)
+        if self._zf_settings is not None:
+            self._zenflow_client(kind, groups, experts)
         if cfg["offload_optimizer"] == "nvme" and self._client is not None:
             raise ValueError(
                 "DeepSpeed config: 'zero_optimization.offload_optimizer.device' nvme keeps the optimizer's state in "
@@ -189,6 +196,16 @@ class DeepSpeedEngine(EngineQueries, EngineMonitor, EngineRandomLTD, EngineCurri
         self._random_ltd_init()
 
     # --- setup -------------------------------------------------------------------------------
+    def _zenflow_client(self, kind, groups, experts):
+        if kind not in ("adam", "adamw") or self._client is not None:
+            raise ValueError("DeepSpeed config: 'zero_optimization.zenflow' steps with DeepSpeed's CPU AdamW: "
+                             "the optimizer must be Adam or AdamW")
+        if experts or self._pipe_set is not None or self._tp > 1 or self._sp > 1:
+            raise ValueError("DeepSpeed config: 'zero_optimization.zenflow' runs over data parallelism only in "
+                             "chorus (no MoE, pipeline, tensor or sequence parallelism)")
+        self._zenflow = zenflow.ZenFlow(self, self._zf_settings, groups)
+        self._client = zenflow.ZenFlowCPUAdam(groups, self._zenflow, kind == "adamw")
+
     def _torch_ops_for(self, kind, offload):
         """Whether kind steps in torch ops over the partition: on a device, where chorus's
         engine has Adam and SGD kernels only, for Lion and Adagrad (unless offloaded to
@@ -421,6 +438,8 @@ class DeepSpeedEngine(EngineQueries, EngineMonitor, EngineRandomLTD, EngineCurri
             if g.is_sparse:
                 g = g.to_dense()
             g = comm_round(p, g)
+            if self._zenflow is not None:
+                self._zenflow.grab(i, g)
             if i in self._defer:  # summed over micro-batches here, handed over by _flush_deferred
                 acc = self._deferred.get(i)
                 self._deferred[i] = g.detach().clone() if acc is None else acc.add_(g)
@@ -470,6 +489,8 @@ class DeepSpeedEngine(EngineQueries, EngineMonitor, EngineRandomLTD, EngineCurri
             raise ValueError("model_engine.backward expects the scalar loss tensor")
         factor = self.core.loss_scale / (self.gradient_accumulation_steps() if scale_wrt_gas else 1)
         scaled = loss.float() * factor if factor != 1.0 else loss
+        if self._zenflow is not None:
+            self._zenflow.backward_prologue()
         with self._timed("backward", "backward_inner"):
             scaled.backward(retain_graph=retain_graph)
         with self._timed("backward", "backward_allreduce"):
@@ -478,6 +499,8 @@ class DeepSpeedEngine(EngineQueries, EngineMonitor, EngineRandomLTD, EngineCurri
                 part.core.end_backward()
             if self._stage3 is not None:
                 self._stage3.end_backward()
+            if self._zenflow is not None:
+                self._zenflow.after_backward(self.is_gradient_accumulation_boundary())
         if self._model_info is not None:
             self._model_info_exit()
         return loss
@@ -489,11 +512,17 @@ class DeepSpeedEngine(EngineQueries, EngineMonitor, EngineRandomLTD, EngineCurri
                                "forward and backward only")
         boundary = self.is_gradient_accumulation_boundary()
         profiling = self._profiling()
+        if self._zenflow is not None:
+            self._zenflow.sync_lr()
         self.micro_steps += 1
         self.global_samples += self.train_micro_batch_size_per_gpu() * self._dp_size()
         if boundary:
             with self._timed("step"):
                 self._boundary_step(lr_kwargs)
+        if self._zenflow is not None:
+            self._zenflow.after_step(boundary)
+            if not boundary and self.lr_scheduler is not None:  # (ZenFlow's engine steps it every micro-step)
+                self.lr_scheduler.step(**(lr_kwargs or {}))
         self._after_step(boundary, profiling)
         if boundary and getattr(self, "_pending_save", None) is not None:
             checkpoint_io.poll(self, block=False)  # an asynchronous save's `latest`, once all ranks wrote
@@ -632,6 +661,8 @@ class DeepSpeedEngine(EngineQueries, EngineMonitor, EngineRandomLTD, EngineCurri
         async_save (default: the config's checkpoint.async): copy the state into memory,
         write the files on a background thread, commit `latest` once every rank's are written
         (at a later step, save or wait_for_checkpoint())."""
+        if self._zenflow is not None:
+            self._client.settle()
         return checkpoint.save(self, save_dir, tag, client_state or {}, save_latest, exclude_frozen_parameters,
                                async_save)
 

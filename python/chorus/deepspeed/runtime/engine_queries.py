@@ -65,6 +65,8 @@ class EngineQueries:
     def is_gradient_accumulation_boundary(self):
         if self._boundary_override is not None:
             return self._boundary_override
+        if getattr(self, "_zenflow", None) is not None:
+            return self._zenflow.is_boundary(self.micro_steps)
         return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
 
     # --- the config's sections ---------------------------------------------------------------
