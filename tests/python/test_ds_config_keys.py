@@ -12,7 +12,7 @@ from chorus.deepspeed.runtime.config_features import RULES
 from chorus.deepspeed.runtime.config_table import ALIASES, FREE, KEYS, STRICT
 
 # Sections that switch their feature on by being present at all (DeepSpeed's own rule).
-PRESENCE = ("weight_quantization", "datastates_ckpt", "zero_optimization.zenflow")
+PRESENCE = ("weight_quantization", "datastates_ckpt")
 
 
 def nested(paths):

@@ -65,6 +65,8 @@ class Settings:
         self.update_interval = int(update)
         if self.update_interval < 1:
             _refuse("update_interval", f"must be at least 1, got {update}")
+        if self.strategy == "step":
+            self.resolve(None)
         self.warm_up = int(section.get("full_warm_up_rounds", 0))
         self.overlap = bool(section.get("overlap_step", False))
         self.offload = bool(section.get("offload", False))
@@ -395,6 +397,9 @@ class ZenFlowCPUAdam(_PartitionOptimizer):
         self.settle()
         groups = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
         state = {"zenflow": dict(self.zf.state_dict(), established=self.established, first_round=self.first_round)}
+        # The model is not the master: the selective steps moved it since the last publish.
+        state["model"] = torch.empty_like(self.master)
+        self._from_model(state["model"])
         if self.zf.s.overlap:
             state["path"], state["stale"] = self.path.clone(), self.stale.clone()
             state["exp_avg_1"], state["exp_avg_sq_1"] = (t.clone() for t in self.moments[1])
@@ -406,6 +411,10 @@ class ZenFlowCPUAdam(_PartitionOptimizer):
         zf = state["zenflow"]
         self.zf.load_state_dict(zf)
         self.established, self.first_round = bool(zf["established"]), bool(zf["first_round"])
+        keep = self.master.clone()
+        self.master.copy_(state["model"])
+        self.core.publish_external()  # (collective: every rank loads its own state)
+        self.master.copy_(keep)
         if self.zf.s.overlap:
             self.path.copy_(state["path"])
             self.stale.copy_(state["stale"])
@@ -425,7 +434,7 @@ def _flatten(state):
         meta[i] = step
     zf["selective"] = meta
     out["zenflow"] = zf
-    for key in ("path", "stale", "exp_avg_1", "exp_avg_sq_1"):
+    for key in ("model", "path", "stale", "exp_avg_1", "exp_avg_sq_1"):
         if key in state:
             out[key] = state[key]
     return out
@@ -435,7 +444,7 @@ def _unflatten(flat):
     zf = dict(flat["zenflow"])
     zf["selective"] = {i: [step, flat[f"sel_m_{i}"], flat[f"sel_v_{i}"]] for i, step in zf["selective"].items()}
     out = {"zenflow": zf}
-    for key in ("path", "stale", "exp_avg_1", "exp_avg_sq_1"):
+    for key in ("model", "path", "stale", "exp_avg_1", "exp_avg_sq_1"):
         if key in flat:
             out[key] = flat[key]
     return out
