@@ -55,9 +55,6 @@ RULES = [
      "chorus averages the gradients over the data-parallel ranks; use \"mean\" and scale the loss instead"),
     ("compile.deepcompile", lambda c: bool(_get(c, "compile.deepcompile")),
      "DeepCompile is not in chorus; call torch.compile on the model"),
-    ("data_efficiency.data_sampling.dynamic_batching.enabled",
-     lambda c: bool(_get(c, "data_efficiency.data_sampling.dynamic_batching.enabled")),
-     "dynamic batching is not built yet; remove the section"),
     ("datastates_ckpt", lambda c: "datastates_ckpt" in c and c["datastates_ckpt"] is not False,
      "the DataStates checkpoint engine is not in chorus; remove the key"),
     ("hybrid_engine.enabled", lambda c: bool(_get(c, "hybrid_engine.enabled")),
@@ -77,3 +74,7 @@ def refuse_unsupported(cfg):
     for key, on, why in RULES:
         if on(cfg):
             raise ValueError(f"DeepSpeed config: '{key}' is switched on, and chorus refuses it: {why}")
+    batching = "data_efficiency.data_sampling.dynamic_batching"
+    if _get(cfg, batching + ".enabled") and _get(cfg, batching + ".max_tokens") is None:
+        raise ValueError(f"DeepSpeed config: '{batching}.max_tokens' is needed when dynamic batching is enabled "
+                         "(the micro-batches are packed up to it), as DeepSpeed requires")
