@@ -66,12 +66,20 @@ def aspect_scale(rows, cols):
     return math.sqrt(rows / cols) if rows > cols else 1.0
 
 
-def muon_update(grad, momentum, beta=0.95, ns_steps=5, nesterov=True, ns_method="gram"):
+def muon_update(grad, momentum, beta=0.95, ns_steps=5, nesterov=True, ns_method="gram", num_heads=None):
     """The update for one matrix (grad is changed in place); momentum is advanced only when
-    grad is finite, and a non-finite grad comes back as it is, so that the step is skipped."""
+    grad is finite, and a non-finite grad comes back as it is, so that the step is skipped.
+    num_heads: the matrix's rows are that many heads, each orthogonalized on its own
+    (per_head_muon), scaled by one head's aspect ratio."""
     finite = torch.isfinite(grad).all()
     momentum.copy_(torch.where(finite, momentum.lerp(grad, 1 - beta), momentum))
     update = grad.lerp_(momentum, beta) if nesterov else momentum
+    if num_heads is not None:
+        rows, cols = update.shape
+        if num_heads < 1 or rows % num_heads:
+            raise ValueError(f"per-head Muon: {rows} rows do not split into {num_heads} heads")
+        heads = orthogonalize(update.reshape(num_heads, rows // num_heads, cols), ns_steps, ns_method)
+        return (heads * aspect_scale(rows // num_heads, cols)).reshape(rows, cols).to(grad.dtype)
     shaped = update.view(len(update), -1) if update.ndim > 2 else update
     out = orthogonalize(shaped, ns_steps, ns_method) * aspect_scale(grad.size(-2), grad.size(-1))
     out = out.to(grad.dtype)

@@ -141,6 +141,9 @@ class DeepSpeedEngine(EngineQueries, EngineMonitor, EngineRandomLTD, EngineCurri
         offload = cfg["offload_optimizer"] in ("cpu", "nvme")
         if optimizer is None and str((self._raw_config.get("optimizer") or {}).get("type", "")).lower() == "muon":
             muon.mark(model)
+            if ((self._raw_config.get("optimizer") or {}).get("params") or {}).get("per_head_muon"):
+                from chorus.deepspeed.runtime import muon_heads
+                muon_heads.tag(model, _full_shape)
         kind, groups, self._client = translate(optimizer, self._raw_config.get("optimizer"), offload,
                                                model_parameters if model_parameters is not None else self._params)
         # No optimizer at all: DeepSpeed builds the engine (forward, backward); step() says why it cannot.

@@ -78,6 +78,9 @@ class PartitionMuon(_PartitionOptimizer):
 
     def bind(self, engine):
         super().bind(engine)
+        from chorus.deepspeed.runtime.muon_heads import heads_of
+        self._heads = [heads_of(p, shape[0]) if len(shape) == 2 else None
+                       for p, shape in zip(engine._params, self._shapes)]
         core, pset, group_of, _ = self._parts[0]
         self._muon = [self.param_groups[g]["use_muon"] for g in group_of]
         ranks = range(pset.size()) if core.stage > 0 else [0]
@@ -117,7 +120,7 @@ class PartitionMuon(_PartitionOptimizer):
                     else momentum.clone()
                 g = self.param_groups[self._group_of(param)]
                 done[param] = muon_update(full.view(shape).to(dtype), momentum, g["momentum"],
-                                          ns_method=g["ns_method"]).reshape(-1).float()
+                                          ns_method=g["ns_method"], num_heads=self._heads[param]).reshape(-1).float()
                 self._staged[param] = momentum
             grads[off:off + n] = done[param][poff:poff + n]
 

@@ -104,9 +104,6 @@ def from_config(section, offload, model_params):
     if low == "muon":
         from chorus.deepspeed.runtime import muon
         _check_params(name, params, muon.CONFIG_PARAMS)
-        if params.get("per_head_muon"):
-            raise _config_error("'optimizer.params.per_head_muon': per-head Muon is not in chorus yet; remove it "
-                                "(each matrix is orthogonalized whole)")
         return "muon", muon.param_groups(model_params, params), None
     cls = _torch_class(name)
     if cls is torch.optim.SGD:
