@@ -296,6 +296,10 @@ void bindZero(py::module_& m) {
         for (const auto& p : e.piecesOf(r)) out.emplace_back(p.param, p.paramOffset, p.partOffset, p.count);
         return out;
       })
+      .def("external_set_sum_squares", [](Engine& e) {
+        py::gil_scoped_release release;
+        return e.externalSetSumSquares();
+      })
       .def("grad_sum_squares", [](Engine& e) {
         py::gil_scoped_release release;
         return e.gradSumSquares();

@@ -126,6 +126,8 @@ class Engine {
   std::vector<Piece> piecesOf(int r) const { return plan_->pieces(stage_ == 0 ? 0 : r); }
   // The sum of squares of externalGrad() over this rank's pieces, weighted as the norm is.
   double externalSumSquares();
+  // The same summed over the set (what finishExternal() measures), for engines that share one norm.
+  double externalSetSumSquares() { return setSumSquares(externalSumSquares()); }
   // (Under nvme offload the state is in a file: these throw; use forState.)
   float* master() const;
   // The optimizer's state k (0, 1) over the partition, fp32; null where the optimizer has none.

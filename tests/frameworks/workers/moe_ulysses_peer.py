@@ -1,9 +1,9 @@
 """The same DeepSpeed program under the real DeepSpeed and under chorus (the venv's
-`import deepspeed` alias): a model with MoE layers at ep 2 x dp 2 (moe: top-2; moe-top3: top-3), or with
+`import deepspeed` alias): a model with MoE layers at ep 2 x dp 2 (moe: top-2; moe-top3: top-3; moe-muon: top-2 with the Muon optimizer), or with
 Ulysses attention at sp 2 x dp 2 over a torch.distributed group (ulysses), under
 ZeRO-2 on 4 ranks. Rank 0 prints 'step N loss X'.
 
-    python moe_ulysses_peer.py moe|moe-top3|ulysses"""
+    python moe_ulysses_peer.py moe|moe-top3|moe-muon|ulysses"""
 import math
 import sys
 import warnings
@@ -62,8 +62,13 @@ torch.manual_seed(0)
 cfg = {"train_micro_batch_size_per_gpu": B, "steps_per_print": 10 ** 9,
        "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "weight_decay": 0.0}},
        "zero_optimization": {"stage": 2}}
+if MODE == "moe-muon":  # Muon on the matrices, experts' too; AdamW on the rest
+    cfg["optimizer"] = {"type": "Muon", "params": {"lr": 0.02, "momentum": 0.9, "adam_lr": 1e-2}}
 if MODE.startswith("moe"):
     model = MoENet(3 if MODE == "moe-top3" else 2)
+    if MODE == "moe-muon":
+        for name, p in model.named_parameters():  # (DeepSpeed's initialize tags them so; model_parameters need it first)
+            p.use_muon = p.dim() >= 2
     params = split_params_into_different_moe_groups_for_optimizer({"params": list(model.parameters()),
                                                                    "name": "all"})
 else:

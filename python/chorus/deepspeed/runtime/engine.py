@@ -151,8 +151,6 @@ class DeepSpeedEngine(EngineQueries, EngineMonitor, EngineRandomLTD, EngineCurri
         if groups is None:
             kind, groups = "sgd", [{"lr": 0.0}]
         if kind == "muon":
-            if experts:
-                raise ValueError("DeepSpeed config: optimizer Muon with MoE layers is not in chorus yet; use AdamW")
             params = (self._raw_config.get("optimizer") or {}).get("params") or {}
             self._client = muon.PartitionMuon(groups, self._shapes, self.dtype, params.get("adam_w_mode", True))
             kind = "adamw"  # (the engine's two state buffers hold the auxiliary AdamW's moments)
@@ -567,11 +565,23 @@ class DeepSpeedEngine(EngineQueries, EngineMonitor, EngineRandomLTD, EngineCurri
 
     def _step_with_experts(self):
         """Every engine of the model steps with the model's norm (so all skip or clip alike)."""
-        total = expert_parts.total_sum_squares(self)
         cores = [self.core] + [part.core for part in self._expert_parts]
+        muon_like = self._client is not None and getattr(self._client, "before_norm", None) is not None
+        total = None if muon_like else expert_parts.total_sum_squares(self)
         if self._client is None:
             hypers = self.optimizer.hypers()
             results = [core.step(hypers, total) for core in cores]
+        elif muon_like:  # (Muon: the norm of its updates)
+            for core in cores:
+                core.prepare_external()
+            self._client.before_norm()
+            total = self.core.external_set_sum_squares() + sum(part.sum_squares(external=True)
+                                                               for part in self._expert_parts)
+            results = [core.finish_external(total) for core in cores]
+            if not results[0][0]:
+                self._client.step()
+                for core in cores:
+                    core.publish_external()
         else:
             results = [core.step_external(total) for core in cores]
             if not results[0][0]:

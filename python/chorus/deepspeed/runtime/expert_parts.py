@@ -77,11 +77,14 @@ class ExpertPart:
         for i, p in enumerate(self.params):
             p.data = view(self.core.param_storage(i), dtype, self.shapes[i])
 
-    def sum_squares(self):
-        """This group's experts' share of the model's sum of squares: its set's, over the expert-parallel set."""
-        s = torch.tensor([self.core.grad_sum_squares()], dtype=torch.float64)
+    def sum_squares(self, external=False):
+        """This group's experts' share of the model's sum of squares: its set's, over the
+        expert-parallel set (external: of the gradients an outside optimizer rewrote)."""
+        local = self.core.external_set_sum_squares() if external else self.core.grad_sum_squares()
+        s = torch.tensor([local], dtype=torch.float64)
         if self.ep_set.size() > 1:
-            s = hvd.allreduce(s, op=hvd.Sum, name=f"moe.norm.{self.name}", process_set=self.ep_set)
+            s = hvd.allreduce(s, op=hvd.Sum, name=f"moe.norm.{self.name}{'.x' if external else ''}",
+                              process_set=self.ep_set)
         return float(s[0])
 
 

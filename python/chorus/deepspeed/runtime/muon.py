@@ -64,9 +64,10 @@ def param_groups(model_params, params):
 
 
 class PartitionMuon(_PartitionOptimizer):
-    """Muon and its auxiliary AdamW over the engine's fp32 partition: the Adam moments in
-    the engine's two state buffers, Muon's momentum here (a state of its own, which
-    checkpoints carry beside the shard)."""
+    """Muon and its auxiliary AdamW over the engine's fp32 partitions (the shared
+    parameters' and, with MoE, each expert group's over its expert-data-parallel set): the
+    Adam moments in the engines' two state buffers, Muon's momentum here (a state of its
+    own, which checkpoints carry beside the shard)."""
 
     own_state = True
 
@@ -74,64 +75,63 @@ class PartitionMuon(_PartitionOptimizer):
         super().__init__([dict({k: v for k, v in g.items() if k != "params"}, params=[torch.zeros(1)])
                           for g in groups])
         self._shapes, self._dtype, self._adam_w_mode = shapes, model_dtype, adam_w_mode
-        self._momentum, self._staged = {}, {}
+        self._momentum, self._staged = {}, {}  # (part, parameter) -> momentum
 
     def bind(self, engine):
         super().bind(engine)
         from chorus.deepspeed.runtime.muon_heads import heads_of
-        self._heads = [heads_of(p, shape[0]) if len(shape) == 2 else None
-                       for p, shape in zip(engine._params, self._shapes)]
-        core, pset, group_of, _ = self._parts[0]
-        self._muon = [self.param_groups[g]["use_muon"] for g in group_of]
-        ranks = range(pset.size()) if core.stage > 0 else [0]
-        self._where = {}  # Muon parameter -> every (rank, offset in it, partition offset, count)
-        for r in ranks:
-            for param, poff, off, n in core.pieces_of(r):
-                if self._muon[param]:
-                    self._where.setdefault(param, []).append((r, poff, off, n))
+        params = [engine._params] + [part.params for part in engine._expert_parts]
+        shapes = [self._shapes] + [[tuple(p.shape) for p in part.params] for part in engine._expert_parts]
+        self._info = []
+        for k, (core, pset, group_of, _) in enumerate(self._parts):
+            muon = [self.param_groups[g]["use_muon"] for g in group_of]
+            where = {}  # Muon parameter -> every (rank, offset in it, partition offset, count)
+            for r in (range(pset.size()) if core.stage > 0 else [0]):
+                for param, poff, off, n in core.pieces_of(r):
+                    if muon[param]:
+                        where.setdefault(param, []).append((r, poff, off, n))
+            me = pset.rank() if core.stage > 0 else 0
+            self._info.append({
+                "shapes": shapes[k], "where": where,
+                "heads": [heads_of(p, s[0]) if len(s) == 2 else None for p, s in zip(params[k], shapes[k])],
+                "mine": [(param, poff, off, n) for param, poff, off, n in core.pieces_of(me) if muon[param]]})
         # DeepSpeed's ZeRO runs Muon on the partition's gradients (the model's dtype); without ZeRO on fp32 ones.
-        self._mdtype = self._dtype if core.stage > 0 else torch.float32
-        me = pset.rank() if core.stage > 0 else 0
-        self._mine = [(param, poff, off, n) for param, poff, off, n in core.pieces_of(me) if self._muon[param]]
+        self._mdtype = self._dtype if engine.core.stage > 0 else torch.float32
 
     def before_norm(self):
         """ZeRO stages: each Muon matrix's update in place of this rank's pieces of its gradient."""
-        core, pset, _, (master, grads, _, _) = self._parts[0]
-        if core.stage > 0:
-            self._updates(core, pset, grads)
+        for k, (core, pset, _, (master, grads, _, _)) in enumerate(self._parts):
+            if core.stage > 0:
+                self._updates(k, core, pset, grads)
 
-    def _updates(self, core, pset, grads):
-        dtype = self._mdtype
+    def _updates(self, k, core, pset, grads):
+        dtype, info = self._mdtype, self._info[k]
         self._calls += 1
         part = grads.numel()
         every = grads
         if core.stage > 0 and pset.size() > 1:
-            every = hvd.allgather(grads.clone(), name=f"chorus.muon.{self._calls}", process_set=pset)
-        self._staged = {}
+            every = hvd.allgather(grads.clone(), name=f"chorus.muon.{k}.{self._calls}", process_set=pset)
         done = {}
-        for param, poff, off, n in self._mine:
+        for param, poff, off, n in info["mine"]:
             if param not in done:
-                shape = torch.Size(self._shapes[param])
+                shape = torch.Size(info["shapes"][param])
                 full = torch.empty(shape.numel(), dtype=torch.float32, device=grads.device)
-                for r, q, o, c in self._where[param]:
+                for r, q, o, c in info["where"][param]:
                     full[q:q + c] = every[r * part + o:r * part + o + c]
-                momentum = self._momentum.get(param)
+                momentum = self._momentum.get((k, param))
                 momentum = torch.zeros(shape, dtype=dtype, device=grads.device) if momentum is None \
                     else momentum.clone()
-                g = self.param_groups[self._group_of(param)]
+                g = self.param_groups[self._parts[k][2][param]]
                 done[param] = muon_update(full.view(shape).to(dtype), momentum, g["momentum"],
-                                          ns_method=g["ns_method"], num_heads=self._heads[param]).reshape(-1).float()
-                self._staged[param] = momentum
+                                          ns_method=g["ns_method"], num_heads=info["heads"][param]).reshape(-1).float()
+                self._staged[(k, param)] = momentum
             grads[off:off + n] = done[param][poff:poff + n]
-
-    def _group_of(self, param):
-        return self._parts[0][2][param]
 
     def _step_part(self, k, core, pset, group_of, master, grads, m, v):
         if core.stage == 0:  # no ZeRO: the clipped gradient, orthogonalized here in fp32
-            self._updates(core, pset, grads)
-        self._momentum.update(self._staged)  # the step is taken: the momentum moves on
-        self._staged = {}
+            self._updates(k, core, pset, grads)
+        self._momentum.update({key: t for key, t in self._staged.items() if key[0] == k})  # the step is taken
+        self._staged = {key: t for key, t in self._staged.items() if key[0] != k}
         step = core.optimizer_steps
         for off, n, gi in core.runs():
             g = self.param_groups[gi]
@@ -152,12 +152,15 @@ class PartitionMuon(_PartitionOptimizer):
 
     def state_dict(self):
         groups = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
-        return {"state": {i: {"momentum_buffer": t.float()} for i, t in self._momentum.items()},
-                "param_groups": groups}
+        # The shared parameters' by their index (as before MoE); an expert group's as "part:index".
+        return {"state": {(i if k == 0 else f"{k}:{i}"): {"momentum_buffer": t.float()}
+                          for (k, i), t in self._momentum.items()}, "param_groups": groups}
 
     def load_state_dict(self, state_dict):
         device = self._parts[0][3][0].device
-        self._momentum = {int(i): s["momentum_buffer"].to(device, self._mdtype)
-                          for i, s in state_dict["state"].items()}
+        self._momentum = {}
+        for key, s in state_dict["state"].items():
+            k, i = (int(x) for x in key.split(":")) if isinstance(key, str) and ":" in key else (0, int(key))
+            self._momentum[(k, i)] = s["momentum_buffer"].to(device, self._mdtype)
         for g, saved in zip(self.param_groups, state_dict["param_groups"]):
             g.update({k: v for k, v in saved.items() if k != "params"})

@@ -168,6 +168,6 @@ def translate(client, section, offload, model_params):
         return None, run.param_groups, run
     # Parameter groups given as dicts (model_parameters) keep their own settings over the config's.
     given = [g for g in model_params if isinstance(g, dict)]
-    if given:
+    if given and kind != "muon":  # (Muon's halves were made from the given groups already)
         groups = [dict(groups[0], **{k: v for k, v in g.items()}) for g in given]
     return kind, groups, None
