@@ -10,10 +10,10 @@ cd "$(dirname "$0")/.."
 venv="$(realpath -m "${CHORUS_TORCH2_VENV:-build/venv-torch2}")"
 py="$venv/bin/python"
 # Transformers 5 needs torch >= 2.6. Ray (Train) and PySpark (with Connect's client) are
-# the cluster engines chorus.ray and chorus.spark start jobs from. TensorBoard and wandb: the
+# the cluster engines chorus.ray and chorus.spark start jobs from. TensorBoard, wandb and comet: the
 # monitors a DeepSpeed config switches on.
 pins=(torch==2.9.1 transformers==5.25.0 accelerate==1.15.0 lightning==2.6.6 numpy pytest
-  "ray[train]==2.60.0" "pyspark[connect]==4.3.0" "pandas<3" tensorboard==2.21.0 wandb==0.31.0)
+  "ray[train]==2.60.0" "pyspark[connect]==4.3.0" "pandas<3" tensorboard==2.21.0 wandb==0.31.0 comet_ml==3.58.8)
 want="${pins[*]}"
 if [ "$(cat "$venv/.pins" 2>/dev/null)" != "$want" ]; then
   mkdir -p "$(dirname "$venv")"
