@@ -78,3 +78,8 @@ def test_examples_train_and_each_ranks_timeline_shows_its_sets_alltoalls(ranks, 
         sets.append(mine.pop())
     # Ranks 0,1 share one set, 2,3 another: two sets' alltoalls, each in its members' timelines.
     assert sets[0] == sets[1] and sets[2] == sets[3] and sets[0] != sets[2], sets
+
+
+def test_muon_with_moe_resumes(ranks, tmp_path):
+    out = ok(ranks(4, "moe_muon_resume.py", str(tmp_path / "ckpt")))
+    assert out.count("moe muon resume ok rank") == 4, out

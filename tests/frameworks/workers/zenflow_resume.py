@@ -1,7 +1,6 @@
 """chorus's ZenFlow resumes from a checkpoint onto the same training: a bf16 model with
-biases, the overlapped step (a CPU step in flight at the save) and the sequential one, a
-reselection every 4 micro-steps, 12 micro-steps straight against 8, save, a new engine,
-load, 4 more. Then the configs chorus refuses, each error recorded.
+biases, the overlapped step (a CPU step in flight at the save) and the sequential one,
+20 micro-steps straight against 8, save, a new engine, load, 12 more. Then the configs chorus refuses, each error recorded.
 
     zenflow_resume.py OUT.json SAVE_DIR
 """
@@ -10,7 +9,10 @@ import sys
 
 import torch
 
-MICRO, SAVE_AT = 12, 8
+# Saved after micro-step 7's boundary, which used the second moments set: the next reselection
+# (24) is past the end, so the resumed run needs the saved selection, selective moments,
+# trajectory and both moment sets (the second is used again at 15, its result reaching the model at 19).
+MICRO, SAVE_AT = 20, 8
 
 
 def config(**zenflow):
@@ -19,7 +21,7 @@ def config(**zenflow):
             "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
             "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"},
                                   "zenflow": dict({"topk_ratio": 0.25, "update_interval": 4, "overlap_step": True,
-                                                   "select_strategy": "step", "select_interval": 4}, **zenflow)}}
+                                                   "select_strategy": "step", "select_interval": 24}, **zenflow)}}
 
 
 def model():
@@ -71,7 +73,8 @@ def main():
 
     refused = {}
     bad = {"auto": config(update_interval="auto"), "topk": config(topk_ratio=1.5),
-           "select-short": config(select_interval=2)}
+           "select-short": config(select_interval=2), "warm-up": config(full_warm_up_rounds=-1),
+           "not-a-number": config(update_interval=2.5)}
     fp16 = config()
     fp16.pop("bf16")
     fp16["fp16"] = {"enabled": True}

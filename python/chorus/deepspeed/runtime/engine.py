@@ -279,7 +279,11 @@ class DeepSpeedEngine(EngineQueries, EngineMonitor, EngineRandomLTD, EngineCurri
         if self._expert_parts:
             raise RuntimeError("chorus: an elastic reset cannot re-form MoE layers' expert-parallel sets; "
                                "restart the job from a checkpoint at the new size")
+        if self._zenflow is not None:
+            self._client.settle()
         self._cfg = ds_config.parse(self._config_text, self._dp_size())
+        if self._zf_settings is not None:
+            self._cfg["gradient_accumulation_steps"] = self._zf_settings.update_interval
         if self._stage3 is not None:
             self._stage3.detach()
             for i, p in enumerate(self._params):  # the full parameters, from the old engine's partition
@@ -537,17 +541,7 @@ class DeepSpeedEngine(EngineQueries, EngineMonitor, EngineRandomLTD, EngineCurri
             before_norm = getattr(self._client, "before_norm", None)
             if before_norm is not None:  # (Muon: the norm and the clip are over what it makes of the gradients)
                 self.core.prepare_external()
-                error = None
-                try:
-                    before_norm()
-                except Exception as e:  # noqa: BLE001 (one rank's failure is every rank's, not a hang in the norm)
-                    error = e
-                failed = hvd.allreduce(torch.tensor([0 if error is None else 1]), op=hvd.Sum,
-                                       name="chorus.before_norm", process_set=self.process_set)
-                if error is not None:
-                    raise error
-                if int(failed.item()):
-                    raise RuntimeError("model_engine.step(): another rank failed in the optimizer's update")
+                self._agreed(before_norm)
                 skipped, norm, _ = self.core.finish_external()
             else:
                 skipped, norm, _ = self.core.step_external()
@@ -563,6 +557,20 @@ class DeepSpeedEngine(EngineQueries, EngineMonitor, EngineRandomLTD, EngineCurri
             if self.lr_scheduler is not None:
                 self.lr_scheduler.step(**(lr_kwargs or {}))
 
+    def _agreed(self, work):
+        """work() on every rank; one rank's failure is raised on all of them, not a hang in the next collective."""
+        error = None
+        try:
+            work()
+        except Exception as e:  # noqa: BLE001
+            error = e
+        failed = hvd.allreduce(torch.tensor([0 if error is None else 1]), op=hvd.Sum, name="chorus.before_norm",
+                               process_set=self.process_set)
+        if error is not None:
+            raise error
+        if int(failed.item()):
+            raise RuntimeError("model_engine.step(): another rank failed in the optimizer's update")
+
     def _step_with_experts(self):
         """Every engine of the model steps with the model's norm (so all skip or clip alike)."""
         cores = [self.core] + [part.core for part in self._expert_parts]
@@ -574,7 +582,7 @@ class DeepSpeedEngine(EngineQueries, EngineMonitor, EngineRandomLTD, EngineCurri
         elif muon_like:  # (Muon: the norm of its updates)
             for core in cores:
                 core.prepare_external()
-            self._client.before_norm()
+            self._agreed(self._client.before_norm)
             total = self.core.external_set_sum_squares() + sum(part.sum_squares(external=True)
                                                                for part in self._expert_parts)
             results = [core.finish_external(total) for core in cores]
@@ -685,6 +693,8 @@ class DeepSpeedEngine(EngineQueries, EngineMonitor, EngineRandomLTD, EngineCurri
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
                         load_lr_scheduler_states=True, load_module_only=False):
+        if self._zenflow is not None:  # (a CPU step in flight writes the state the load replaces)
+            self._client.settle()
         return checkpoint.load(self, load_dir, tag, load_lr_scheduler_states)
 
     def module_state_dict(self):

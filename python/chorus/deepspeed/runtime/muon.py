@@ -17,6 +17,7 @@ from chorus.deepspeed.ops.muon import NS_METHODS, muon_update
 from chorus.deepspeed.runtime.partition_optimizers import _PartitionOptimizer
 
 MUON_KEYS = ("lr", "momentum", "weight_decay", "ns_method")
+_PART = 1 << 32  # (checkpoint keys: an expert group's parameters after the shared ones)
 ADAM_KEYS = ("lr", "betas", "eps", "weight_decay")
 MUON_DEFAULTS = {"lr": 0.02, "momentum": 0.95, "weight_decay": 0.0, "ns_method": "gram"}
 ADAM_DEFAULTS = {"lr": 3e-4, "betas": (0.9, 0.95), "eps": 1e-10, "weight_decay": 0.0}
@@ -152,15 +153,15 @@ class PartitionMuon(_PartitionOptimizer):
 
     def state_dict(self):
         groups = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
-        # The shared parameters' by their index (as before MoE); an expert group's as "part:index".
-        return {"state": {(i if k == 0 else f"{k}:{i}"): {"momentum_buffer": t.float()}
-                          for (k, i), t in self._momentum.items()}, "param_groups": groups}
+        # The shared parameters' by their index (as before MoE); expert group k's at k * _PART + index.
+        return {"state": {k * _PART + i: {"momentum_buffer": t.float()} for (k, i), t in self._momentum.items()},
+                "param_groups": groups}
 
     def load_state_dict(self, state_dict):
         device = self._parts[0][3][0].device
         self._momentum = {}
         for key, s in state_dict["state"].items():
-            k, i = (int(x) for x in key.split(":")) if isinstance(key, str) and ":" in key else (0, int(key))
+            k, i = divmod(int(key), _PART)
             self._momentum[(k, i)] = s["momentum_buffer"].to(device, self._mdtype)
         for g, saved in zip(self.param_groups, state_dict["param_groups"]):
             g.update({k: v for k, v in saved.items() if k != "params"})

@@ -30,6 +30,13 @@ def _refuse(key, why):
     raise ValueError(f"DeepSpeed config: 'zero_optimization.zenflow{'.' + key if key else ''}': {why}")
 
 
+def _number(section, key, default, kind):
+    value = section.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
+        _refuse(key, f"expected {'an integer' if kind is int else 'a number'}, got {value!r}")
+    return kind(value)
+
+
 class Settings:
     """The section, checked as DeepSpeed's ZenFlowConfig and configure_zenflow check it."""
 
@@ -38,8 +45,8 @@ class Settings:
             _refuse("", f"expected an object, got {type(section).__name__}")
         unknown = sorted(set(section) - set(_KEYS))
         if unknown:
-            _refuse(unknown[0], f"unknown key (ZenFlow's keys: {', '.join(_KEYS[:-1])})")
-        self.topk_ratio = float(section.get("topk_ratio", 0.1))
+            _refuse(unknown[0], f"unknown key (ZenFlow's keys: {', '.join(_KEYS)})")
+        self.topk_ratio = _number(section, "topk_ratio", 0.1, float)
         if not 0.0 < self.topk_ratio < 1.0:
             _refuse("topk_ratio", f"must be above 0 and below 1, got {self.topk_ratio}")
         self.strategy = section.get("select_strategy", "auto")
@@ -55,19 +62,21 @@ class Settings:
             self.strategy, select = "epoch", 1
         elif isinstance(select, str):
             _refuse("select_interval", f"with select_strategy {self.strategy!r} it must be a number")
-        self.select_every = int(select)  # steps or epochs, resolved at the first backward
+        self.select_every = _number({"select_interval": select}, "select_interval", 1, int)  # (resolved below)
         update = section.get("update_interval", "auto")
         if isinstance(update, str):
             if update != "auto":
                 _refuse("update_interval", f"a string must be \"auto\", got {update!r}")
             _refuse("update_interval", "\"auto\" is not in chorus: DeepSpeed 0.19.8 then divides each loss by "
                                        "an accumulation count of 0 and trains on NaN; give a number of micro-steps")
-        self.update_interval = int(update)
+        self.update_interval = _number(section, "update_interval", 0, int)
         if self.update_interval < 1:
             _refuse("update_interval", f"must be at least 1, got {update}")
         if self.strategy == "step":
             self.resolve(None)
-        self.warm_up = int(section.get("full_warm_up_rounds", 0))
+        self.warm_up = _number(section, "full_warm_up_rounds", 0, int)
+        if self.warm_up < 0:
+            _refuse("full_warm_up_rounds", f"must be 0 or more, got {self.warm_up}")
         self.overlap = bool(section.get("overlap_step", False))
         self.offload = bool(section.get("offload", False))
         zero = raw.get("zero_optimization") or {}
@@ -191,16 +200,22 @@ class ZenFlow:
             self.pending[i] = g.detach().clone()
 
     def after_backward(self, boundary):
-        if not self.pending:
+        if self.micro_step < self.s.warm_up:
             return
         e = self.engine
+        selects = self.selects(self.micro_step)
+        for i, shape in enumerate(e._shapes):  # (a parameter without a gradient this micro-step: zeros, as the
+            if i not in self.pending:          # engine takes it, so that every rank reduces the same tensors)
+                if len(shape) == 2 and not selects:
+                    shape = (shape[0], len(self.indices[i]))
+                self.pending[i] = torch.zeros(shape, dtype=e.dtype, device=e._device)
         keys = sorted(self.pending)
         grads = [self.pending[i] for i in keys]
         if e.process_set.size() > 1:
             grads = hvd.grouped_allreduce(grads, op=hvd.Average, name=f"chorus.zenflow.{self.micro_step}",
                                           process_set=e.process_set)
         self.pending = dict(zip(keys, grads))
-        if self.selects(self.micro_step):
+        if selects:
             for i in keys:
                 if i in self.columns:
                     self.indices[i] = self._select(self.pending[i], self.columns[i])
@@ -357,10 +372,24 @@ class ZenFlowCPUAdam(_PartitionOptimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
+        error = None
+        try:
+            self._step()
+        except Exception as e:  # noqa: BLE001 - one rank's failed CPU step fails every rank's step
+            error = e
+        pset = self._parts[0][1]
+        failed = hvd.allreduce(torch.tensor([0 if error is None else 1]), op=hvd.Sum,
+                               name="chorus.zenflow.step", process_set=pset)
+        if error is not None:
+            raise error
+        if int(failed.item()):
+            raise RuntimeError("model_engine.step(): ZenFlow's CPU step failed on another rank")
+
+    def _step(self):
         m = self.zf.micro_step
         s = self.zf.s
         step = m + 1
-        if not s.overlap:
+        if not s.overlap:  # (the config's Adam or AdamW; the overlapped step is always AdamW, as DeepSpeed's)
             self._adam(self.path, self.grads, self.moments[0], step, self._hypers())
             return
         k = (m & 1) if m < s.warm_up else (m // s.update_interval) & 1
