@@ -4,7 +4,6 @@ the shared and the experts' momentum both come back (a run that loses either dif
 Prints 'moe muon resume ok rank R'."""
 import sys
 
-
 import chorus.deepspeed as deepspeed
 import chorus.torch as hvd
 from chorus.deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
